@@ -21,7 +21,7 @@ constexpr std::array<TypeTraits, 16> kTypes = {{
     {GgmlType::Q4_K, "q4_k", 256, 144, true},
     {GgmlType::Q5_K, "q5_k", 256, 176, true},
     {GgmlType::Q6_K, "q6_k", 256, 210, true},
-    {GgmlType::Q8_K, "q8_k", 256, 292, false},
+    {GgmlType::Q8_K, "q8_k", 256, 292, true},
     {GgmlType::IQ4_NL, "iq4_nl", 32, 18, false},
     {GgmlType::BF16, "bf16", 1, 2, true},
     {GgmlType::MXFP4, "mxfp4", 32, 17, false},

@@ -1,0 +1,86 @@
+// Run-time choice of the kernel level: CPUID, overridable by STRATA_CPU_KERNELS.
+#include "strata/cpu/cpu_kernels.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "strata/base/error.h"
+
+namespace strata {
+namespace {
+
+std::atomic<int> g_level{-1};
+
+CpuKernelLevel best_supported() {
+  if (cpu_supports(CpuKernelLevel::Avx512)) return CpuKernelLevel::Avx512;
+  if (cpu_supports(CpuKernelLevel::Avx2)) return CpuKernelLevel::Avx2;
+  return CpuKernelLevel::Scalar;
+}
+
+CpuKernelLevel level_from_env() {
+  const char* env = std::getenv("STRATA_CPU_KERNELS");
+  if (env == nullptr || *env == '\0') return best_supported();
+  const std::string v = env;
+  for (CpuKernelLevel l : {CpuKernelLevel::Scalar, CpuKernelLevel::Avx2, CpuKernelLevel::Avx512}) {
+    if (v == cpu_kernel_level_name(l)) {
+      if (!cpu_supports(l)) fail("STRATA_CPU_KERNELS=", v, ": this CPU does not support ", v);
+      return l;
+    }
+  }
+  fail("STRATA_CPU_KERNELS=", v, ": unknown level (expected scalar, avx2 or avx512)");
+}
+
+}  // namespace
+
+const char* cpu_kernel_level_name(CpuKernelLevel level) {
+  switch (level) {
+    case CpuKernelLevel::Scalar: return "scalar";
+    case CpuKernelLevel::Avx2: return "avx2";
+    case CpuKernelLevel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_supports(CpuKernelLevel level) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  switch (level) {
+    case CpuKernelLevel::Scalar: return true;
+    case CpuKernelLevel::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case CpuKernelLevel::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  }
+  return false;
+#else
+  return level == CpuKernelLevel::Scalar;
+#endif
+}
+
+CpuKernelLevel cpu_kernel_level() {
+  int l = g_level.load(std::memory_order_acquire);
+  if (l < 0) {
+    l = static_cast<int>(level_from_env());
+    int expected = -1;
+    if (!g_level.compare_exchange_strong(expected, l)) l = expected;
+  }
+  return static_cast<CpuKernelLevel>(l);
+}
+
+void set_cpu_kernel_level(CpuKernelLevel level) {
+  if (!cpu_supports(level)) fail("CPU kernel level ", cpu_kernel_level_name(level), " is not supported by this CPU");
+  g_level.store(static_cast<int>(level), std::memory_order_release);
+}
+
+const CpuKernels& cpu_kernels() {
+  switch (cpu_kernel_level()) {
+    case CpuKernelLevel::Scalar: return cpu_kernels_scalar();
+    case CpuKernelLevel::Avx2: return cpu_kernels_avx2();
+    case CpuKernelLevel::Avx512: return cpu_kernels_avx512();
+  }
+  fail("internal: bad CPU kernel level");
+}
+
+}  // namespace strata

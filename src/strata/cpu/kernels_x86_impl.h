@@ -1,0 +1,270 @@
+// SIMD decoders and float dots shared by kernels_avx2.cpp and kernels_avx512.cpp. Each of those
+// files includes this after `#pragma GCC target(...)`, with STRATA_X86_512 set to 0 or 1; all of it
+// sits in an anonymous namespace, so every file gets its own copy compiled for its instruction set
+// (no inline function is shared between files, which could let AVX-512 code leak into the AVX2
+// path at link time). Block layouts: strata/quant/blocks.h.
+//
+// Headers must be included by the .cpp BEFORE its target pragma: <immintrin.h>, <cstring>,
+// "strata/cpu/cpu_kernels.h", "strata/quant/blocks.h", "strata/quant/fp16.h", "strata/quant/quantize.h".
+
+namespace strata {
+namespace {
+
+using namespace blocks;
+
+#if STRATA_X86_512
+using VecF = __m512;
+constexpr int kLanes = 16;
+inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF vzero() { return _mm512_setzero_ps(); }
+inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline float vsum(VecF v) { return _mm512_reduce_add_ps(v); }
+#else
+using VecF = __m256;
+constexpr int kLanes = 8;
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF vzero() { return _mm256_setzero_ps(); }
+inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline float vsum(VecF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// out[i] = scale * q[i] + bias for 16 signed bytes q.
+inline void expand16(__m128i q, float scale, float bias, float* out) {
+#if STRATA_X86_512
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+  _mm512_storeu_ps(out, _mm512_fmadd_ps(f, _mm512_set1_ps(scale), _mm512_set1_ps(bias)));
+#else
+  const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(bias);
+  const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+  const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(f0, s, b));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(f1, s, b));
+#endif
+}
+
+// 32 signed bytes: the first 16 with (s0, b0), the last 16 with (s1, b1).
+inline void expand32(__m256i q, float s0, float b0, float s1, float b1, float* out) {
+  expand16(_mm256_castsi256_si128(q), s0, b0, out);
+  expand16(_mm256_extracti128_si256(q, 1), s1, b1, out + 16);
+}
+
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+inline __m256i high_nibbles(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+
+// The 16 quant bytes of a 32-weight block as 32 nibble codes in weight order (0..15 low, then high).
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i b = load128(qs);
+  const __m128i m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+// Byte j (0..31) = 0x10 when bit j of qh is set, else 0 (Q5_0/Q5_1 fifth bits).
+inline __m256i qh_bits_to_0x10(uint32_t qh) {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(qh));
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+inline __m128i lookup16(__m128i table, __m128i nib) { return _mm_shuffle_epi8(table, nib); }
+
+void decode_f16(const uint8_t* p, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(load128(p + 2 * i)));
+  for (; i < n; ++i) y[i] = fp16_to_fp32(load_u16(p + 2 * i));
+}
+
+void decode_bf16(const uint8_t* p, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p + 2 * i)), 16);
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(w));
+  }
+  for (; i < n; ++i) y[i] = bf16_to_fp32(load_u16(p + 2 * i));
+}
+
+void decode_q8_0(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q8_0), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p));
+    expand32(load256(p + 2), d, 0.0f, d, 0.0f, y);
+  }
+}
+
+void decode_q4_0(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q4_0), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p));
+    expand32(nibbles32(p + 2), d, -8.0f * d, d, -8.0f * d, y);
+  }
+}
+
+void decode_q4_1(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q4_1), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p)), m = fp16_to_fp32(load_u16(p + 2));
+    expand32(nibbles32(p + 4), d, m, d, m, y);
+  }
+}
+
+void decode_q5_0(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q5_0), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p));
+    const __m256i q = _mm256_or_si256(nibbles32(p + 6), qh_bits_to_0x10(load_u32(p + 2)));
+    expand32(q, d, -16.0f * d, d, -16.0f * d, y);
+  }
+}
+
+void decode_q5_1(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q5_1), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p)), m = fp16_to_fp32(load_u16(p + 2));
+    const __m256i q = _mm256_or_si256(nibbles32(p + 8), qh_bits_to_0x10(load_u32(p + 4)));
+    expand32(q, d, m, d, m, y);
+  }
+}
+
+void decode_iq4_nl(const uint8_t* p, float* y, int64_t nb) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+  const __m128i m = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(IQ4_NL), y += kQK) {
+    const float d = fp16_to_fp32(load_u16(p));
+    const __m128i bytes = load128(p + 2);
+    expand16(lookup16(table, _mm_and_si128(bytes, m)), d, 0.0f, y);
+    expand16(lookup16(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), m)), d, 0.0f, y + 16);
+  }
+}
+
+void decode_mxfp4(const uint8_t* p, float* y, int64_t nb) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1TimesTwo));
+  const __m128i m = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(MXFP4), y += kQK) {
+    const float d = e8m0_half(p[0]);
+    const __m128i bytes = load128(p + 1);
+    expand16(lookup16(table, _mm_and_si128(bytes, m)), d, 0.0f, y);
+    expand16(lookup16(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), m)), d, 0.0f, y + 16);
+  }
+}
+
+// Q4_K and Q5_K: chunk c of 32 code bytes holds sub-block 2c (low nibbles) and 2c+1 (high).
+template <bool kFive>
+void decode_k4(const uint8_t* p, float* y, int64_t nb) {
+  constexpr size_t kBytes = kFive ? sizeof(Q5_K) : sizeof(Q4_K);
+  for (int64_t b = 0; b < nb; ++b, p += kBytes, y += kQK_K) {
+    const float d = fp16_to_fp32(load_u16(p)), dmin = fp16_to_fp32(load_u16(p + 2));
+    const uint8_t* scales = p + 4;
+    const uint8_t* qs = p + (kFive ? 48 : 16);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFive) qh = load256(p + 16);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i bytes = load256(qs + 32 * c);
+      __m256i lo = low_nibbles(bytes), hi = high_nibbles(bytes);
+      if constexpr (kFive) {
+        // Bit sb of qh[l] is bit 4 of weight 32*sb + l.
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+      }
+      uint8_t sc, m;
+      k4_scale_min(scales, 2 * c, sc, m);
+      const float dl0 = d * sc, ml0 = -(dmin * m);
+      k4_scale_min(scales, 2 * c + 1, sc, m);
+      const float dl1 = d * sc, ml1 = -(dmin * m);
+      expand32(lo, dl0, ml0, dl0, ml0, y + 64 * c);
+      expand32(hi, dl1, ml1, dl1, ml1, y + 64 * c + 32);
+    }
+  }
+}
+
+// Q6_K: half n, quarter k: low nibble of ql[64n + 32(k&1) + l] (high nibble for k >= 2) and bits
+// 2k..2k+1 of qh[32n + l], minus 32; sub-block scales 8n + 2k (l < 16) and 8n + 2k + 1.
+void decode_q6_k(const uint8_t* p, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q6_K), y += kQK_K) {
+    const float d = fp16_to_fp32(load_u16(p + 208));
+    const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
+    const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i ql0 = load256(p + 64 * n), ql1 = load256(p + 64 * n + 32);
+      const __m256i qh = load256(p + 128 + 32 * n);
+      const __m256i lows[4] = {low_nibbles(ql0), low_nibbles(ql1), high_nibbles(ql0), high_nibbles(ql1)};
+      const __m256i highs[4] = {_mm256_and_si256(qh, three), _mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), three)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4)), bias);
+        const float s0 = d * static_cast<float>(sc[8 * n + 2 * k]);
+        const float s1 = d * static_cast<float>(sc[8 * n + 2 * k + 1]);
+        expand32(q, s0, 0.0f, s1, 0.0f, y + 128 * n + 32 * k);
+      }
+    }
+  }
+}
+
+void decode_row_simd(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case GgmlType::F16: decode_f16(src, dst, n); return;
+    case GgmlType::BF16: decode_bf16(src, dst, n); return;
+    case GgmlType::Q8_0: decode_q8_0(src, dst, n / kQK); return;
+    case GgmlType::Q4_0: decode_q4_0(src, dst, n / kQK); return;
+    case GgmlType::Q4_1: decode_q4_1(src, dst, n / kQK); return;
+    case GgmlType::Q5_0: decode_q5_0(src, dst, n / kQK); return;
+    case GgmlType::Q5_1: decode_q5_1(src, dst, n / kQK); return;
+    case GgmlType::IQ4_NL: decode_iq4_nl(src, dst, n / kQK); return;
+    case GgmlType::MXFP4: decode_mxfp4(src, dst, n / kQK); return;
+    case GgmlType::Q4_K: decode_k4<false>(src, dst, n / kQK_K); return;
+    case GgmlType::Q5_K: decode_k4<true>(src, dst, n / kQK_K); return;
+    case GgmlType::Q6_K: decode_q6_k(src, dst, n / kQK_K); return;
+    default:
+      // Q2_K, Q3_K (small "XL" files only) and Q8_K use the scalar decoder; the dot stays SIMD.
+      dequantize_row(type, src, dst, n);
+      return;
+  }
+}
+
+// R rows against one x, two vector accumulators per row so FMA latency is hidden.
+template <int R>
+void dot_rows_t(const float* const* rows, const float* x, int64_t n, float* out) {
+  VecF acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = vzero();
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    const VecF x0 = vload(x + i), x1 = vload(x + i + kLanes);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = vfma(vload(rows[r] + i), x0, acc0[r]);
+      acc1[r] = vfma(vload(rows[r] + i + kLanes), x1, acc1[r]);
+    }
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    const VecF x0 = vload(x + i);
+    for (int r = 0; r < R; ++r) acc0[r] = vfma(vload(rows[r] + i), x0, acc0[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = vsum(vadd(acc0[r], acc1[r]));
+    for (int64_t j = i; j < n; ++j) s += rows[r][j] * x[j];
+    out[r] = s;
+  }
+}
+
+void dot_rows_simd(const float* const* rows, int nr, const float* x, int64_t n, float* out) {
+  switch (nr) {
+    case 4: dot_rows_t<4>(rows, x, n, out); return;
+    case 3: dot_rows_t<3>(rows, x, n, out); return;
+    case 2: dot_rows_t<2>(rows, x, n, out); return;
+    default:
+      for (int r = 0; r < nr; ++r) dot_rows_t<1>(rows + r, x, n, out + r);
+      return;
+  }
+}
+
+}  // namespace
+}  // namespace strata

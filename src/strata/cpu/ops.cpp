@@ -1,0 +1,133 @@
+#include "strata/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace strata {
+
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out) {
+  // Accumulate in double: a row of 2048+ floats summed in float loses a few bits we want to keep
+  // when comparing against the HF reference at 1e-4.
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void l2norm_inplace(float* x, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss + eps));
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base) {
+  const int half = rot_dims / 2;
+  for (int i = 0; i < half; ++i) {
+    // The angle is computed in double so large positions keep their precision.
+    // Like HF: inverse frequency and angle rounded to float32, cos/sin of that angle.
+    const float inv_freq = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dims));
+    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+    const float c = static_cast<float>(std::cos(angle));
+    const float s = static_cast<float>(std::sin(angle));
+    const float a = x[i];
+    const float b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float softplusf(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = siluf(gate[i]) * up[i];
+}
+
+void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
+                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out) {
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    const float* k = k_cache + p * stride;
+    float dot = 0.0f;
+    for (int d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+    scores[p] = dot * scale;
+  }
+  softmax_inplace(scores, n_ctx);
+  std::fill(out, out + head_dim, 0.0f);
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    const float* v = v_cache + p * stride;
+    const float a = scores[p];
+    for (int d = 0; d < head_dim; ++d) out[d] += a * v[d];
+  }
+}
+
+void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* w = weight + c * K;
+    float acc = w[K - 1] * x[c];
+    for (int j = 0; j < K - 1; ++j) acc += w[j] * state[j * channels + c];
+    out[c] = acc;
+  }
+  // Shift the window: drop the oldest row, append this token's input.
+  if (K > 1) {
+    std::memmove(state, state + channels, sizeof(float) * static_cast<size_t>((K - 2) * channels));
+    std::memcpy(state + (K - 2) * channels, x, sizeof(float) * static_cast<size_t>(channels));
+  }
+}
+
+void deltanet_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
+                   int dk, int dv, float* out) {
+  const float decay = std::exp(g);
+  // Pass 1: decay the state and read what it predicts for k: mem = S^T k.
+  thread_local std::vector<float> delta;
+  delta.assign(static_cast<size_t>(dv), 0.0f);
+  for (int i = 0; i < dk; ++i) {
+    float* row = S + static_cast<int64_t>(i) * dv;
+    const float ki = k[i];
+    for (int j = 0; j < dv; ++j) {
+      row[j] *= decay;
+      delta[j] += row[j] * ki;
+    }
+  }
+  // The delta rule writes only the part of v the state does not already predict, scaled by beta.
+  for (int j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
+  // Pass 2: S += k delta^T, and read the output o = S^T q from the updated rows.
+  for (int j = 0; j < dv; ++j) out[j] = 0.0f;
+  for (int i = 0; i < dk; ++i) {
+    float* row = S + static_cast<int64_t>(i) * dv;
+    const float ki = k[i];
+    const float qi = q[i];
+    for (int j = 0; j < dv; ++j) {
+      row[j] += ki * delta[j];
+      out[j] += row[j] * qi;
+    }
+  }
+}
+
+void top_k(const float* x, int n, int k, int* idx) {
+  // k is small (8): repeated selection is simplest and keeps torch.topk's first-index tie order.
+  std::vector<char> taken(static_cast<size_t>(n), 0);
+  for (int r = 0; r < k; ++r) {
+    int best = -1;
+    for (int i = 0; i < n; ++i) {
+      if (taken[i]) continue;
+      if (best < 0 || x[i] > x[best]) best = i;
+    }
+    taken[best] = 1;
+    idx[r] = best;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,59 @@
+// Small float32 CPU operations the forward passes are written in: norms, rotary embedding, attention
+// over a KV cache, the gated DeltaNet recurrence, causal conv1d with a rolling state, activations and
+// routing. Every function works on one token (or one head) at a time and is plain scalar code the
+// compiler vectorises; the heavy products live in matmul.h.
+//
+// Conventions (checked against Hugging Face transformers, models/qwen3_moe and models/qwen3_5_moe):
+// - RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.
+// - NEOX rotary: dims i and i + rot/2 form a pair (i < rot/2); frequency base^(-2i/rot); dims >= rot
+//   are left as they are (partial rotary).
+// - L2 norm (DeltaNet q/k): x / sqrt(sum(x^2) + eps).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n. out may alias x.
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out);
+
+// x /= sqrt(sum(x^2) + eps), in place.
+void l2norm_inplace(float* x, int64_t n, float eps);
+
+// Rotates the first `rot_dims` dims of one head vector x (head_dim long) for position `pos`, NEOX pairing.
+void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base);
+
+// In-place softmax over n values.
+void softmax_inplace(float* x, int64_t n);
+
+inline float sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+inline float siluf(float x) { return x / (1.0f + __builtin_expf(-x)); }
+// softplus as torch computes it: x for x > 20 (where log1p(exp(x)) == x in float), else log1p(exp(x)).
+float softplusf(float x);
+
+// out[i] = silu(gate[i]) * up[i].
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+// One query head against n_ctx cached positions of its KV head.
+// k_cache/v_cache: position p's key for this KV head starts at k_cache + p * stride (head_dim floats).
+// scores: scratch of n_ctx floats. out: head_dim floats = sum_p softmax(q.k_p * scale)_p v_p.
+void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
+                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out);
+
+// Causal depthwise conv1d for one token over `channels` channels with kernel length K.
+// weight[c * K + j]: tap j of channel c; tap K-1 multiplies the current input.
+// state: (K-1) x channels, oldest first; the token's input is appended and the oldest dropped.
+// out[c] = sum_j weight[c*K+j] * window_j[c] (no activation here).
+void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out);
+
+// One gated delta-rule step for one value head.
+// S: dk x dv (row i = key dim i), updated in place: S = exp(g) * S; S += k (beta * (v - S^T k))^T.
+// out (dv) = S^T q (after the update). q must already be L2-normalised and scaled; k L2-normalised.
+void deltanet_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
+                   int dk, int dv, float* out);
+
+// Indices of the k largest values of x[0..n) in descending order (ties: lower index first).
+void top_k(const float* x, int n, int k, int* idx);
+
+}  // namespace strata

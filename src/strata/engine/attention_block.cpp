@@ -1,0 +1,75 @@
+// Full (softmax) attention with GQA over the sequence's KV cache.
+// qwen3moe: plain. qwen35moe: attn_q yields, per head, head_dim query values then head_dim gate values;
+// the attention output is multiplied by sigmoid(gate) before attn_output; rotary covers the first
+// rope_dims dims only (HF Qwen3_5MoeAttention, apply_rotary_pos_emb with partial rotary).
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "strata/cpu/ops.h"
+#include "strata/engine/blocks.h"
+
+namespace strata {
+
+void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState& s, int n_past,
+                     const float* xn, int n, float* out) {
+  const int hd = c.head_dim;
+  const int q_stride_head = c.attn_output_gate ? 2 * hd : hd;  // query (+ gate) values per head
+  const int q_width = c.n_head * q_stride_head;
+  const int kv_width = c.n_head_kv * hd;
+  const int o_width = c.n_head * hd;
+
+  std::vector<float> Q(static_cast<size_t>(n) * q_width);
+  std::vector<float> K(static_cast<size_t>(n) * kv_width);
+  std::vector<float> V(static_cast<size_t>(n) * kv_width);
+  project(w.q, xn, n, Q.data());
+  project(w.k, xn, n, K.data());
+  project(w.v, xn, n, V.data());
+
+  // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append the
+  // keys and values to the cache at their positions.
+  for (int t = 0; t < n; ++t) {
+    const int64_t pos = n_past + t;
+    for (int h = 0; h < c.n_head; ++h) {
+      float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
+      rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
+      rope_neox_inplace(q, c.rope_dims, pos, c.rope_freq_base);
+    }
+    float* k_dst = s.k.data() + pos * kv_width;
+    float* v_dst = s.v.data() + pos * kv_width;
+    for (int g = 0; g < c.n_head_kv; ++g) {
+      const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
+      rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_dst + g * hd);
+      rope_neox_inplace(k_dst + g * hd, c.rope_dims, pos, c.rope_freq_base);
+    }
+    const float* v = V.data() + static_cast<int64_t>(t) * kv_width;
+    for (int i = 0; i < kv_width; ++i) v_dst[i] = v[i];
+  }
+
+  // Causal attention: token t sees positions 0 .. n_past+t.
+  std::vector<float> O(static_cast<size_t>(n) * o_width);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int group = c.n_head / c.n_head_kv;
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(n_past + n));
+#pragma omp for collapse(2) schedule(static)
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < c.n_head; ++h) {
+        const int g = h / group;  // GQA: consecutive query heads share a KV head
+        const float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
+        float* o = O.data() + static_cast<int64_t>(t) * o_width + h * hd;
+        attend_one_head(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, n_past + t + 1, hd, scale,
+                        scores.data(), o);
+        if (c.attn_output_gate) {
+          const float* gate = q + hd;
+          for (int d = 0; d < hd; ++d) o[d] *= sigmoidf(gate[d]);
+        }
+      }
+    }
+  }
+  project(w.o, O.data(), n, out);
+}
+
+}  // namespace strata

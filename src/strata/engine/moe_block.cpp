@@ -1,0 +1,87 @@
+// Mixture-of-experts FFN (HF Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock):
+//   p = softmax(W_router x); pick the top-k experts; renormalise their p to sum 1 (norm_topk);
+//   y = sum_e p_e * down_e(silu(gate_e x) * up_e x)  [+ sigmoid(w_sh . x) * shared(x)]
+// Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
+// expert contributions are summed in ascending expert order, the same for prefill and decode.
+#include <algorithm>
+#include <vector>
+
+#include "strata/cpu/ops.h"
+#include "strata/engine/blocks.h"
+
+namespace strata {
+namespace {
+
+// Runs one SwiGLU FFN (gate, up, down) on m rows of X; Y is [m x d_model].
+void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, const float* X, int m,
+                float* Y) {
+  const int64_t ff = gate.n_rows;
+  std::vector<float> G(static_cast<size_t>(m * ff)), U(static_cast<size_t>(m * ff));
+  project(gate, X, m, G.data());
+  project(up, X, m, U.data());
+  swiglu(G.data(), U.data(), m * ff, G.data());
+  project(down, G.data(), m, Y);
+}
+
+}  // namespace
+
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out) {
+  const int d = c.n_embd;
+  const int k = c.n_expert_used;
+
+  // Routing.
+  std::vector<float> probs(static_cast<size_t>(n) * c.n_expert);
+  project(w.router, xn, n, probs.data());
+  std::vector<int> chosen(static_cast<size_t>(n) * k);
+  std::vector<float> weight(static_cast<size_t>(n) * k);
+  for (int t = 0; t < n; ++t) {
+    float* p = probs.data() + static_cast<int64_t>(t) * c.n_expert;
+    softmax_inplace(p, c.n_expert);
+    int* idx = chosen.data() + static_cast<int64_t>(t) * k;
+    top_k(p, c.n_expert, k, idx);
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += p[idx[j]];
+    for (int j = 0; j < k; ++j)
+      weight[static_cast<size_t>(t) * k + j] = c.norm_topk ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
+  }
+
+  // Group (token, weight) pairs by expert.
+  std::vector<std::vector<std::pair<int, float>>> users(static_cast<size_t>(c.n_expert));
+  for (int t = 0; t < n; ++t)
+    for (int j = 0; j < k; ++j)
+      users[chosen[static_cast<size_t>(t) * k + j]].push_back({t, weight[static_cast<size_t>(t) * k + j]});
+
+  std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
+  std::vector<float> Xe, Ye;
+  for (int e = 0; e < c.n_expert; ++e) {
+    const auto& u = users[e];
+    if (u.empty()) continue;
+    const int m = static_cast<int>(u.size());
+    Xe.resize(static_cast<size_t>(m) * d);
+    Ye.resize(static_cast<size_t>(m) * d);
+    for (int i = 0; i < m; ++i)
+      std::copy_n(xn + static_cast<int64_t>(u[i].first) * d, d, Xe.data() + static_cast<int64_t>(i) * d);
+    swiglu_ffn(w.gate.expert(e), w.up.expert(e), w.down.expert(e), Xe.data(), m, Ye.data());
+    for (int i = 0; i < m; ++i) {
+      float* o = out + static_cast<int64_t>(u[i].first) * d;
+      const float* y = Ye.data() + static_cast<int64_t>(i) * d;
+      const float a = u[i].second;
+      for (int j = 0; j < d; ++j) o[j] += a * y[j];
+    }
+  }
+
+  if (w.has_shared) {
+    std::vector<float> gate(static_cast<size_t>(n));
+    std::vector<float> Ys(static_cast<size_t>(n) * d);
+    project(w.shared_gate_inp, xn, n, gate.data());
+    swiglu_ffn(w.shared_gate, w.shared_up, w.shared_down, xn, n, Ys.data());
+    for (int t = 0; t < n; ++t) {
+      const float a = sigmoidf(gate[t]);
+      float* o = out + static_cast<int64_t>(t) * d;
+      const float* y = Ys.data() + static_cast<int64_t>(t) * d;
+      for (int j = 0; j < d; ++j) o[j] += a * y[j];
+    }
+  }
+}
+
+}  // namespace strata

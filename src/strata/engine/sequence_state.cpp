@@ -1,0 +1,34 @@
+#include "strata/engine/sequence_state.h"
+
+#include <algorithm>
+
+#include "strata/base/error.h"
+
+namespace strata {
+
+SequenceState::SequenceState(const ModelConfig& c, int max_ctx_) : max_ctx(max_ctx_) {
+  if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  layers.resize(static_cast<size_t>(c.n_layer));
+  for (int il = 0; il < c.n_layer; ++il) {
+    LayerState& s = layers[il];
+    if (c.layer_kinds[il] == LayerKind::FullAttention) {
+      const size_t per_pos = static_cast<size_t>(c.n_head_kv) * c.head_dim;
+      s.k.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
+      s.v.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
+    } else {
+      s.conv.assign(static_cast<size_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels(), 0.0f);
+      s.ssm.assign(static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v, 0.0f);
+    }
+  }
+}
+
+void SequenceState::reset() {
+  n_past = 0;
+  // The KV cache needs no clearing: positions >= n_past are never read before being written.
+  for (LayerState& s : layers) {
+    std::fill(s.conv.begin(), s.conv.end(), 0.0f);
+    std::fill(s.ssm.begin(), s.ssm.end(), 0.0f);
+  }
+}
+
+}  // namespace strata

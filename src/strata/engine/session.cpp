@@ -1,0 +1,46 @@
+#include "strata/engine/session.h"
+
+#include "strata/base/error.h"
+#include "strata/engine/forward.h"
+
+namespace strata {
+
+Session::Session(const Model& model, int max_ctx) : model_(model), state_(model.config(), max_ctx) {}
+
+void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
+  const ModelConfig& c = model_.config();
+  if (n <= 0) fail("forward needs at least one token");
+  if (state_.n_past + n > state_.max_ctx)
+    fail("prompt of ", state_.n_past + n, " tokens exceeds the context of ", state_.max_ctx);
+  for (int t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
+      fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
+  switch (c.arch) {
+    case Arch::Qwen3Moe: forward_qwen3moe(model_, state_, tokens, n, logits_out, all_positions); break;
+    case Arch::Qwen35Moe: forward_qwen35moe(model_, state_, tokens, n, logits_out, all_positions); break;
+  }
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+std::vector<int32_t> generate_greedy(Session& session, const std::vector<int32_t>& prompt, int n_new) {
+  const int64_t vocab = session.model().config().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<int32_t> out;
+  if (n_new <= 0) return out;
+  if (prompt.empty()) fail("greedy generation needs a prompt of at least one token");
+  session.forward(prompt.data(), static_cast<int>(prompt.size()), logits.data(), false);
+  for (int i = 0; i < n_new; ++i) {
+    const int32_t next = argmax(logits.data(), vocab);
+    out.push_back(next);
+    if (i + 1 < n_new) session.forward(&next, 1, logits.data(), false);
+  }
+  return out;
+}
+
+}  // namespace strata

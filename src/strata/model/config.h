@@ -1,0 +1,65 @@
+// Model hyper-parameters read from a GGUF file's metadata, validated, as plain data that both the
+// CPU and a CUDA backend read. Key names: ../shared/design/model-spec.md ("Shared keys", "qwen35moe").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class GgufFile;
+
+enum class Arch { Qwen3Moe, Qwen35Moe };
+
+// Architecture names strata can run, as `general.architecture` spells them.
+const std::vector<std::string>& supported_architectures();
+// Parses an architecture name; throws "unsupported architecture 'X' (supported: qwen3moe, qwen35moe)".
+Arch arch_from_name(const std::string& name);
+const char* arch_name(Arch arch);
+
+enum class LayerKind { FullAttention, DeltaNet };
+
+struct ModelConfig {
+  Arch arch = Arch::Qwen3Moe;
+  std::string arch_name;  // "qwen3moe", ...
+  int n_layer = 0;
+  int n_embd = 0;
+  int64_t n_vocab = 0;  // rows of token_embd
+  int n_ctx_train = 0;
+  float rms_eps = 1e-6f;
+
+  // Full attention.
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;       // key/query length per head
+  int head_dim_v = 0;     // value length per head
+  int rope_dims = 0;      // rotary dims at the start of each head (partial rotary when < head_dim)
+  float rope_freq_base = 10000.0f;
+  bool attn_output_gate = false;  // qwen35moe: attn_q yields query and a sigmoid output gate per head
+
+  // Gated DeltaNet (qwen35moe).
+  int ssm_conv_kernel = 0;
+  int ssm_k_heads = 0;   // ssm.group_count
+  int ssm_v_heads = 0;   // ssm.time_step_rank
+  int ssm_head_k = 0;    // ssm.state_size
+  int ssm_head_v = 0;    // ssm.inner_size / ssm_v_heads
+  int ssm_conv_channels() const { return 2 * ssm_k_heads * ssm_head_k + ssm_v_heads * ssm_head_v; }
+
+  // Mixture of experts.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
+  int n_ff_shexp = 0;      // 0: no shared expert
+  bool norm_topk = true;   // renormalise the chosen experts' weights to sum 1
+
+  std::vector<LayerKind> layer_kinds;  // one per layer
+
+  int n_full_attention_layers() const;
+  int n_deltanet_layers() const;
+};
+
+// Reads and validates every hyper-parameter; errors name the file and the key.
+ModelConfig load_model_config(const GgufFile& file);
+
+}  // namespace strata

@@ -1,0 +1,77 @@
+// The model's weights bound to the tensors of a memory-mapped GGUF file: every matrix is a
+// WeightMatrix view into the mapping (zero-copy, any quant type); small vectors (norm weights,
+// DeltaNet gates, conv taps) are decoded to float32 once at load. Plain data, backend-neutral:
+// a CUDA backend uploads from the same description.
+// Tensor names and shapes: /work/notes/gguf-naming.md (the converter's contract).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/cpu/matmul.h"
+#include "strata/model/config.h"
+
+namespace strata {
+
+class GgufFile;
+
+// A stack of n_expert matrices of identical shape stored back to back (GGUF [cols x rows x n_expert]).
+struct ExpertStack {
+  WeightMatrix first;        // expert 0
+  size_t expert_stride = 0;  // bytes between consecutive experts
+  int n_expert = 0;
+
+  WeightMatrix expert(int e) const {
+    WeightMatrix w = first;
+    w.data = first.data + static_cast<size_t>(e) * expert_stride;
+    return w;
+  }
+};
+
+struct AttentionWeights {  // full attention layers
+  WeightMatrix q, k, v, o;  // q yields 2*head_dim per head when the config has attn_output_gate
+  std::vector<float> q_norm, k_norm;  // head_dim each
+};
+
+struct DeltaNetWeights {  // gated DeltaNet layers (qwen35moe)
+  WeightMatrix qkv, gate, beta, alpha, out;  // gate = z projection
+  std::vector<float> conv;     // channels x kernel (tap kernel-1 = current token)
+  std::vector<float> a;        // per value head: -exp(A_log)
+  std::vector<float> dt_bias;  // per value head
+  std::vector<float> norm;     // head_v: gated RMSNorm weight (stored as is)
+};
+
+struct MoeWeights {
+  WeightMatrix router;  // n_expert rows of n_embd
+  ExpertStack gate, up, down;
+  // Shared expert (qwen35moe); shared_gate is one row of n_embd.
+  bool has_shared = false;
+  WeightMatrix shared_gate_inp, shared_gate, shared_up, shared_down;
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::FullAttention;
+  std::vector<float> attn_norm;  // before attention / DeltaNet
+  std::vector<float> ffn_norm;   // before the MoE
+  AttentionWeights attn;
+  DeltaNetWeights deltanet;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  WeightMatrix token_embd;  // n_vocab rows of n_embd
+  WeightMatrix output;      // n_vocab rows of n_embd (token_embd when the file ties them)
+  bool tied_output = false;
+  std::vector<float> output_norm;
+  std::vector<LayerWeights> layers;
+};
+
+// Binds every tensor the config needs, checking presence, type support and shape; errors name the
+// file and tensor. The GgufFile must outlive the returned views.
+ModelWeights bind_model_weights(const GgufFile& file, const ModelConfig& config);
+
+// Total bytes of the tensors bound (for start-up reporting).
+size_t weight_bytes(const GgufFile& file);
+
+}  // namespace strata

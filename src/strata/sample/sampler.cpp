@@ -1,0 +1,183 @@
+#include "strata/sample/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "strata/base/error.h"
+
+namespace strata {
+
+void validate_sampler_params(const SamplerParams& p) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0) {
+    fail("sampler: temperature must be a finite value >= 0 (0 = greedy), got ", p.temperature);
+  }
+  if (p.top_k < 0) fail("sampler: top_k must be >= 0 (0 = off), got ", p.top_k);
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail("sampler: top_p must be in (0, 1], got ", p.top_p);
+  if (!(p.min_p >= 0 && p.min_p <= 1)) fail("sampler: min_p must be in [0, 1], got ", p.min_p);
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0) {
+    fail("sampler: repetition_penalty must be > 0 (1 = off), got ", p.repetition_penalty);
+  }
+  if (!std::isfinite(p.presence_penalty)) fail("sampler: presence_penalty must be finite");
+  if (!std::isfinite(p.frequency_penalty)) fail("sampler: frequency_penalty must be finite");
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) fail("sampler: logit_bias names negative token id ", id);
+    if (std::isnan(bias) || bias == INFINITY) fail("sampler: logit_bias for token ", id, " must be a number or -inf");
+  }
+}
+
+int32_t argmax_logit(const float* logits, int32_t n_vocab) {
+  int32_t best = -1;
+  float best_v = -INFINITY;
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    if (logits[i] > best_v) {  // strict: the first (lowest) id wins ties
+      best_v = logits[i];
+      best = i;
+    }
+  }
+  if (best < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
+  return best;
+}
+
+Sampler::Sampler(SamplerParams params) : params_(std::move(params)) {
+  validate_sampler_params(params_);
+  rng_.seed(params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());
+}
+
+double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0); }
+
+int32_t Sampler::sample(float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
+  if (n_vocab <= 0) fail("sampler: empty vocabulary");
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= n_vocab) fail("sampler: logit_bias names token ", id, " outside the vocabulary of ", n_vocab);
+    logits[id] += bias;
+  }
+
+  const SamplerParams& p = params_;
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int32_t t : history) {
+      if (t < 0 || t >= n_vocab) fail("sampler: history token ", t, " is outside the vocabulary of ", n_vocab);
+      ++counts[t];
+    }
+    for (const auto& [t, c] : counts) {
+      float& l = logits[t];
+      if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
+    }
+  }
+
+  if (p.temperature <= 0) return argmax_logit(logits, n_vocab);
+
+  // Candidates: every token with a finite logit. Order: larger logit first, lower id among equals.
+  candidates_.clear();
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    if (std::isfinite(logits[i])) candidates_.push_back({logits[i], i});
+  }
+  if (candidates_.empty()) fail("sampler: no token has a finite logit (all banned or NaN)");
+  auto better = [](const Candidate& a, const Candidate& b) { return a.logit != b.logit ? a.logit > b.logit : a.id < b.id; };
+
+  size_t n = candidates_.size();
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
+    std::nth_element(candidates_.begin(), candidates_.begin() + p.top_k, candidates_.end(), better);
+    n = static_cast<size_t>(p.top_k);
+    candidates_.resize(n);
+  }
+
+  // Softmax with temperature, in double, relative to the largest logit.
+  float max_l = -INFINITY;
+  for (size_t i = 0; i < n; ++i) max_l = std::max(max_l, candidates_[i].logit);
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  probs_.resize(n_vocab > 0 ? static_cast<size_t>(n_vocab) : 0);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = candidates_[i].id;
+    probs_[t] = std::exp((static_cast<double>(candidates_[i].logit) - max_l) * inv_t);
+    total += probs_[t];
+  }
+
+  if (p.top_p < 1.0f) {
+    // The nucleus is the m best tokens, m the smallest count whose mass reaches top_p. Without
+    // sorting the vocabulary: a histogram of mass by distance from the best logit (buckets are
+    // monotone in the logit) finds the bucket where the mass crosses top_p; only that bucket's
+    // tokens are sorted to place the exact boundary.
+    constexpr int kBuckets = 2048;
+    constexpr double kRangeNats = 40.0;  // beyond this everything shares the last bucket
+    const double scale = kBuckets / kRangeNats;
+    const double target = static_cast<double>(p.top_p) * total;
+    bucket_.resize(n);
+    hist_.assign(kBuckets + 1, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const double d = (static_cast<double>(max_l) - candidates_[i].logit) * inv_t * scale;
+      const int b = d >= kBuckets ? kBuckets : static_cast<int>(d);
+      bucket_[i] = b;
+      hist_[static_cast<size_t>(b)] += probs_[candidates_[i].id];
+    }
+    int boundary = kBuckets;
+    double acc = 0;
+    for (int b = 0; b <= kBuckets; ++b) {
+      if (acc + hist_[static_cast<size_t>(b)] >= target) {
+        boundary = b;
+        break;
+      }
+      acc += hist_[static_cast<size_t>(b)];
+    }
+    std::vector<Candidate> edge;
+    size_t w = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (bucket_[i] < boundary) candidates_[w++] = candidates_[i];
+      else if (bucket_[i] == boundary) edge.push_back(candidates_[i]);
+    }
+    std::sort(edge.begin(), edge.end(), better);
+    for (const Candidate& c : edge) {
+      candidates_[w++] = c;
+      acc += probs_[c.id];
+      if (acc >= target) break;
+    }
+    n = w;
+    candidates_.resize(n);
+    total = 0;
+    for (size_t i = 0; i < n; ++i) total += probs_[candidates_[i].id];
+  }
+
+  if (p.min_p > 0.0f) {
+    // probs_ are relative to the most likely token (which has exactly 1), so the threshold is min_p.
+    const double threshold = static_cast<double>(p.min_p);
+    size_t w = 0;
+    total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t t = candidates_[i].id;
+      if (probs_[t] >= threshold) {
+        candidates_[w++] = candidates_[i];
+        total += probs_[t];
+      }
+    }
+    n = w;
+    candidates_.resize(n);
+  }
+
+  // Draw: walk the candidates in a fixed order (by id) so the result depends only on the seed.
+  const double u = uniform() * total;
+  double acc = 0;
+  if (n <= 4096) {
+    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    for (size_t i = 0; i < n; ++i) {
+      acc += probs_[candidates_[i].id];
+      if (u < acc) return candidates_[i].id;
+    }
+    return candidates_[n - 1].id;
+  }
+  // Many candidates: walk the whole vocabulary in id order instead of sorting them.
+  weights_.assign(static_cast<size_t>(n_vocab), 0.0);
+  for (size_t i = 0; i < n; ++i) weights_[candidates_[i].id] = probs_[candidates_[i].id];
+  int32_t last = -1;
+  for (int32_t t = 0; t < n_vocab; ++t) {
+    if (weights_[t] == 0) continue;
+    acc += weights_[t];
+    last = t;
+    if (u < acc) return t;
+  }
+  return last;  // u landed on the rounding slack at the very end
+}
+
+}  // namespace strata

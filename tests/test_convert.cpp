@@ -1,0 +1,945 @@
+// Tests of `strata convert` on synthetic Hugging Face checkpoints written here: a tiny safetensors
+// writer (independent of the reader under test) plus config.json. Expected GGUF names, shapes and
+// transforms come from /work/notes/gguf-naming.md, restated in the test as explicit small cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/base/error.h"
+#include "strata/convert/converter.h"
+#include "strata/convert/safetensors.h"
+#include "strata/gguf/gguf.h"
+#include "strata/quant/fp16.h"
+#include "strata/quant/quantize.h"
+
+namespace fs = std::filesystem;
+using namespace strata;
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic checkpoint construction.
+
+struct HfTensor {
+  std::string dtype = "F32";  // F32, F16, BF16, I32
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // row-major, HF order
+};
+
+using TensorMap = std::map<std::string, HfTensor>;
+
+std::vector<uint8_t> encode(const HfTensor& t) {
+  std::vector<uint8_t> out;
+  for (float v : t.values) {
+    if (t.dtype == "F32") {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(u >> (8 * b)));
+    } else if (t.dtype == "I32") {
+      const int32_t i = static_cast<int32_t>(v);
+      for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(static_cast<uint32_t>(i) >> (8 * b)));
+    } else {
+      const uint16_t h = t.dtype == "BF16" ? fp32_to_bf16(v) : fp32_to_fp16(v);
+      out.push_back(static_cast<uint8_t>(h));
+      out.push_back(static_cast<uint8_t>(h >> 8));
+    }
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors) {
+  json header = json::object();
+  std::vector<uint8_t> data;
+  for (const auto& [name, t] : tensors) {
+    const auto bytes = encode(t);
+    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    data.insert(data.end(), bytes.begin(), bytes.end());
+  }
+  header["__metadata__"] = {{"format", "pt"}};
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = h.size();
+  for (int b = 0; b < 8; ++b) out.put(static_cast<char>(n >> (8 * b)));
+  out << h;
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+// Deterministic values with small magnitudes, distinct per tensor.
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 0.05f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+HfTensor rnd(std::vector<int64_t> shape, uint32_t seed, float scale = 0.05f) {
+  HfTensor t;
+  t.shape = std::move(shape);
+  t.values = random_values(numel(t.shape), seed, scale);
+  return t;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = testing::TempDir() + "/strata_convert_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write_json(const std::string& path, const json& j) { std::ofstream(path) << j.dump(2); }
+
+// ---------------------------------------------------------------------------------------------
+// Tiny qwen3_moe.
+
+struct Qwen3MoeDims {
+  int layers = 2, hidden = 256, heads = 4, kv = 2, head_dim = 64, experts = 4, used = 2, ff = 256, vocab = 300;
+};
+
+json qwen3moe_config(const Qwen3MoeDims& d) {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"num_hidden_layers", d.layers},
+          {"hidden_size", d.hidden},
+          {"intermediate_size", 512},
+          {"num_attention_heads", d.heads},
+          {"num_key_value_heads", d.kv},
+          {"head_dim", d.head_dim},
+          {"vocab_size", d.vocab},
+          {"max_position_embeddings", 4096},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0},
+          {"num_experts", d.experts},
+          {"num_experts_per_tok", d.used},
+          {"moe_intermediate_size", d.ff},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", json::array()},
+          {"tie_word_embeddings", false}};
+}
+
+TensorMap qwen3moe_tensors(const Qwen3MoeDims& d) {
+  TensorMap m;
+  uint32_t seed = 1;
+  const int64_t E = d.hidden, D = d.head_dim;
+  m["model.embed_tokens.weight"] = rnd({d.vocab, E}, seed++);
+  m["model.norm.weight"] = rnd({E}, seed++, 1.0f);
+  m["lm_head.weight"] = rnd({d.vocab, E}, seed++);
+  for (int l = 0; l < d.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    m[p + "input_layernorm.weight"] = rnd({E}, seed++, 1.0f);
+    m[p + "post_attention_layernorm.weight"] = rnd({E}, seed++, 1.0f);
+    m[p + "self_attn.q_proj.weight"] = rnd({d.heads * D, E}, seed++);
+    m[p + "self_attn.k_proj.weight"] = rnd({d.kv * D, E}, seed++);
+    m[p + "self_attn.v_proj.weight"] = rnd({d.kv * D, E}, seed++);
+    m[p + "self_attn.o_proj.weight"] = rnd({E, d.heads * D}, seed++);
+    m[p + "self_attn.q_norm.weight"] = rnd({D}, seed++, 1.0f);
+    m[p + "self_attn.k_norm.weight"] = rnd({D}, seed++, 1.0f);
+    m[p + "mlp.gate.weight"] = rnd({d.experts, E}, seed++);
+    for (int e = 0; e < d.experts; ++e) {
+      const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+      m[q + "gate_proj.weight"] = rnd({d.ff, E}, seed++);
+      m[q + "up_proj.weight"] = rnd({d.ff, E}, seed++);
+      m[q + "down_proj.weight"] = rnd({E, d.ff}, seed++);
+    }
+  }
+  return m;
+}
+
+std::string make_qwen3moe(const std::string& name, const Qwen3MoeDims& d, TensorMap* out = nullptr) {
+  const std::string dir = fresh_dir(name);
+  write_json(dir + "/config.json", qwen3moe_config(d));
+  TensorMap m = qwen3moe_tensors(d);
+  write_safetensors(dir + "/model.safetensors", m);
+  if (out) *out = std::move(m);
+  return dir;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiny qwen3_5_moe (multimodal wrapper, fused experts).
+
+struct Qwen35Dims {
+  int layers = 4, hidden = 256, heads = 2, kv = 1, head_dim = 64, experts = 4, used = 2, ff = 64, shff = 64,
+      vocab = 300, hk = 2, hv = 4, dk = 32, dv = 32, kernel = 4;
+  int key_dim() const { return hk * dk; }
+  int value_dim() const { return hv * dv; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+json qwen35_config(const Qwen35Dims& d) {
+  json layer_types = json::array();
+  for (int i = 0; i < d.layers; ++i) layer_types.push_back((i + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  json text = {{"model_type", "qwen3_5_moe_text"},
+               {"num_hidden_layers", d.layers},
+               {"hidden_size", d.hidden},
+               {"num_attention_heads", d.heads},
+               {"num_key_value_heads", d.kv},
+               {"head_dim", d.head_dim},
+               {"vocab_size", d.vocab},
+               {"max_position_embeddings", 262144},
+               {"rms_norm_eps", 1e-6},
+               {"num_experts", d.experts},
+               {"num_experts_per_tok", d.used},
+               {"moe_intermediate_size", d.ff},
+               {"shared_expert_intermediate_size", d.shff},
+               {"linear_conv_kernel_dim", d.kernel},
+               {"linear_num_key_heads", d.hk},
+               {"linear_num_value_heads", d.hv},
+               {"linear_key_head_dim", d.dk},
+               {"linear_value_head_dim", d.dv},
+               {"full_attention_interval", 4},
+               {"layer_types", layer_types},
+               {"rope_parameters",
+                {{"rope_type", "default"},
+                 {"rope_theta", 10000000.0},
+                 {"partial_rotary_factor", 0.25},
+                 {"mrope_section", {11, 11, 10}},
+                 {"mrope_interleaved", true}}},
+               {"tie_word_embeddings", false}};
+  return {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+          {"model_type", "qwen3_5_moe"},
+          {"text_config", text},
+          {"vision_config", {{"depth", 2}}},
+          {"tie_word_embeddings", false}};
+}
+
+TensorMap qwen35_tensors(const Qwen35Dims& d) {
+  TensorMap m;
+  uint32_t seed = 1000;
+  const int64_t E = d.hidden, D = d.head_dim;
+  const std::string root = "model.language_model.";
+  m[root + "embed_tokens.weight"] = rnd({d.vocab, E}, seed++);
+  m[root + "norm.weight"] = rnd({E}, seed++, 0.1f);
+  m["lm_head.weight"] = rnd({d.vocab, E}, seed++);
+  m["model.visual.blocks.0.attn.qkv.weight"] = rnd({48, 16}, seed++);
+  m["mtp.fc.weight"] = rnd({E, 2 * E}, seed++);
+  for (int l = 0; l < d.layers; ++l) {
+    const std::string p = root + "layers." + std::to_string(l) + ".";
+    m[p + "input_layernorm.weight"] = rnd({E}, seed++, 0.1f);
+    m[p + "post_attention_layernorm.weight"] = rnd({E}, seed++, 0.1f);
+    if ((l + 1) % 4 == 0) {
+      m[p + "self_attn.q_proj.weight"] = rnd({2 * d.heads * D, E}, seed++);
+      m[p + "self_attn.k_proj.weight"] = rnd({d.kv * D, E}, seed++);
+      m[p + "self_attn.v_proj.weight"] = rnd({d.kv * D, E}, seed++);
+      m[p + "self_attn.o_proj.weight"] = rnd({E, d.heads * D}, seed++);
+      m[p + "self_attn.q_norm.weight"] = rnd({D}, seed++, 0.1f);
+      m[p + "self_attn.k_norm.weight"] = rnd({D}, seed++, 0.1f);
+    } else {
+      const std::string a = p + "linear_attn.";
+      m[a + "in_proj_qkv.weight"] = rnd({d.conv_dim(), E}, seed++);
+      m[a + "in_proj_z.weight"] = rnd({d.value_dim(), E}, seed++);
+      m[a + "in_proj_b.weight"] = rnd({d.hv, E}, seed++);
+      m[a + "in_proj_a.weight"] = rnd({d.hv, E}, seed++);
+      m[a + "conv1d.weight"] = rnd({d.conv_dim(), 1, d.kernel}, seed++);
+      m[a + "dt_bias"] = rnd({d.hv}, seed++, 1.0f);
+      m[a + "A_log"] = rnd({d.hv}, seed++, 1.0f);
+      m[a + "norm.weight"] = rnd({d.dv}, seed++, 1.0f);
+      m[a + "out_proj.weight"] = rnd({E, d.value_dim()}, seed++);
+    }
+    m[p + "mlp.gate.weight"] = rnd({d.experts, E}, seed++);
+    m[p + "mlp.experts.gate_up_proj"] = rnd({d.experts, 2 * d.ff, E}, seed++);
+    m[p + "mlp.experts.down_proj"] = rnd({d.experts, E, d.ff}, seed++);
+    m[p + "mlp.shared_expert_gate.weight"] = rnd({1, E}, seed++);
+    m[p + "mlp.shared_expert.gate_proj.weight"] = rnd({d.shff, E}, seed++);
+    m[p + "mlp.shared_expert.up_proj.weight"] = rnd({d.shff, E}, seed++);
+    m[p + "mlp.shared_expert.down_proj.weight"] = rnd({E, d.shff}, seed++);
+  }
+  return m;
+}
+
+std::string make_qwen35(const std::string& name, const Qwen35Dims& d, TensorMap* out = nullptr) {
+  const std::string dir = fresh_dir(name);
+  write_json(dir + "/config.json", qwen35_config(d));
+  TensorMap m = qwen35_tensors(d);
+  write_safetensors(dir + "/model.safetensors", m);
+  if (out) *out = std::move(m);
+  return dir;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion and reading back.
+
+convert::ConvertSummary run_convert(const std::string& dir, const std::string& out, const std::string& type,
+                                    std::vector<std::string>* notes = nullptr) {
+  convert::ConvertOptions opt;
+  opt.hf_dir = dir;
+  opt.out_path = out;
+  opt.type = type;
+  opt.threads = 2;
+  opt.on_note = [notes](const std::string& s) {
+    if (notes) notes->push_back(s);
+  };
+  return convert::convert_hf_to_gguf(opt);
+}
+
+std::vector<float> gguf_floats(const GgufTensorInfo& t) {
+  std::vector<float> out(static_cast<size_t>(t.n_elements()));
+  for (int64_t r = 0; r < t.n_rows(); ++r)
+    dequantize_row(t.type, t.data + r * t.row_nbytes(), out.data() + r * t.ne[0], t.ne[0]);
+  return out;
+}
+
+std::vector<int64_t> ne_of(const GgufTensorInfo& t) { return std::vector<int64_t>(t.ne, t.ne + t.n_dims); }
+
+// Expects GGUF tensor bytes to equal the float32 values exactly (F32 output of F32 input).
+void expect_f32_exact(const GgufTensorInfo& t, const std::vector<float>& expected) {
+  ASSERT_EQ(t.type, GgmlType::F32) << t.name;
+  ASSERT_EQ(static_cast<size_t>(t.n_elements()), expected.size()) << t.name;
+  EXPECT_EQ(std::memcmp(t.data, expected.data(), expected.size() * 4), 0) << t.name << " differs from its source";
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+}  // namespace
+
+// =============================================================================================
+
+TEST(ConvertQwen3Moe, NamesShapesMetadataAndExactF32Values) {
+  Qwen3MoeDims d;
+  TensorMap hf;
+  const std::string dir = make_qwen3moe("q3_f32", d, &hf);
+  const std::string out = dir + "/out.gguf";
+  const auto sum = run_convert(dir, out, "f32");
+  EXPECT_EQ(sum.arch, "qwen3moe");
+  EXPECT_EQ(sum.n_tensors, 3u + 2u * 12u);
+
+  GgufFile g = GgufFile::open(out);
+  EXPECT_EQ(g.get_string("general.architecture"), "qwen3moe");
+  EXPECT_EQ(g.get_u32("general.file_type"), 0u);
+  EXPECT_EQ(g.get_u32("qwen3moe.block_count"), 2u);
+  EXPECT_EQ(g.get_u32("qwen3moe.context_length"), 4096u);
+  EXPECT_EQ(g.get_u32("qwen3moe.embedding_length"), 256u);
+  EXPECT_EQ(g.get_u32("qwen3moe.feed_forward_length"), 512u);
+  EXPECT_EQ(g.get_u32("qwen3moe.attention.head_count"), 4u);
+  EXPECT_EQ(g.get_u32("qwen3moe.attention.head_count_kv"), 2u);
+  EXPECT_EQ(g.get_u32("qwen3moe.attention.key_length"), 64u);
+  EXPECT_EQ(g.get_u32("qwen3moe.attention.value_length"), 64u);
+  EXPECT_EQ(g.get_u32("qwen3moe.expert_count"), 4u);
+  EXPECT_EQ(g.get_u32("qwen3moe.expert_used_count"), 2u);
+  EXPECT_EQ(g.get_u32("qwen3moe.expert_feed_forward_length"), 256u);
+  EXPECT_FLOAT_EQ(g.get_f32("qwen3moe.rope.freq_base"), 1000000.0f);
+  EXPECT_FLOAT_EQ(g.get_f32("qwen3moe.attention.layer_norm_rms_epsilon"), 1e-6f);
+  EXPECT_EQ(g.find("qwen3moe.attention.layer_norm_rms_epsilon")->type, GgufType::F32);
+  EXPECT_EQ(g.find("qwen3moe.block_count")->type, GgufType::U32);
+  EXPECT_FALSE(g.has("qwen3moe.rope.dimension_count"));
+
+  // Shapes: ne = reversed HF shape; experts stacked in ne[2].
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"token_embd.weight", {256, 300}},        {"output_norm.weight", {256}},
+      {"output.weight", {256, 300}},            {"blk.1.attn_norm.weight", {256}},
+      {"blk.1.attn_q.weight", {256, 256}},      {"blk.1.attn_k.weight", {256, 128}},
+      {"blk.1.attn_v.weight", {256, 128}},      {"blk.1.attn_output.weight", {256, 256}},
+      {"blk.1.attn_q_norm.weight", {64}},       {"blk.1.attn_k_norm.weight", {64}},
+      {"blk.1.ffn_norm.weight", {256}},         {"blk.1.ffn_gate_inp.weight", {256, 4}},
+      {"blk.1.ffn_gate_exps.weight", {256, 256, 4}}, {"blk.1.ffn_up_exps.weight", {256, 256, 4}},
+      {"blk.1.ffn_down_exps.weight", {256, 256, 4}},
+  };
+  for (const auto& [name, ne] : shapes) {
+    const GgufTensorInfo* t = g.find_tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(ne_of(*t), ne) << name;
+    EXPECT_EQ(t->type, GgmlType::F32) << name;
+  }
+
+  // Values: straight copies, qwen3moe norms NOT shifted by one.
+  expect_f32_exact(g.tensor("token_embd.weight"), hf["model.embed_tokens.weight"].values);
+  expect_f32_exact(g.tensor("output.weight"), hf["lm_head.weight"].values);
+  expect_f32_exact(g.tensor("output_norm.weight"), hf["model.norm.weight"].values);
+  expect_f32_exact(g.tensor("blk.1.attn_q.weight"), hf["model.layers.1.self_attn.q_proj.weight"].values);
+  expect_f32_exact(g.tensor("blk.0.attn_k_norm.weight"), hf["model.layers.0.self_attn.k_norm.weight"].values);
+  expect_f32_exact(g.tensor("blk.0.ffn_norm.weight"), hf["model.layers.0.post_attention_layernorm.weight"].values);
+  expect_f32_exact(g.tensor("blk.0.ffn_gate_inp.weight"), hf["model.layers.0.mlp.gate.weight"].values);
+
+  // Expert stacking: the slice ne[2] == e is expert e, in expert order.
+  for (const char* w : {"gate", "up", "down"}) {
+    std::vector<float> expected;
+    for (int e = 0; e < d.experts; ++e) {
+      const auto& v = hf["model.layers.1.mlp.experts." + std::to_string(e) + "." + w + "_proj.weight"].values;
+      expected.insert(expected.end(), v.begin(), v.end());
+    }
+    expect_f32_exact(g.tensor(std::string("blk.1.ffn_") + w + "_exps.weight"), expected);
+  }
+}
+
+TEST(ConvertQwen35Moe, MultimodalFusedExpertsTransformsAndMetadata) {
+  Qwen35Dims d;
+  TensorMap hf;
+  const std::string dir = make_qwen35("q35_f32", d, &hf);
+  const std::string out = dir + "/out.gguf";
+  const auto sum = run_convert(dir, out, "f32");
+  EXPECT_EQ(sum.arch, "qwen35moe");
+  EXPECT_EQ(sum.ignored.size(), 2u);  // the vision tensor and the MTP tensor
+
+  GgufFile g = GgufFile::open(out);
+  EXPECT_EQ(g.get_string("general.architecture"), "qwen35moe");
+  EXPECT_EQ(g.get_u32("qwen35moe.block_count"), 4u);
+  EXPECT_EQ(g.get_u32("qwen35moe.context_length"), 262144u);
+  EXPECT_FALSE(g.has("qwen35moe.feed_forward_length"));
+  EXPECT_EQ(g.get_u32("qwen35moe.attention.key_length"), 64u);
+  EXPECT_EQ(g.get_u32("qwen35moe.expert_shared_feed_forward_length"), 64u);
+  EXPECT_EQ(g.get_u32("qwen35moe.rope.dimension_count"), 16u);  // 64 * 0.25
+  EXPECT_EQ(g.get_int_array("qwen35moe.rope.dimension_sections"), (std::vector<int64_t>{11, 11, 10, 0}));
+  EXPECT_EQ(g.get_u32("qwen35moe.ssm.conv_kernel"), 4u);
+  EXPECT_EQ(g.get_u32("qwen35moe.ssm.state_size"), 32u);
+  EXPECT_EQ(g.get_u32("qwen35moe.ssm.group_count"), 2u);
+  EXPECT_EQ(g.get_u32("qwen35moe.ssm.time_step_rank"), 4u);
+  EXPECT_EQ(g.get_u32("qwen35moe.ssm.inner_size"), 128u);
+  EXPECT_EQ(g.get_u32("qwen35moe.full_attention_interval"), 4u);
+  EXPECT_FLOAT_EQ(g.get_f32("qwen35moe.rope.freq_base"), 1e7f);
+
+  const std::string L = "model.language_model.layers.";
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"token_embd.weight", {256, 300}},
+      {"output.weight", {256, 300}},
+      {"blk.0.attn_norm.weight", {256}},
+      {"blk.0.post_attention_norm.weight", {256}},
+      {"blk.0.attn_qkv.weight", {256, 256}},
+      {"blk.0.attn_gate.weight", {256, 128}},
+      {"blk.0.ssm_beta.weight", {256, 4}},
+      {"blk.0.ssm_alpha.weight", {256, 4}},
+      {"blk.0.ssm_conv1d.weight", {4, 256}},
+      {"blk.0.ssm_dt.bias", {4}},
+      {"blk.0.ssm_a", {4}},
+      {"blk.0.ssm_norm.weight", {32}},
+      {"blk.0.ssm_out.weight", {128, 256}},
+      {"blk.3.attn_q.weight", {256, 256}},
+      {"blk.3.attn_k.weight", {256, 64}},
+      {"blk.3.attn_v.weight", {256, 64}},
+      {"blk.3.attn_output.weight", {128, 256}},
+      {"blk.3.attn_q_norm.weight", {64}},
+      {"blk.0.ffn_gate_inp.weight", {256, 4}},
+      {"blk.0.ffn_gate_exps.weight", {256, 64, 4}},
+      {"blk.0.ffn_up_exps.weight", {256, 64, 4}},
+      {"blk.0.ffn_down_exps.weight", {64, 256, 4}},
+      {"blk.0.ffn_gate_inp_shexp.weight", {256}},
+      {"blk.0.ffn_gate_shexp.weight", {256, 64}},
+      {"blk.0.ffn_down_shexp.weight", {64, 256}},
+  };
+  for (const auto& [name, ne] : shapes) {
+    const GgufTensorInfo* t = g.find_tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(ne_of(*t), ne) << name;
+  }
+  EXPECT_EQ(g.find_tensor("blk.3.attn_qkv.weight"), nullptr);  // full-attention layer has no DeltaNet
+  EXPECT_EQ(g.find_tensor("blk.0.attn_q.weight"), nullptr);
+
+  // Zero-centred norms are stored +1; the DeltaNet output norm is not.
+  auto plus_one = [](std::vector<float> v) {
+    for (auto& x : v) x += 1.0f;
+    return v;
+  };
+  expect_f32_exact(g.tensor("output_norm.weight"), plus_one(hf["model.language_model.norm.weight"].values));
+  expect_f32_exact(g.tensor("blk.2.attn_norm.weight"), plus_one(hf[L + "2.input_layernorm.weight"].values));
+  expect_f32_exact(g.tensor("blk.2.post_attention_norm.weight"),
+                   plus_one(hf[L + "2.post_attention_layernorm.weight"].values));
+  expect_f32_exact(g.tensor("blk.3.attn_q_norm.weight"), plus_one(hf[L + "3.self_attn.q_norm.weight"].values));
+  expect_f32_exact(g.tensor("blk.3.attn_k_norm.weight"), plus_one(hf[L + "3.self_attn.k_norm.weight"].values));
+  expect_f32_exact(g.tensor("blk.1.ssm_norm.weight"), hf[L + "1.linear_attn.norm.weight"].values);
+  // q_proj keeps HF's per-head [query, gate] layout.
+  expect_f32_exact(g.tensor("blk.3.attn_q.weight"), hf[L + "3.self_attn.q_proj.weight"].values);
+  expect_f32_exact(g.tensor("blk.0.ffn_gate_inp_shexp.weight"), hf[L + "0.mlp.shared_expert_gate.weight"].values);
+
+  // Fused experts: gate = first ff rows of each expert's gate_up block, up = the next ff rows.
+  {
+    const auto& gu = hf[L + "1.mlp.experts.gate_up_proj"].values;
+    std::vector<float> gate, up;
+    const size_t blk = static_cast<size_t>(d.ff) * d.hidden;
+    for (int e = 0; e < d.experts; ++e) {
+      const auto* base = gu.data() + e * 2 * blk;
+      gate.insert(gate.end(), base, base + blk);
+      up.insert(up.end(), base + blk, base + 2 * blk);
+    }
+    expect_f32_exact(g.tensor("blk.1.ffn_gate_exps.weight"), gate);
+    expect_f32_exact(g.tensor("blk.1.ffn_up_exps.weight"), up);
+    expect_f32_exact(g.tensor("blk.1.ffn_down_exps.weight"), hf[L + "1.mlp.experts.down_proj"].values);
+  }
+
+  // Value-head reorder, Hk = 2, Hv = 4: HF heads grouped by key head (G0v0, G0v1, G1v0, G1v1) = 0,1,2,3
+  // are stored tiled (G0v0, G1v0, G0v1, G1v1), i.e. GGUF head p holds HF head {0, 2, 1, 3}[p].
+  const int hf_head_at[4] = {0, 2, 1, 3};
+  const int64_t E = d.hidden, dv = d.dv, kd = d.key_dim();
+  {
+    const auto& src = hf[L + "0.linear_attn.in_proj_qkv.weight"].values;  // (conv_dim, E)
+    std::vector<float> expected(src.begin(), src.begin() + 2 * kd * E);    // q and k rows untouched
+    for (int p = 0; p < 4; ++p) {
+      const auto* b = src.data() + (2 * kd + hf_head_at[p] * dv) * E;
+      expected.insert(expected.end(), b, b + dv * E);
+    }
+    expect_f32_exact(g.tensor("blk.0.attn_qkv.weight"), expected);
+  }
+  {
+    const auto& src = hf[L + "0.linear_attn.in_proj_z.weight"].values;
+    std::vector<float> expected;
+    for (int p = 0; p < 4; ++p) expected.insert(expected.end(), src.begin() + hf_head_at[p] * dv * E,
+                                                src.begin() + (hf_head_at[p] + 1) * dv * E);
+    expect_f32_exact(g.tensor("blk.0.attn_gate.weight"), expected);
+  }
+  for (const auto& [gguf, hfn] : {std::pair{"blk.0.ssm_beta.weight", "0.linear_attn.in_proj_b.weight"},
+                                  std::pair{"blk.0.ssm_alpha.weight", "0.linear_attn.in_proj_a.weight"}}) {
+    const auto& src = hf[L + hfn].values;
+    std::vector<float> expected;
+    for (int p = 0; p < 4; ++p)
+      expected.insert(expected.end(), src.begin() + hf_head_at[p] * E, src.begin() + (hf_head_at[p] + 1) * E);
+    expect_f32_exact(g.tensor(gguf), expected);
+  }
+  {
+    // conv1d (C, 1, K) -> ne [K, C]; the v channels reordered like the qkv rows.
+    const auto& src = hf[L + "0.linear_attn.conv1d.weight"].values;
+    const int64_t K = d.kernel;
+    std::vector<float> expected(src.begin(), src.begin() + 2 * kd * K);
+    for (int p = 0; p < 4; ++p) {
+      const auto* b = src.data() + (2 * kd + hf_head_at[p] * dv) * K;
+      expected.insert(expected.end(), b, b + dv * K);
+    }
+    expect_f32_exact(g.tensor("blk.0.ssm_conv1d.weight"), expected);
+  }
+  {
+    const auto& dt = hf[L + "0.linear_attn.dt_bias"].values;
+    const auto& alog = hf[L + "0.linear_attn.A_log"].values;
+    std::vector<float> edt, ea;
+    for (int p = 0; p < 4; ++p) {
+      edt.push_back(dt[hf_head_at[p]]);
+      ea.push_back(-std::exp(alog[hf_head_at[p]]));
+    }
+    expect_f32_exact(g.tensor("blk.0.ssm_dt.bias"), edt);
+    const auto got = gguf_floats(g.tensor("blk.0.ssm_a"));
+    for (int p = 0; p < 4; ++p) EXPECT_NEAR(got[p], ea[p], 1e-6 * std::abs(ea[p])) << p;
+  }
+  {
+    // out_proj (E, value_dim): input columns reordered by head.
+    const auto& src = hf[L + "0.linear_attn.out_proj.weight"].values;
+    const int64_t VD = d.value_dim();
+    std::vector<float> expected;
+    for (int64_t row = 0; row < E; ++row)
+      for (int p = 0; p < 4; ++p)
+        for (int64_t w = 0; w < dv; ++w) expected.push_back(src[row * VD + hf_head_at[p] * dv + w]);
+    expect_f32_exact(g.tensor("blk.0.ssm_out.weight"), expected);
+  }
+}
+
+TEST(ConvertQwen35Moe, TextOnlyCheckpointWithModelPrefixAndPerExpertWeights) {
+  Qwen35Dims d;
+  d.layers = 4;
+  const std::string dir = fresh_dir("q35_text");
+  json cfg = qwen35_config(d)["text_config"];
+  write_json(dir + "/config.json", cfg);  // model_type qwen3_5_moe_text, no wrapper
+  TensorMap src = qwen35_tensors(d), m;
+  for (auto& [name, t] : src) {
+    if (name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0) continue;
+    std::string n = name;
+    if (n.rfind("model.language_model.", 0) == 0) n = "model." + n.substr(21);
+    // Split fused experts into per-expert tensors.
+    const auto gu = n.find("mlp.experts.gate_up_proj");
+    const auto dn = n.find("mlp.experts.down_proj");
+    if (gu != std::string::npos || dn != std::string::npos) {
+      const std::string stem = n.substr(0, n.find("mlp.experts.") + 12);
+      const int64_t rows = t.shape[1], cols = t.shape[2];
+      for (int e = 0; e < d.experts; ++e) {
+        auto slice = [&](int64_t r0, int64_t nr) {
+          HfTensor s;
+          s.shape = {nr, cols};
+          s.values.assign(t.values.begin() + (e * rows + r0) * cols, t.values.begin() + (e * rows + r0 + nr) * cols);
+          return s;
+        };
+        const std::string pe = stem + std::to_string(e) + ".";
+        if (gu != std::string::npos) {
+          m[pe + "gate_proj.weight"] = slice(0, rows / 2);
+          m[pe + "up_proj.weight"] = slice(rows / 2, rows / 2);
+        } else {
+          m[pe + "down_proj.weight"] = slice(0, rows);
+        }
+      }
+      continue;
+    }
+    m[n] = t;
+  }
+  write_safetensors(dir + "/model.safetensors", m);
+  run_convert(dir, dir + "/out.gguf", "f32");
+
+  // Same GGUF tensor data as the fused multimodal checkpoint.
+  const std::string ref_dir = make_qwen35("q35_text_ref", d);
+  run_convert(ref_dir, ref_dir + "/out.gguf", "f32");
+  GgufFile a = GgufFile::open(dir + "/out.gguf"), b = GgufFile::open(ref_dir + "/out.gguf");
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (const auto& t : b.tensors()) {
+    const GgufTensorInfo* u = a.find_tensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(u->nbytes, t.nbytes) << t.name;
+    EXPECT_EQ(std::memcmp(u->data, t.data, t.nbytes), 0) << t.name;
+  }
+}
+
+TEST(ConvertQwen3Moe, ShardedCheckpointEqualsSingleFile) {
+  Qwen3MoeDims d;
+  TensorMap all;
+  const std::string one = make_qwen3moe("q3_single", d, &all);
+  run_convert(one, one + "/out.gguf", "f32");
+
+  const std::string dir = fresh_dir("q3_sharded");
+  write_json(dir + "/config.json", qwen3moe_config(d));
+  TensorMap a, b;
+  json wm = json::object();
+  int i = 0;
+  for (const auto& [name, t] : all) {
+    const bool first = (i++ % 2) == 0;
+    (first ? a : b)[name] = t;
+    wm[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  write_safetensors(dir + "/model-00001-of-00002.safetensors", a);
+  write_safetensors(dir + "/model-00002-of-00002.safetensors", b);
+  write_json(dir + "/model.safetensors.index.json", {{"metadata", {{"total_size", 0}}}, {"weight_map", wm}});
+  run_convert(dir, dir + "/out.gguf", "f32");
+
+  GgufFile x = GgufFile::open(one + "/out.gguf"), y = GgufFile::open(dir + "/out.gguf");
+  ASSERT_EQ(x.tensors().size(), y.tensors().size());
+  for (const auto& t : x.tensors()) {
+    const GgufTensorInfo& u = y.tensor(t.name);
+    ASSERT_EQ(u.nbytes, t.nbytes);
+    EXPECT_EQ(std::memcmp(u.data, t.data, t.nbytes), 0) << t.name;
+  }
+
+  // An index naming a shard that is not there is an error naming the shard.
+  fs::remove(dir + "/model-00002-of-00002.safetensors");
+  const std::string err = error_of([&] { run_convert(dir, dir + "/out2.gguf", "f32"); });
+  EXPECT_NE(err.find("model-00002-of-00002.safetensors"), std::string::npos) << err;
+}
+
+TEST(ConvertQwen3Moe, Bf16SourceToBf16AndF32IsExact) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+  const std::string dir = fresh_dir("q3_bf16");
+  write_json(dir + "/config.json", qwen3moe_config(d));
+  TensorMap m = qwen3moe_tensors(d);
+  for (auto& [n, t] : m) {
+    t.dtype = "BF16";
+    for (auto& v : t.values) v = bf16_to_fp32(fp32_to_bf16(v));  // values the checkpoint holds exactly
+  }
+  write_safetensors(dir + "/model.safetensors", m);
+  run_convert(dir, dir + "/f32.gguf", "f32");
+  run_convert(dir, dir + "/bf16.gguf", "bf16");
+  GgufFile f = GgufFile::open(dir + "/f32.gguf"), b = GgufFile::open(dir + "/bf16.gguf");
+  EXPECT_EQ(b.get_u32("general.file_type"), 32u);
+  expect_f32_exact(f.tensor("blk.0.attn_v.weight"), m["model.layers.0.self_attn.v_proj.weight"].values);
+  const GgufTensorInfo& bv = b.tensor("blk.0.attn_v.weight");
+  ASSERT_EQ(bv.type, GgmlType::BF16);
+  const auto& v = m["model.layers.0.self_attn.v_proj.weight"].values;
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, bv.data + 2 * i, 2);
+    ASSERT_EQ(h, fp32_to_bf16(v[i])) << i;
+  }
+  EXPECT_EQ(b.tensor("blk.0.attn_norm.weight").type, GgmlType::F32);  // norms stay F32
+}
+
+// Relative RMS error of dequantised GGUF data against the source values.
+double rel_rms_error(const GgufTensorInfo& t, const std::vector<float>& src) {
+  const auto got = gguf_floats(t);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    err += (got[i] - src[i]) * (got[i] - src[i]);
+    ref += src[i] * src[i];
+  }
+  return std::sqrt(err / ref);
+}
+
+TEST(ConvertQwen3Moe, QuantisedOutputsDequantiseCloseToInputs) {
+  Qwen3MoeDims d;
+  TensorMap hf;
+  const std::string dir = make_qwen3moe("q3_quant", d, &hf);
+  struct Case {
+    const char* type;
+    GgmlType matrix;
+    uint32_t file_type;
+    double tol;
+  };
+  for (const Case& c : {Case{"q8_0", GgmlType::Q8_0, 7, 0.01}, Case{"q4_0", GgmlType::Q4_0, 2, 0.15},
+                        Case{"q4_k", GgmlType::Q4_K, 14, 0.12}, Case{"q5_k", GgmlType::Q5_K, 16, 0.06},
+                        Case{"q6_k", GgmlType::Q6_K, 18, 0.03}, Case{"f16", GgmlType::F16, 1, 1e-3}}) {
+    SCOPED_TRACE(c.type);
+    const std::string out = dir + "/" + c.type + ".gguf";
+    run_convert(dir, out, c.type);
+    GgufFile g = GgufFile::open(out);
+    EXPECT_EQ(g.get_u32("general.file_type"), c.file_type);
+    const GgufTensorInfo& q = g.tensor("blk.0.attn_q.weight");
+    EXPECT_EQ(q.type, c.matrix);
+    EXPECT_LT(rel_rms_error(q, hf["model.layers.0.self_attn.q_proj.weight"].values), c.tol);
+    const GgufTensorInfo& up = g.tensor("blk.1.ffn_up_exps.weight");
+    EXPECT_EQ(up.type, c.matrix);
+    std::vector<float> stacked;
+    for (int e = 0; e < d.experts; ++e) {
+      const auto& v = hf["model.layers.1.mlp.experts." + std::to_string(e) + ".up_proj.weight"].values;
+      stacked.insert(stacked.end(), v.begin(), v.end());
+    }
+    EXPECT_LT(rel_rms_error(up, stacked), c.tol);
+    // Norms and the router are never quantised.
+    expect_f32_exact(g.tensor("blk.0.attn_norm.weight"), hf["model.layers.0.input_layernorm.weight"].values);
+    expect_f32_exact(g.tensor("blk.1.ffn_gate_inp.weight"), hf["model.layers.1.mlp.gate.weight"].values);
+  }
+}
+
+TEST(ConvertQwen3Moe, Q4KMMixRecipe) {
+  Qwen3MoeDims d;
+  d.layers = 8;  // n/8 = 1: more-bits layers are 0, 7 and (i - 1) % 3 == 2 -> 3, 6
+  const std::string dir = make_qwen3moe("q3_q4km", d);
+  run_convert(dir, dir + "/out.gguf", "q4_k_m");
+  GgufFile g = GgufFile::open(dir + "/out.gguf");
+  EXPECT_EQ(g.get_u32("general.file_type"), 15u);
+  EXPECT_EQ(g.tensor("output.weight").type, GgmlType::Q6_K);
+  EXPECT_EQ(g.tensor("token_embd.weight").type, GgmlType::Q4_K);
+  const std::vector<int> more = {0, 3, 6, 7};
+  for (int l = 0; l < 8; ++l) {
+    const bool m = std::find(more.begin(), more.end(), l) != more.end();
+    const GgmlType hi = m ? GgmlType::Q6_K : GgmlType::Q4_K;
+    EXPECT_EQ(g.tensor("blk." + std::to_string(l) + ".attn_v.weight").type, hi) << l;
+    EXPECT_EQ(g.tensor("blk." + std::to_string(l) + ".ffn_down_exps.weight").type, hi) << l;
+    EXPECT_EQ(g.tensor("blk." + std::to_string(l) + ".attn_q.weight").type, GgmlType::Q4_K) << l;
+    EXPECT_EQ(g.tensor("blk." + std::to_string(l) + ".ffn_gate_exps.weight").type, GgmlType::Q4_K) << l;
+    EXPECT_EQ(g.tensor("blk." + std::to_string(l) + ".ffn_norm.weight").type, GgmlType::F32) << l;
+  }
+}
+
+TEST(ConvertQwen3Moe, RowLengthNotABlockMultipleFallsBackWithANote) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+  d.ff = 96;  // ffn_down_exps rows of 96: not a multiple of 256, a multiple of 32
+  TensorMap hf;
+  const std::string dir = make_qwen3moe("q3_fallback", d, &hf);
+  std::vector<std::string> notes;
+  run_convert(dir, dir + "/out.gguf", "q4_k", &notes);
+  GgufFile g = GgufFile::open(dir + "/out.gguf");
+  EXPECT_EQ(g.tensor("blk.0.ffn_down_exps.weight").type, GgmlType::Q8_0);
+  EXPECT_EQ(g.tensor("blk.0.ffn_up_exps.weight").type, GgmlType::Q4_K);
+  bool noted = false;
+  for (const auto& n : notes) noted |= n.find("blk.0.ffn_down_exps.weight") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(ConvertErrors, BadInputsGiveClearMessages) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+
+  // Missing config.json.
+  {
+    const std::string dir = fresh_dir("err_noconfig");
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("config.json"), std::string::npos) << e;
+  }
+  // Unknown model_type lists the supported ones.
+  {
+    const std::string dir = make_qwen3moe("err_type", d);
+    json c = qwen3moe_config(d);
+    c["model_type"] = "llama";
+    write_json(dir + "/config.json", c);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("'llama'"), std::string::npos) << e;
+    EXPECT_NE(e.find("qwen3_moe, qwen3_5_moe, qwen3_5_moe_text"), std::string::npos) << e;
+  }
+  // Unknown --type.
+  {
+    const std::string dir = make_qwen3moe("err_outtype", d);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "q3_k_xl"); });
+    EXPECT_NE(e.find("q3_k_xl"), std::string::npos) << e;
+    EXPECT_NE(e.find("q4_k_m"), std::string::npos) << e;
+  }
+  // Truncated safetensors file.
+  {
+    const std::string dir = make_qwen3moe("err_trunc", d);
+    const auto size = fs::file_size(dir + "/model.safetensors");
+    fs::resize_file(dir + "/model.safetensors", size - 100);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(dir + "/o.gguf"));
+  }
+  // Header length beyond the file.
+  {
+    const std::string dir = make_qwen3moe("err_header", d);
+    const auto size = fs::file_size(dir + "/model.safetensors");
+    fs::resize_file(dir + "/model.safetensors", 20);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("header length"), std::string::npos) << e;
+    (void)size;
+  }
+  // Unsupported dtype on a needed weight.
+  {
+    const std::string dir = fresh_dir("err_dtype");
+    write_json(dir + "/config.json", qwen3moe_config(d));
+    TensorMap m = qwen3moe_tensors(d);
+    m["model.layers.0.self_attn.k_proj.weight"].dtype = "I32";
+    write_safetensors(dir + "/model.safetensors", m);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("k_proj"), std::string::npos) << e;
+    EXPECT_NE(e.find("I32"), std::string::npos) << e;
+  }
+  // Missing tensor, wrong shape, unknown extra tensor.
+  {
+    const std::string dir = fresh_dir("err_missing");
+    write_json(dir + "/config.json", qwen3moe_config(d));
+    TensorMap m = qwen3moe_tensors(d);
+    m.erase("model.layers.0.mlp.experts.2.up_proj.weight");
+    write_safetensors(dir + "/model.safetensors", m);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("model.layers.0.mlp.experts.2.up_proj.weight"), std::string::npos) << e;
+  }
+  {
+    const std::string dir = fresh_dir("err_shape");
+    write_json(dir + "/config.json", qwen3moe_config(d));
+    TensorMap m = qwen3moe_tensors(d);
+    m["model.layers.0.self_attn.o_proj.weight"] = rnd({256, 128}, 7);
+    write_safetensors(dir + "/model.safetensors", m);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("o_proj"), std::string::npos) << e;
+    EXPECT_NE(e.find("(256, 128)"), std::string::npos) << e;
+  }
+  {
+    const std::string dir = fresh_dir("err_extra");
+    write_json(dir + "/config.json", qwen3moe_config(d));
+    TensorMap m = qwen3moe_tensors(d);
+    m["model.layers.0.self_attn.rotary_extra.weight"] = rnd({4}, 9);
+    write_safetensors(dir + "/model.safetensors", m);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("rotary_extra"), std::string::npos) << e;
+  }
+  // Dense layers in a qwen3_moe config are refused.
+  {
+    const std::string dir = make_qwen3moe("err_dense", d);
+    json c = qwen3moe_config(d);
+    c["mlp_only_layers"] = {0};
+    write_json(dir + "/config.json", c);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("mlp_only_layers"), std::string::npos) << e;
+  }
+}
+
+TEST(ConvertSafetensors, ReaderRejectsInconsistentHeaders) {
+  const std::string dir = fresh_dir("st_bad");
+  auto write_raw = [&](const std::string& header, size_t data_bytes) {
+    std::ofstream out(dir + "/x.safetensors", std::ios::binary);
+    const uint64_t n = header.size();
+    for (int b = 0; b < 8; ++b) out.put(static_cast<char>(n >> (8 * b)));
+    out << header << std::string(data_bytes, '\0');
+  };
+  write_raw(R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 24);
+  EXPECT_NE(error_of([&] { convert::SafetensorsFile::open(dir + "/x.safetensors"); }).find("needs 24"), std::string::npos);
+  write_raw(R"({"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(error_of([&] { convert::SafetensorsFile::open(dir + "/x.safetensors"); }).find("unknown dtype 'Q9'"),
+            std::string::npos);
+  write_raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8);
+  EXPECT_NE(error_of([&] { convert::SafetensorsFile::open(dir + "/x.safetensors"); }).find("end before begin"),
+            std::string::npos);
+  write_raw("{not json", 0);
+  EXPECT_NE(error_of([&] { convert::SafetensorsFile::open(dir + "/x.safetensors"); }).find("not valid JSON"),
+            std::string::npos);
+  // A well-formed F16 tensor reads back exactly.
+  {
+    std::string h = R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})";
+    std::ofstream out(dir + "/x.safetensors", std::ios::binary);
+    const uint64_t n = h.size();
+    for (int b = 0; b < 8; ++b) out.put(static_cast<char>(n >> (8 * b)));
+    out << h;
+    const uint16_t vals[2] = {0x3c00, 0xc000};  // 1.0, -2.0
+    out.write(reinterpret_cast<const char*>(vals), 4);
+  }
+  auto f = convert::SafetensorsFile::open(dir + "/x.safetensors");
+  ASSERT_EQ(f.tensors().size(), 1u);
+  float got[2];
+  f.tensors()[0].read_f32(0, 2, got);
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], -2.0f);
+}
+
+TEST(ConvertCli, ConvertsAndReportsErrors) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+  const std::string dir = make_qwen3moe("cli", d);
+  const std::string out = dir + "/cli.gguf";
+  const std::string cmd = std::string(STRATA_CLI) + " convert --hf " + dir + " -o " + out + " --type q8_0 --threads 2 > " +
+                          dir + "/log.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream log(dir + "/log.txt");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("blk.0.ffn_down_exps.weight"), std::string::npos) << text;
+  EXPECT_NE(text.find("15 tensors"), std::string::npos) << text;
+  EXPECT_EQ(GgufFile::open(out).tensor("blk.0.attn_q.weight").type, GgmlType::Q8_0);
+
+  const std::string bad = std::string(STRATA_CLI) + " convert --hf " + dir + " -o " + out + ".2 --type nope > " + dir +
+                          "/log2.txt 2>&1";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  std::ifstream log2(dir + "/log2.txt");
+  const std::string text2((std::istreambuf_iterator<char>(log2)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text2.find("'nope'"), std::string::npos) << text2;
+}
+
+TEST(ConvertTokenizer, TokenizerFilesGoIntoTheGgufPaddedToVocabSize) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+  const std::string dir = make_qwen3moe("tok", d);
+  // A tiny byte-level BPE tokenizer in the Hugging Face format (Qwen2 split regex).
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  json tok = {
+      {"version", "1.0"},
+      {"normalizer", {{"type", "NFC"}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}}, byte_level}}}},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"\xc4\xa0", 3}}},
+        {"merges", json::array({json::array({"a", "b"})})}}},
+      {"added_tokens",
+       {{{"id", 4}, {"content", "<|im_end|>"}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+         {"normalized", false}, {"special", true}}}}};
+  write_json(dir + "/tokenizer.json", tok);
+  write_json(dir + "/tokenizer_config.json", {{"eos_token", "<|im_end|>"}, {"chat_template", "{{ messages }}"}});
+  const auto sum = run_convert(dir, dir + "/out.gguf", "f32");
+  EXPECT_TRUE(sum.has_tokenizer);
+  GgufFile g = GgufFile::open(dir + "/out.gguf");
+  EXPECT_EQ(g.get_string("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(g.get_string("tokenizer.ggml.pre"), "qwen2");
+  const auto tokens = g.get_string_array("tokenizer.ggml.tokens");
+  ASSERT_EQ(tokens.size(), 300u);  // padded to vocab_size, the rows of token_embd
+  EXPECT_EQ(tokens[2], "ab");
+  EXPECT_EQ(tokens[4], "<|im_end|>");
+  EXPECT_EQ(tokens[299], "[PAD299]");
+  EXPECT_EQ(g.get_int_array("tokenizer.ggml.token_type")[4], 3);  // control
+  EXPECT_EQ(g.get_string_array("tokenizer.ggml.merges"), std::vector<std::string>{"a b"});
+  EXPECT_EQ(g.get_u32("tokenizer.ggml.eos_token_id"), 4u);
+  EXPECT_EQ(g.get_string("tokenizer.chat_template"), "{{ messages }}");
+}

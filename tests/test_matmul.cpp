@@ -1,0 +1,220 @@
+// CPU matmul/matvec: every weight type at every kernel level this CPU supports, against a float64
+// reference (reference decode + double dot), on odd shapes, several token counts and padded row
+// strides; SIMD decoders must reproduce the scalar reference decoder's values exactly.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "strata/base/error.h"
+#include "strata/cpu/cpu_kernels.h"
+#include "strata/cpu/matmul.h"
+#include "strata/quant/fp16.h"
+#include "strata/quant/quantize.h"
+#include "strata/quant/types.h"
+
+namespace {
+
+using strata::CpuKernelLevel;
+using strata::GgmlType;
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
+                              GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                              GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                              GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::IQ4_NL, GgmlType::MXFP4};
+const CpuKernelLevel kLevels[] = {CpuKernelLevel::Scalar, CpuKernelLevel::Avx2, CpuKernelLevel::Avx512};
+
+// Byte offsets of f16 scale fields per block, for making random blocks finite.
+std::vector<size_t> f16_field_bytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::IQ4_NL: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+// One row of n weights: quantised from gaussian floats where the type has an encoder, otherwise
+// random bytes with sane scales (decoders must handle any codes).
+std::vector<uint8_t> make_row(GgmlType t, int64_t n, std::mt19937& rng) {
+  const auto& tr = strata::type_traits(t);
+  std::vector<uint8_t> row(strata::row_bytes(t, n));
+  if (tr.can_quantize) {
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = g(rng);
+    strata::quantize_row(t, x.data(), row.data(), n);
+    return row;
+  }
+  for (auto& b : row) b = static_cast<uint8_t>(rng());
+  const size_t nb = row.size() / tr.block_bytes;
+  std::uniform_real_distribution<float> scale(0.001f, 0.1f);
+  for (size_t b = 0; b < nb; ++b) {
+    uint8_t* blk = row.data() + b * tr.block_bytes;
+    for (size_t off : f16_field_bytes(t)) {
+      const uint16_t h = strata::fp32_to_fp16(scale(rng));
+      std::memcpy(blk + off, &h, 2);
+    }
+    if (t == GgmlType::MXFP4) blk[0] = static_cast<uint8_t>(120 + rng() % 10);
+    if (t == GgmlType::Q8_K) {
+      const float d = scale(rng);
+      std::memcpy(blk, &d, 4);
+    }
+  }
+  return row;
+}
+
+struct Problem {
+  strata::WeightMatrix w;
+  std::vector<uint8_t> storage;
+  std::vector<float> X;
+  int64_t n_tok;
+};
+
+Problem make_problem(GgmlType t, int64_t rows, int64_t cols, int64_t n_tok, size_t pad, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Problem p;
+  const size_t rb = strata::row_bytes(t, cols);
+  const size_t stride = rb + pad;
+  p.storage.assign(stride * static_cast<size_t>(rows) + 64, 0xAB);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = make_row(t, cols, rng);
+    std::memcpy(p.storage.data() + static_cast<size_t>(r) * stride, row.data(), rb);
+  }
+  p.w = {t, p.storage.data(), rows, cols, stride};
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  p.X.resize(static_cast<size_t>(n_tok * cols));
+  for (auto& v : p.X) v = g(rng);
+  p.n_tok = n_tok;
+  return p;
+}
+
+// Float64 reference of one product, and the sum of |w*x| that bounds float rounding.
+void reference(const Problem& p, std::vector<double>& want, std::vector<double>& scale) {
+  const auto& w = p.w;
+  want.assign(static_cast<size_t>(p.n_tok * w.n_rows), 0.0);
+  scale.assign(want.size(), 0.0);
+  std::vector<float> row(static_cast<size_t>(w.n_cols));
+  for (int64_t r = 0; r < w.n_rows; ++r) {
+    strata::dequantize_row(w.type, w.data + static_cast<size_t>(r) * w.row_stride, row.data(), w.n_cols);
+    for (int64_t t = 0; t < p.n_tok; ++t) {
+      double acc = 0, mag = 0;
+      for (int64_t c = 0; c < w.n_cols; ++c) {
+        const double v = static_cast<double>(row[c]) * p.X[t * w.n_cols + c];
+        acc += v;
+        mag += std::fabs(v);
+      }
+      want[t * w.n_rows + r] = acc;
+      scale[t * w.n_rows + r] = mag;
+    }
+  }
+}
+
+int64_t cols_for(GgmlType t, int variant) {
+  const int64_t be = strata::type_traits(t).block_elems;
+  if (be == 1) return variant == 0 ? 37 : 515;  // odd lengths exercise the SIMD tails
+  if (be == 32) return variant == 0 ? 96 : 544;
+  return variant == 0 ? 256 : 768;
+}
+
+class MatmulLevels : public ::testing::Test {
+ protected:
+  void TearDown() override { strata::set_cpu_kernel_level(CpuKernelLevel::Scalar); }
+};
+
+TEST_F(MatmulLevels, EveryTypeEveryLevelMatchesFloat64Reference) {
+  int levels_run = 0;
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level)) {
+      std::printf("  [skip] CPU kernel level %s: not supported by this CPU\n", strata::cpu_kernel_level_name(level));
+      continue;
+    }
+    ++levels_run;
+    strata::set_cpu_kernel_level(level);
+    for (GgmlType t : kAllTypes) {
+      for (int variant = 0; variant < 2; ++variant) {
+        for (int64_t n_tok : {1, 3, 70}) {
+          const int64_t rows = variant == 0 ? 7 : 13;
+          const size_t pad = variant == 0 ? 4 : 6;  // aligned and unaligned row starts
+          const Problem p = make_problem(t, rows, cols_for(t, variant), n_tok, pad, 100 + variant);
+          std::vector<double> want, mag;
+          reference(p, want, mag);
+          std::vector<float> got(want.size(), NAN);
+          strata::matmul(p.w, p.X.data(), p.n_tok, got.data());
+          // Float accumulation error is bounded by ~n*eps*sum|w*x|; all levels decode identically,
+          // so the bound is the same for every type.
+          const double tol = 2e-6 * std::sqrt(static_cast<double>(p.w.n_cols)) + 1e-6;
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_LE(std::fabs(got[i] - want[i]), tol * mag[i] + 1e-30)
+                << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name << " cols "
+                << p.w.n_cols << " n_tok " << n_tok << " out " << i << ": got " << got[i] << " want " << want[i];
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(levels_run, 1);
+}
+
+TEST_F(MatmulLevels, SimdDecodersAreExact) {
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level)) {
+      std::printf("  [skip] CPU kernel level %s: not supported by this CPU\n", strata::cpu_kernel_level_name(level));
+      continue;
+    }
+    strata::set_cpu_kernel_level(level);
+    const strata::CpuKernels& k = strata::cpu_kernels();
+    ASSERT_EQ(k.level, level);
+    std::mt19937 rng(5);
+    for (GgmlType t : kAllTypes) {
+      const int64_t n = cols_for(t, 1);
+      for (int rep = 0; rep < 20; ++rep) {
+        const auto row = make_row(t, n, rng);
+        std::vector<uint8_t> shifted(row.size() + 3);
+        std::memcpy(shifted.data() + 3, row.data(), row.size());  // unaligned source
+        std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+        strata::dequantize_row(t, row.data(), want.data(), n);
+        k.decode_row(t, shifted.data() + 3, got.data(), n);
+        // Equal values (an fma may give +0 where the reference gives -0: same number).
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(want[i], got[i]) << strata::cpu_kernel_level_name(level) << " "
+                                     << strata::type_traits(t).name << " elem " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(MatmulLevels, MatvecAndNestedParallelAgree) {
+  const Problem p = make_problem(GgmlType::Q4_K, 33, 512, 5, 0, 9);
+  std::vector<float> all(static_cast<size_t>(5 * 33)), one(33), nested(all.size());
+  strata::matmul(p.w, p.X.data(), 5, all.data());
+  for (int t = 0; t < 5; ++t) {
+    strata::matvec(p.w, p.X.data() + t * 512, one.data());
+    for (int r = 0; r < 33; ++r) ASSERT_EQ(one[r], all[t * 33 + r]) << t << " " << r;
+  }
+  // Called from inside a parallel region (as the MoE layer does per expert), it runs on the calling thread.
+#pragma omp parallel for
+  for (int t = 0; t < 5; ++t) strata::matvec(p.w, p.X.data() + t * 512, nested.data() + t * 33);
+  EXPECT_EQ(0, std::memcmp(all.data(), nested.data(), all.size() * 4));
+}
+
+TEST(MatmulErrors, BadShapesFailLoudly) {
+  std::vector<uint8_t> data(4096);
+  std::vector<float> x(1024), y(16);
+  strata::WeightMatrix w{GgmlType::Q4_K, data.data(), 2, 100, 512};
+  EXPECT_THROW(strata::matvec(w, x.data(), y.data()), strata::Error);  // not whole blocks
+  w = {GgmlType::Q4_K, data.data(), 2, 512, 100};
+  EXPECT_THROW(strata::matvec(w, x.data(), y.data()), strata::Error);  // stride < row bytes
+  EXPECT_TRUE(strata::cpu_supports(CpuKernelLevel::Scalar));
+  if (!strata::cpu_supports(CpuKernelLevel::Avx512)) {
+    EXPECT_THROW(strata::set_cpu_kernel_level(CpuKernelLevel::Avx512), strata::Error);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,987 @@
+#!/usr/bin/env python3
+"""Train a tiny qwen3_5_moe-architecture model on Python source, for strata's end-to-end tests (issue 5).
+
+Runs ONLY on the GPU machine (torch 2.11, transformers 5.17, tokenizers 0.23 there). One command does
+everything inside a wall-clock budget (--minutes, the whole script, default 8.5):
+
+  1. collect *.py files from the interpreter's stdlib and site-packages (sorted, capped, deterministic),
+     split train / held-out by a hash of each file's path (2 % held out, whole files);
+  2. train a byte-level BPE tokenizer (HF tokenizers; Qwen2 split regex, NFC) with 8192 tokens
+     including <|endoftext|> <|im_start|> <|im_end|> (special) and <think> </think> <tool_call>
+     </tool_call> (added, not special, as in Qwen3), and save it with a ChatML chat template;
+  3. train Qwen3_5MoeForCausalLM (8 layers in the 3 DeltaNet : 1 full-attention pattern, 32 experts
+     top-4 plus a shared expert, ~22M parameters) with AdamW and bf16 autocast; the step count is
+     measured to fit the budget (or fixed with --steps);
+  4. round the weights to bfloat16, save the HF checkpoint, reload it as float32 (exactly the bf16
+     values) and compute every reference with it on the GPU with TF32 off, eager attention and eager
+     experts: held-out perplexity, per-layer routing counts and skew, greedy continuations (manual
+     argmax loop re-running the whole sequence; no cache) and the logits at every prompt position;
+  5. optionally pack the output directory as a tar split into <= 15 MiB parts (--pack DIR).
+
+    python3 tools/train_tiny/train.py --out /tmp/train_tiny --pack "$OUT"
+
+Facts used (read in transformers' sources, not copied): Qwen3_5MoeTextConfig fields (layer_types,
+linear_*, moe_intermediate_size, shared_expert_intermediate_size, num_experts(_per_tok),
+output_router_logits, router_aux_loss_coef, rope_parameters with partial_rotary_factor); the router
+module `mlp.gate` returns (router_logits, top-k weights, top-k indices); the experts dispatcher reads
+config._experts_implementation ("eager" / "grouped_mm") at call time; the gated-DeltaNet functions
+fall back to torch code when `fla` / `causal_conv1d` cannot be imported.
+"""
+
+import time
+
+T0 = time.time()  # the budget counts from here, before the heavy imports
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import site  # noqa: E402
+import sys  # noqa: E402
+import sysconfig  # noqa: E402
+import tarfile  # noqa: E402
+
+# Use the pure-torch gated-DeltaNet / causal-conv1d code (what the references must use, and what
+# works without extra packages): block the optional kernel packages before transformers imports.
+_BLOCKED = ("fla", "causal_conv1d")
+_FOUND = {}
+for _n in _BLOCKED:
+    try:
+        _FOUND[_n] = importlib.util.find_spec(_n) is not None
+    except (ImportError, ValueError):
+        _FOUND[_n] = False
+    sys.modules[_n] = None  # type: ignore[assignment]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import tokenizers  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers  # noqa: E402
+from tokenizers import processors, trainers  # noqa: E402
+
+# The Qwen2 pre-tokenizer split regex, exactly as in Qwen3's tokenizer.json (pre_tokenizer.pretokenizers[0]):
+# contractions, letters with one optional leading non-letter, single digits, punctuation runs with
+# trailing newlines, newline runs, trailing spaces, spaces.
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # special (control) tokens
+ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added, not special (as Qwen3)
+EOS_TOKEN = "<|endoftext|>"  # base model trained on raw files separated by <|endoftext|>
+
+# A minimal ChatML template (our own words): <|im_start|>role\ncontent<|im_end|>\n per message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Prompts for the greedy references. The long one crosses HF's 64-token DeltaNet chunk boundary; the
+# ChatML one exercises special-token handling.
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n",
+    "class Stack:",
+    (
+        "import json\nimport os\n\n\ndef load_config(path, defaults=None):\n"
+        "    \"\"\"Read a JSON file and merge it over the defaults.\"\"\"\n"
+        "    result = dict(defaults or {})\n"
+        "    if not os.path.exists(path):\n"
+        "        return result\n"
+        "    with open(path, encoding=\"utf-8\") as f:\n"
+        "        data = json.load(f)\n"
+        "    for key, value in data.items():\n"
+    ),
+    "<|im_start|>user\nWrite a function that adds two numbers.<|im_end|>\n<|im_start|>assistant\n",
+]
+N_GREEDY = 32
+PART_BYTES = 15 * 1024 * 1024
+MAX_PACK_FILES = 8
+MAX_PACK_BYTES = 62 * 1024 * 1024
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+def elapsed():
+    return time.time() - T0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------
+
+def source_roots():
+    """(label, path) for the stdlib and every site-packages directory, de-duplicated."""
+    paths = sysconfig.get_paths()
+    cands = [("stdlib", paths.get("stdlib")), ("purelib", paths.get("purelib")), ("platlib", paths.get("platlib"))]
+    try:
+        for i, p in enumerate(site.getsitepackages()):
+            cands.append((f"site{i}", p))
+    except Exception:
+        pass
+    seen, roots = set(), []
+    for label, p in cands:
+        if p and os.path.isdir(p):
+            rp = os.path.realpath(p)
+            if rp not in seen:
+                seen.add(rp)
+                roots.append((label, rp))
+    return roots
+
+
+def path_hash(key):
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()
+
+
+def collect_files(max_bytes, min_size=200, max_size=400_000):
+    """All *.py files under the roots, keyed by 'label/relative/path'; select by path-hash order until
+    max_bytes. Returns list of (key, realpath, size) in selection order."""
+    roots = source_roots()
+    log("source roots:", roots)
+    found, seen_real = [], set()
+    for label, root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for fn in sorted(filenames):
+                if not fn.endswith(".py"):
+                    continue
+                full = os.path.join(dirpath, fn)
+                try:
+                    real = os.path.realpath(full)
+                    if real in seen_real:
+                        continue
+                    size = os.path.getsize(real)
+                except OSError:
+                    continue
+                seen_real.add(real)
+                if min_size <= size <= max_size:
+                    key = f"{label}/{os.path.relpath(full, root)}"
+                    found.append((path_hash(key), key, real, size))
+    found.sort()
+    total_all = sum(f[3] for f in found)
+    log(f"found {len(found)} candidate .py files, {total_all / 1e6:.1f} MB")
+    chosen, total = [], 0
+    for h, key, real, size in found:
+        if total >= max_bytes:
+            break
+        chosen.append((key, real, size))
+        total += size
+    return chosen, len(found), total_all
+
+
+def read_texts(chosen, heldout_percent):
+    """Read the chosen files; drop undecodable ones and ones containing our special-token strings
+    (so literal '<|endoftext|>' in some source file cannot become a control token)."""
+    markers = SPECIAL_TOKENS + ADDED_TOKENS
+    train, held, skipped = [], [], 0
+    for key, real, _ in chosen:
+        try:
+            with open(real, "rb") as f:
+                text = f.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            skipped += 1
+            continue
+        if any(m in text for m in markers):
+            skipped += 1
+            continue
+        is_held = int(path_hash("heldout:" + key)[:8], 16) % 100 < heldout_percent
+        (held if is_held else train).append((key, text))
+    return train, held, skipped
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------------------------------
+
+def train_tokenizer(texts, vocab_size, max_train_bytes):
+    n_extra = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - n_extra,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    sample, total = [], 0
+    for t in texts:
+        if total >= max_train_bytes:
+            break
+        sample.append(t)
+        total += len(t)
+    tok.train_from_iterator(sample, trainer=trainer, length=len(sample))
+    n_bpe = tok.get_vocab_size()
+    if n_bpe != vocab_size - n_extra:
+        raise RuntimeError(f"BPE training produced {n_bpe} tokens, wanted {vocab_size - n_extra}")
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ADDED_TOKENS])
+    if tok.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
+    ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS + ADDED_TOKENS}
+    assert all(v is not None for v in ids.values()), ids
+    return tok, ids, total
+
+
+def save_tokenizer(tok, ids, hf_dir):
+    tok.save(os.path.join(hf_dir, "tokenizer.json"))
+    added = {}
+    for s in SPECIAL_TOKENS + ADDED_TOKENS:
+        added[str(ids[s])] = {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                              "single_word": False, "special": s in SPECIAL_TOKENS}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None,
+        "eos_token": EOS_TOKEN,
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 4096,
+        "split_special_tokens": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    with open(os.path.join(hf_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    with open(os.path.join(hf_dir, "chat_template.jinja"), "w") as f:
+        f.write(CHAT_TEMPLATE)
+
+
+def encode_stream(tok, texts, eot_id, batch=2000):
+    """Concatenate every file's ids followed by <|endoftext|>, as int32."""
+    parts = []
+    for i in range(0, len(texts), batch):
+        encs = tok.encode_batch(texts[i:i + batch], add_special_tokens=False)
+        for e in encs:
+            a = np.asarray(e.ids, dtype=np.int32)
+            parts.append(a)
+            parts.append(np.asarray([eot_id], dtype=np.int32))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------
+
+def make_config(args, vocab_size, eot_id, attn_impl, experts_impl):
+    from transformers import Qwen3_5MoeTextConfig
+
+    n_layers = args.layers
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)]
+    head_dim = 64
+    rotary_half = int(head_dim * 0.25) // 2  # 8 frequencies; mrope sections must sum to this
+    return Qwen3_5MoeTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=args.hidden,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        initializer_range=0.02,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [rotary_half - 2 * (rotary_half // 3), rotary_half // 3, rotary_half // 3],
+            "mrope_interleaved": True,
+        },
+        attention_bias=False,
+        attention_dropout=0.0,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        moe_intermediate_size=args.moe_ffn,
+        shared_expert_intermediate_size=args.shared_ffn,
+        num_experts_per_tok=args.top_k,
+        num_experts=args.experts,
+        output_router_logits=False,
+        router_aux_loss_coef=args.aux_coef,
+        layer_types=layer_types,
+        bos_token_id=None,
+        eos_token_id=eot_id,
+        pad_token_id=eot_id,
+        attn_implementation=attn_impl,
+        experts_implementation=experts_impl,
+    )
+
+
+def set_impl(model, attn=None, experts=None):
+    cfg = model.config
+    if attn is not None:
+        cfg._attn_implementation = attn
+    if experts is not None:
+        try:
+            cfg._experts_implementation = experts
+        except Exception as e:
+            log(f"note: cannot set experts implementation ({e!r})")
+    return getattr(cfg, "_attn_implementation", None), getattr(cfg, "_experts_implementation", None)
+
+
+def gdn_functions():
+    try:
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
+    except Exception as e:
+        return {"error": repr(e)}
+    out = {}
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn"):
+        fn = getattr(m, name, None)
+        inner = getattr(fn, "__wrapped__", fn)
+        out[name] = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', '?')}"
+    return out
+
+
+def param_breakdown(model):
+    groups = {}
+    for name, p in model.named_parameters():
+        if "embed_tokens" in name:
+            g = "embedding"
+        elif name.startswith("lm_head"):
+            g = "lm_head"
+        elif ".mlp.experts." in name:
+            g = "routed experts"
+        elif ".mlp.shared_expert" in name:
+            g = "shared expert"
+        elif ".mlp.gate." in name:
+            g = "router"
+        elif ".linear_attn." in name:
+            g = "gated DeltaNet"
+        elif ".self_attn." in name:
+            g = "full attention"
+        else:
+            g = "norms/other"
+        groups[g] = groups.get(g, 0) + p.numel()
+    return groups
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training helpers
+# ----------------------------------------------------------------------------------------------------
+
+def lr_at(step, total, warmup, peak, floor_frac=0.1):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if total is None:
+        return peak
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor_frac + (1 - floor_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_batch(data_gpu, n_tokens, batch, seq, gen, device):
+    starts = torch.randint(0, n_tokens - seq - 1, (batch,), generator=gen)
+    idx = starts.to(device)[:, None] + torch.arange(seq, device=device)[None, :]
+    return data_gpu[idx].long()
+
+
+def eval_windows(stream, seq, max_windows):
+    n = min(max_windows, (len(stream) - 1) // seq)
+    if n <= 0:
+        raise RuntimeError(f"held-out stream too short ({len(stream)} tokens) for one window of {seq}")
+    return torch.from_numpy(stream[: n * seq].astype(np.int64).reshape(n, seq))
+
+
+@torch.no_grad()
+def mean_loss(model, windows, device, batch, use_autocast):
+    """Token-weighted next-token cross-entropy over all windows (each window predicts seq-1 tokens)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, windows.shape[0], batch):
+        x = windows[i:i + batch].to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
+            logits = model(input_ids=x, use_cache=False).logits
+        logits = logits.float()
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+        total += float(loss)
+        count += x[:, 1:].numel()
+    if was_training:
+        model.train()
+    return total / count
+
+
+def train_step(model, opt, x, use_autocast, use_aux):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
+        out = model(input_ids=x, labels=x, use_cache=False, output_router_logits=use_aux)
+    loss = out.loss
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    aux = out.aux_loss if (use_aux and out.aux_loss is not None) else None
+    return loss.detach(), (aux.detach() if isinstance(aux, torch.Tensor) else None), gnorm.detach()
+
+
+def choose_experts_impl(model, x, use_autocast):
+    """Prefer grouped_mm (fewer kernel launches) when it runs and matches eager on one batch."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def loss_with(impl):
+        set_impl(model, experts=impl)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
+            out = model(input_ids=x, labels=x, use_cache=False)
+        out.loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(out.loss.detach())
+
+    chosen = "eager"
+    try:
+        le = loss_with("eager")
+        t = time.time()
+        lg = loss_with("grouped_mm")
+        log(f"experts trial: eager loss {le:.5f}, grouped_mm loss {lg:.5f} ({time.time() - t:.2f}s)")
+        if abs(le - lg) < 0.02:
+            chosen = "grouped_mm"
+        else:
+            log("grouped_mm disagrees with eager; using eager")
+    except Exception as e:
+        log(f"grouped_mm unavailable ({type(e).__name__}: {str(e)[:200]}); using eager experts")
+    model.load_state_dict(state)
+    set_impl(model, experts=chosen)
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------------
+# References on the bf16-rounded weights
+# ----------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_manual(model, ids, n, device):
+    seq = list(ids)
+    new, margins, top5, prompt_logits = [], [], [], None
+    for step in range(n):
+        logits = model(input_ids=torch.tensor([seq], device=device), use_cache=False).logits[0].float()
+        if step == 0:
+            prompt_logits = logits.cpu().numpy().astype("<f4")
+        last = logits[-1]
+        vals, idx = torch.topk(last, 5)
+        nxt = int(idx[0])
+        margins.append(float(vals[0] - vals[1]))
+        top5.append([[int(i), float(v)] for v, i in zip(vals.tolist(), idx.tolist())])
+        new.append(nxt)
+        seq.append(nxt)
+    return new, margins, top5, prompt_logits
+
+
+@torch.no_grad()
+def greedy_generate(model, ids, n, device, pad_id):
+    try:
+        x = torch.tensor([ids], device=device)
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                             max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id)
+        return [int(t) for t in out[0, len(ids):].tolist()], None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def routing_stats(counts, top_frac=0.2):
+    """counts: [layers, experts] int. Skew = share of assignments taken by the top 20 % of experts."""
+    n_exp = counts.shape[1]
+    n_top = max(1, int(round(top_frac * n_exp)))
+    rows = []
+    for layer in range(counts.shape[0]):
+        c = counts[layer].astype(np.float64)
+        tot = c.sum()
+        srt = np.sort(c)[::-1]
+        p = c / tot if tot > 0 else c
+        nz = p[p > 0]
+        rows.append({
+            "layer": layer,
+            "assignments": int(tot),
+            "top20_share": float(srt[:n_top].sum() / tot) if tot > 0 else None,
+            "max_share": float(srt[0] / tot) if tot > 0 else None,
+            "unused_experts": int((c == 0).sum()),
+            "entropy_bits": float(-(nz * np.log2(nz)).sum()),
+        })
+    return {"num_experts": n_exp, "n_top_experts": n_top, "uniform_top20_share": n_top / n_exp, "per_layer": rows}
+
+
+def pack_outputs(out_dir, pack_dir, extra_files):
+    os.makedirs(pack_dir, exist_ok=True)
+    base = os.path.basename(os.path.normpath(out_dir))
+    tar_path = os.path.join(os.path.dirname(os.path.normpath(out_dir)), base + ".tar")
+    with tarfile.open(tar_path, "w") as tf:
+        tf.add(out_dir, arcname=base)
+    size = os.path.getsize(tar_path)
+    parts = []
+    with open(tar_path, "rb") as f:
+        k = 0
+        while True:
+            chunk = f.read(PART_BYTES)
+            if not chunk:
+                break
+            p = os.path.join(pack_dir, f"{base}.tar.part{k:02d}")
+            with open(p, "wb") as g:
+                g.write(chunk)
+            parts.append(p)
+            k += 1
+    os.remove(tar_path)
+    copied = []
+    for src in extra_files:
+        if len(parts) + len(copied) + 1 >= MAX_PACK_FILES:  # keep one slot for a tee'd stdout log
+            break
+        dst = os.path.join(pack_dir, os.path.basename(src))
+        shutil.copyfile(src, dst)
+        copied.append(dst)
+    total = sum(os.path.getsize(p) for p in parts + copied)
+    log(f"packed {size} bytes into {len(parts)} parts + {len(copied)} files in {pack_dir} ({total} bytes)")
+    log(f"reassemble with: cat {base}.tar.part* | tar x")
+    if total > MAX_PACK_BYTES:
+        log(f"WARNING: packed outputs ({total} bytes) exceed {MAX_PACK_BYTES}; not all will come back")
+    return [os.path.basename(p) for p in parts + copied]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description="train a tiny qwen3_5_moe model on Python source")
+    ap.add_argument("--out", required=True, help="output directory (created; must not exist or be empty)")
+    ap.add_argument("--pack", default=None, help="also write <out>.tar split into 15 MiB parts here")
+    ap.add_argument("--minutes", type=float, default=8.5, help="wall-clock budget for the WHOLE script")
+    ap.add_argument("--reserve-s", type=float, default=50.0, help="seconds kept for eval/export after training")
+    ap.add_argument("--steps", type=int, default=None, help="fix the number of training steps")
+    ap.add_argument("--seed", type=int, default=20261122)
+    ap.add_argument("--data-mb", type=float, default=96.0, help="cap on source bytes read")
+    ap.add_argument("--tok-train-mb", type=float, default=24.0, help="bytes used to train the tokenizer")
+    ap.add_argument("--heldout-percent", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--moe-ffn", type=int, default=64)
+    ap.add_argument("--shared-ffn", type=int, default=512)
+    ap.add_argument("--aux-coef", type=float, default=1e-3, help="router load-balancing loss weight (0 = off)")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--max-params", type=float, default=27.0e6, help="refuse configs above this (bf16 size)")
+    ap.add_argument("--eval-windows", type=int, default=256)
+    args = ap.parse_args()
+
+    budget_end = T0 + args.minutes * 60.0
+    if not torch.cuda.is_available():
+        raise SystemExit("CUDA is required (this script runs on the GPU machine)")
+    device = torch.device("cuda")
+    out_dir = os.path.abspath(args.out)
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise SystemExit(f"{out_dir} exists and is not empty")
+    hf_dir = os.path.join(out_dir, "hf")
+    os.makedirs(hf_dir, exist_ok=True)
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__, "numpy": np.__version__,
+                "gpu": torch.cuda.get_device_name(0)}
+    log("versions:", versions)
+    log("fast-kernel packages installed (then blocked):", _FOUND)
+    timings = {}
+
+    # ---- 1. data ---------------------------------------------------------------------------------
+    t = time.time()
+    chosen, n_candidates, bytes_candidates = collect_files(int(args.data_mb * 1e6))
+    train_files, held_files, skipped = read_texts(chosen, args.heldout_percent)
+    train_bytes = sum(len(x[1]) for x in train_files)
+    held_bytes = sum(len(x[1]) for x in held_files)
+    timings["collect_s"] = time.time() - t
+    log(f"data: {len(train_files)} train files ({train_bytes / 1e6:.1f} MB), {len(held_files)} held-out "
+        f"({held_bytes / 1e6:.2f} MB), {skipped} skipped; {timings['collect_s']:.1f}s")
+    if not train_files or not held_files:
+        raise SystemExit("no data found")
+
+    # ---- 2. tokenizer ----------------------------------------------------------------------------
+    t = time.time()
+    tok, tok_ids, tok_train_bytes = train_tokenizer([x[1] for x in train_files], args.vocab,
+                                                    int(args.tok_train_mb * 1e6))
+    save_tokenizer(tok, tok_ids, hf_dir)
+    timings["tokenizer_train_s"] = time.time() - t
+    eot = tok_ids["<|endoftext|>"]
+    log(f"tokenizer: {tok.get_vocab_size()} tokens, special ids {tok_ids}; trained on "
+        f"{tok_train_bytes / 1e6:.1f} MB in {timings['tokenizer_train_s']:.1f}s")
+    for p in PROMPTS[:3]:
+        assert tok.decode(tok.encode(p, add_special_tokens=False).ids) == p, f"round trip failed for {p!r}"
+
+    t = time.time()
+    train_stream = encode_stream(tok, [x[1] for x in train_files], eot)
+    held_stream = encode_stream(tok, [x[1] for x in held_files], eot)
+    timings["encode_s"] = time.time() - t
+    log(f"encoded: train {len(train_stream)} tokens ({train_bytes / max(1, len(train_stream)):.2f} bytes/token), "
+        f"held-out {len(held_stream)} tokens; {timings['encode_s']:.1f}s")
+    assert train_stream.max() < args.vocab and held_stream.max() < args.vocab
+
+    # ---- 3. model --------------------------------------------------------------------------------
+    from transformers import Qwen3_5MoeForCausalLM
+
+    torch.manual_seed(args.seed)
+    torch.cuda.manual_seed_all(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True  # training speed; references turn it off below
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = False
+    cfg = make_config(args, args.vocab, eot, "sdpa", "eager")
+    model = Qwen3_5MoeForCausalLM(cfg).to(device)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    breakdown = param_breakdown(model)
+    log(f"model: {n_params / 1e6:.2f}M parameters ({2 * n_params / 1e6:.1f} MB in bf16): {breakdown}")
+    log(f"layer_types: {cfg.layer_types}")
+    log(f"gated-DeltaNet functions: {gdn_functions()}")
+    if n_params > args.max_params:
+        raise SystemExit(f"{n_params} parameters exceed --max-params {args.max_params:.0f}")
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+    data_gpu = torch.from_numpy(train_stream).to(device)
+    n_train_tokens = len(train_stream)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    held_windows = eval_windows(held_stream, args.seq, args.eval_windows)
+    mid_windows = held_windows[:16]
+
+    # Autocast and experts-implementation trials on one batch (deterministic batch, state restored).
+    trial_x = make_batch(data_gpu, n_train_tokens, args.batch, args.seq, torch.Generator().manual_seed(7), device)
+    use_autocast = True
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=trial_x, labels=trial_x, use_cache=False, output_router_logits=args.aux_coef > 0)
+        out.loss.backward()
+        model.zero_grad(set_to_none=True)
+        log(f"autocast trial ok: loss {float(out.loss.detach()):.4f} (ln V = {math.log(args.vocab):.4f})")
+    except Exception as e:
+        log(f"bf16 autocast failed ({type(e).__name__}: {str(e)[:200]}); training in float32 (TF32)")
+        use_autocast = False
+        model.zero_grad(set_to_none=True)
+    experts_impl = choose_experts_impl(model, trial_x, use_autocast)
+    del trial_x
+    use_aux = args.aux_coef > 0
+
+    # ---- training loop ---------------------------------------------------------------------------
+    train_deadline = budget_end - args.reserve_s
+    log(f"training until t={train_deadline - T0:.0f}s (budget {args.minutes:.2f} min, reserve {args.reserve_s:.0f}s); "
+        f"experts={experts_impl}, autocast={use_autocast}, aux={use_aux}")
+    planned = args.steps
+    warmup = args.warmup
+    measure_from, measure_to = 5, 25
+    t_measure = None
+    step_time = None
+    curve, held_curve = [], []
+    loss_acc = torch.zeros((), device=device)
+    aux_acc = torch.zeros((), device=device)
+    acc_n = 0
+    stop_reason = "planned steps done"
+    mid_points = set()
+    if planned is not None:
+        if planned < 4 * warmup:
+            warmup = max(1, planned // 10)
+        mid_points = {planned // 4, planned // 2, (3 * planned) // 4}
+    step = 0
+    t_train = time.time()
+    while True:
+        if planned is not None and step >= planned:
+            break
+        if time.time() > train_deadline:
+            stop_reason = "time budget"
+            break
+        lr = lr_at(step, planned, warmup, args.lr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x = make_batch(data_gpu, n_train_tokens, args.batch, args.seq, gen, device)
+        loss, aux, gnorm = train_step(model, opt, x, use_autocast, use_aux)
+        loss_acc += loss
+        if aux is not None:
+            aux_acc += aux
+        acc_n += 1
+        step += 1
+
+        if step == measure_from:
+            torch.cuda.synchronize()
+            t_measure = time.time()
+        if step == measure_to:
+            torch.cuda.synchronize()
+            step_time = (time.time() - t_measure) / (measure_to - measure_from)
+            log(f"measured {step_time * 1000:.1f} ms/step ({args.batch * args.seq / step_time / 1e3:.0f}k tok/s)")
+            if planned is None:
+                remaining = train_deadline - time.time()
+                planned = step + max(0, int(0.96 * remaining / step_time))
+                if planned < 4 * warmup:
+                    warmup = max(1, planned // 10)
+                mid_points = {planned // 4, planned // 2, (3 * planned) // 4}
+                log(f"planned steps: {planned} (warmup {warmup}); rerun with --steps {planned} to repeat this run")
+        if step % 25 == 0 or (planned is not None and step == planned):
+            mean = float(loss_acc) / acc_n
+            mean_aux = float(aux_acc) / acc_n if use_aux else None
+            curve.append({"step": step, "loss": mean, "aux_loss": mean_aux, "lr": lr,
+                          "grad_norm": float(gnorm), "elapsed_s": round(elapsed(), 1)})
+            loss_acc.zero_()
+            aux_acc.zero_()
+            acc_n = 0
+            if step % 100 == 0:
+                log(f"step {step}/{planned}: loss {mean:.4f} aux {mean_aux if mean_aux is None else round(mean_aux, 4)} "
+                    f"lr {lr:.2e} gnorm {float(gnorm):.3f}")
+        if step in mid_points:
+            hl = mean_loss(model, mid_windows, device, 16, use_autocast)
+            held_curve.append({"step": step, "heldout_loss": hl, "heldout_ppl": math.exp(hl),
+                               "windows": int(mid_windows.shape[0])})
+            log(f"step {step}: held-out loss {hl:.4f} (ppl {math.exp(hl):.2f}) on {mid_windows.shape[0]} windows")
+    torch.cuda.synchronize()
+    timings["train_s"] = time.time() - t_train
+    log(f"training stopped after {step} steps ({stop_reason}); {timings['train_s']:.1f}s")
+    del data_gpu, opt
+
+    # ---- 4. bf16 export and references -----------------------------------------------------------
+    t = time.time()
+    model.eval()
+    model.to(torch.bfloat16)
+    model.config.use_cache = True
+    model.save_pretrained(hf_dir)
+    st = os.path.join(hf_dir, "model.safetensors")
+    assert os.path.exists(st), f"no single model.safetensors in {os.listdir(hf_dir)}"
+    from safetensors import safe_open
+    stored = []
+    with safe_open(st, framework="pt") as f:
+        for k in sorted(f.keys()):
+            s = f.get_slice(k)
+            stored.append((k, list(s.get_shape()), s.get_dtype()))
+    with open(os.path.join(out_dir, "hf_param_names.txt"), "w") as f:
+        for k, shp, dt in stored:
+            f.write(f"{k}\t{shp}\t{dt}\n")
+    bf16_params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    del model
+    torch.cuda.empty_cache()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    ref = Qwen3_5MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).to(device).eval()
+    impl = set_impl(ref, attn="eager", experts="eager")
+    for k, p in ref.named_parameters():
+        assert p.dtype == torch.float32, (k, p.dtype)
+        assert torch.equal(p, bf16_params[k].float()), f"{k}: reloaded weights are not the bf16 values"
+    del bf16_params
+    log(f"reference model: float32 upcast of the saved bf16 weights, implementations {impl}, TF32 off; "
+        f"saved checkpoint has {len(stored)} tensors ({os.path.getsize(st) / 1e6:.1f} MB)")
+
+    # Held-out perplexity and routing counts (hooks on every router: output = (logits, weights, indices)).
+    n_layers, n_exp, top_k = ref.config.num_hidden_layers, ref.config.num_experts, ref.config.num_experts_per_tok
+    counts = torch.zeros(n_layers, n_exp, dtype=torch.long, device=device)
+    hooks = []
+    for li, layer in enumerate(ref.model.layers):
+        def hook(mod, inp, out, li=li):
+            if isinstance(out, tuple) and len(out) >= 3 and out[2].dtype in (torch.int64, torch.int32):
+                idx = out[2]
+            else:
+                logits = out[0] if isinstance(out, tuple) else out
+                idx = torch.topk(logits, top_k, dim=-1).indices
+            assert idx.shape[-1] == top_k, idx.shape
+            counts[li] += torch.bincount(idx.reshape(-1), minlength=n_exp)
+        hooks.append(layer.mlp.gate.register_forward_hook(hook))
+    held_loss = mean_loss(ref, held_windows, device, 16, use_autocast=False)
+    for h in hooks:
+        h.remove()
+    counts_np = counts.cpu().numpy()
+    n_eval_tokens = int(held_windows.numel())
+    assert int(counts_np.sum()) == n_eval_tokens * n_layers * top_k, "routing counts do not add up"
+    skew = routing_stats(counts_np)
+    log(f"held-out (reference fp32 on bf16 weights): loss {held_loss:.4f}, ppl {math.exp(held_loss):.2f} "
+        f"over {held_windows.shape[0]} windows of {args.seq}")
+    log("routing skew (share of top-k assignments taken by the top "
+        f"{skew['n_top_experts']} of {n_exp} experts; uniform = {skew['uniform_top20_share']:.3f}): "
+        + ", ".join(f"L{r['layer']}={r['top20_share']:.3f}" for r in skew["per_layer"]))
+
+    # Greedy references.
+    refs, all_logits, row = [], [], 0
+    for text in PROMPTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        new, margins, top5, plog = greedy_manual(ref, ids, N_GREEDY, device)
+        cached, cached_err = greedy_generate(ref, ids, N_GREEDY, device, eot)
+        eos_at = new.index(eot) if eot in new else None
+        # generate() stops at (or, with min_new_tokens, avoids) EOS: compare only the part before it.
+        upto = eos_at if eos_at is not None else len(new)
+        agrees = (cached[:upto] == new[:upto]) if cached is not None else None
+        if cached_err:
+            log(f"  note: HF generate() cross-check failed: {cached_err}")
+        elif not agrees:
+            log(f"  WARNING: HF cached generate() differs from the manual loop for {text[:30]!r}: {cached}")
+        refs.append({
+            "prompt": text,
+            "prompt_ids": ids,
+            "greedy_ids": new,
+            "greedy_text": tok.decode(new, skip_special_tokens=False),
+            "top1_margins": margins,
+            "min_margin": min(margins),
+            "top5": top5,
+            "first_eos_index": eos_at,
+            "hf_generate_cached_ids": cached,
+            "hf_generate_agrees_before_eos": agrees,
+            "logits_rows": [row, row + len(ids)],
+        })
+        all_logits.append(plog)
+        row += len(ids)
+        log(f"  prompt {text[:40]!r}: {len(ids)} ids -> {tok.decode(new)[:60]!r} (min margin {min(margins):.3f})")
+    logits_cat = np.concatenate(all_logits, axis=0)
+    assert logits_cat.shape == (row, args.vocab)
+    logits_cat.astype("<f4").tofile(os.path.join(out_dir, "reference_logits.bin"))
+    timings["reference_s"] = time.time() - t
+
+    # Tokenizer as transformers loads it (non-fatal cross-check).
+    tok_check = {}
+    try:
+        from transformers import AutoTokenizer
+        hft = AutoTokenizer.from_pretrained(hf_dir)
+        tok_check["class"] = type(hft).__name__
+        tok_check["encode_agrees"] = all(
+            hft.encode(p, add_special_tokens=False) == tok.encode(p, add_special_tokens=False).ids for p in PROMPTS)
+        tok_check["eos_token_id"] = hft.eos_token_id
+        tok_check["chat_rendered"] = hft.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                             add_generation_prompt=True)
+    except Exception as e:
+        tok_check["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    log(f"AutoTokenizer check: {tok_check}")
+
+    # ---- outputs ---------------------------------------------------------------------------------
+    greedy_doc = {
+        "what": "HF greedy continuations (manual argmax loop, full re-run each step, no cache) and logits",
+        "weights": "bf16 checkpoint in hf/, upcast to float32 exactly",
+        "compute": {"device": torch.cuda.get_device_name(0), "dtype": "float32", "tf32": False,
+                    "attn_implementation": impl[0], "experts_implementation": impl[1],
+                    "gdn_functions": gdn_functions()},
+        "n_new_tokens": N_GREEDY,
+        "eos_token_id": eot,
+        "note": "greedy_ids always has n_new_tokens entries (generation does not stop at EOS); "
+                "reference_logits.bin is float32 little-endian [sum of prompt lengths x vocab]; "
+                "prompt p occupies rows logits_rows[0]..logits_rows[1]-1, row t = logits after prompt token t",
+        "vocab_size": args.vocab,
+        "prompts": refs,
+    }
+    with open(os.path.join(out_dir, "greedy_reference.json"), "w") as f:
+        json.dump(greedy_doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    with open(os.path.join(out_dir, "routing_counts.json"), "w") as f:
+        json.dump({"what": "top-k assignment counts per (layer, expert) on held-out data, reference model",
+                   "tokens": n_eval_tokens, "top_k": top_k, "num_experts": n_exp,
+                   "counts": counts_np.tolist(), "skew": skew}, f, indent=1)
+        f.write("\n")
+    log_doc = {
+        "argv": sys.argv,
+        "args": vars(args),
+        "versions": versions,
+        "fast_kernel_packages_installed": _FOUND,
+        "fast_kernel_packages_blocked": list(_BLOCKED),
+        "data": {"roots": source_roots(), "candidate_files": n_candidates, "candidate_bytes": bytes_candidates,
+                 "chosen_files": len(chosen), "skipped_files": skipped,
+                 "train_files": len(train_files), "heldout_files": len(held_files),
+                 "train_bytes": train_bytes, "heldout_bytes": held_bytes,
+                 "train_tokens": int(len(train_stream)), "heldout_tokens": int(len(held_stream)),
+                 "heldout_rule": f"int(sha1('heldout:'+key)[:8], 16) % 100 < {args.heldout_percent}",
+                 "heldout_keys": sorted(k for k, _ in held_files)},
+        "tokenizer": {"vocab_size": tok.get_vocab_size(), "ids": tok_ids, "eos_token": EOS_TOKEN,
+                      "split_regex": QWEN2_SPLIT_REGEX, "trained_on_bytes": tok_train_bytes,
+                      "transformers_check": tok_check},
+        "model": {"class": "Qwen3_5MoeForCausalLM", "model_type": ref.config.model_type,
+                  "n_params": n_params, "breakdown": breakdown, "layer_types": ref.config.layer_types},
+        "training": {"experts_implementation": experts_impl, "bf16_autocast": use_autocast,
+                     "aux_loss": use_aux, "measured_step_s": step_time, "planned_steps": planned,
+                     "steps_done": step, "stop_reason": stop_reason, "warmup": warmup,
+                     "tokens_seen": step * args.batch * args.seq,
+                     "epochs": step * args.batch * args.seq / max(1, n_train_tokens)},
+        "loss_curve": curve,
+        "heldout_curve_bf16_autocast": held_curve,
+        "final_heldout": {"loss": held_loss, "ppl": math.exp(held_loss), "windows": int(held_windows.shape[0]),
+                          "seq": args.seq, "tokens": n_eval_tokens,
+                          "how": "reference model (fp32 compute on bf16-rounded weights)"},
+        "routing_skew": skew,
+        "timings_s": timings,
+    }
+    timings["total_s"] = elapsed()
+    with open(os.path.join(out_dir, "train_log.json"), "w") as f:
+        json.dump(log_doc, f, indent=1)
+        f.write("\n")
+    write_summary(out_dir, log_doc, refs)
+    log(f"outputs in {out_dir}: {sorted(os.listdir(out_dir))}, hf/: {sorted(os.listdir(hf_dir))}")
+
+    if args.pack:
+        pack_outputs(out_dir, args.pack, [os.path.join(out_dir, n) for n in
+                                          ("summary.md", "train_log.json", "greedy_reference.json")])
+    log(f"done in {elapsed():.1f}s (budget {args.minutes * 60:.0f}s)")
+
+
+def write_summary(out_dir, d, refs):
+    tr, fh, sk = d["training"], d["final_heldout"], d["routing_skew"]
+    lines = [
+        "## tiny-qwen35moe-py (trained by tools/train_tiny/train.py)",
+        "",
+        f"- Architecture: Qwen3_5MoeForCausalLM, {d['model']['n_params'] / 1e6:.2f}M parameters, "
+        f"layers {d['model']['layer_types']}",
+        f"- Data: {d['data']['train_files']} train files / {d['data']['heldout_files']} held-out files of Python "
+        f"source from the GPU machine's stdlib and site-packages ({d['data']['train_tokens']} / "
+        f"{d['data']['heldout_tokens']} tokens)",
+        f"- Tokenizer: byte-level BPE, {d['tokenizer']['vocab_size']} tokens, Qwen2 split regex, eos "
+        f"{d['tokenizer']['eos_token']}, ChatML template",
+        f"- Training: {tr['steps_done']} steps ({tr['stop_reason']}), {tr['tokens_seen'] / 1e6:.1f}M tokens "
+        f"({tr['epochs']:.2f} epochs), experts={tr['experts_implementation']}, bf16 autocast={tr['bf16_autocast']}, "
+        f"{tr['measured_step_s']} s/step measured",
+        f"- Held-out: loss {fh['loss']:.4f}, perplexity {fh['ppl']:.2f} ({fh['tokens']} tokens; {fh['how']})",
+        "",
+        "Loss curve (training loss, mean over the previous 25 steps):",
+        "",
+        "| step | loss | aux | lr |",
+        "|---:|---:|---:|---:|",
+    ]
+    curve = d["loss_curve"]
+    stride = max(1, len(curve) // 12)
+    for c in curve[::stride] + ([curve[-1]] if curve and curve[-1] not in curve[::stride] else []):
+        aux = "" if c["aux_loss"] is None else f"{c['aux_loss']:.4f}"
+        lines.append(f"| {c['step']} | {c['loss']:.4f} | {aux} | {c['lr']:.2e} |")
+    lines += [
+        "",
+        f"Routing skew on held-out data: share of top-k assignments taken by the top {sk['n_top_experts']} of "
+        f"{sk['num_experts']} experts "
+        f"(uniform = {sk['uniform_top20_share']:.3f}):",
+        "",
+        "| layer | top-20% share | max share | unused experts | entropy (bits) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in sk["per_layer"]:
+        lines.append(f"| {r['layer']} | {r['top20_share']:.3f} | {r['max_share']:.3f} | {r['unused_experts']} | "
+                     f"{r['entropy_bits']:.2f} |")
+    lines += ["", "Greedy references (32 new tokens, HF fp32 on the bf16 weights):", ""]
+    for r in refs:
+        lines.append(f"- {r['prompt'][:50]!r} -> {r['greedy_text'][:80]!r} (min top-1 margin {r['min_margin']:.3f})")
+    lines.append("")
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
