@@ -1,37 +1,56 @@
+// `strata run [-m MODEL] "prompt"`: streams a raw completion of the prompt (or, with --chat, the
+// reply to it as one user turn) to stdout, then a stats line to stderr. Ctrl-C stops at the next
+// token, still prints the stats, and exits 130.
+//
 // `strata run -m MODEL --prompt-tokens 1,2,3 -n N --temp 0 --print-token-ids`: greedy generation from
-// a prompt given as token ids, printing the generated ids comma-separated on one stdout line.
-// The text-prompt path (tokenizer, sampling) plugs in beside run_token_ids().
+// a prompt given as token ids, printing the generated ids comma-separated on one stdout line (the
+// engine tests drive the model through this path; it needs no tokenizer).
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/generation_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/cli_support.h"
+#include "strata/engine/generate.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "strata/text/chat_template.h"
 
 namespace {
 
 struct RunOptions {
   std::string model;
+  std::string prompt;  // "-": read from stdin
   std::string prompt_tokens;
-  int n_predict = 16;
-  float temp = 0.0f;
+  int n_predict = 128;
+  strata::cli::SamplingOptions sampling;
+  bool temp_given = false;
   bool print_token_ids = false;
+  bool chat = false;
+  bool chatml = false;
+  bool no_stats = false;
   int ctx = 0;  // 0: prompt + n_predict
   int threads = 0;
 };
 
 // Prompt given as token ids: greedy continuation, ids printed on one line.
 void run_token_ids(const RunOptions& o) {
-  if (o.temp != 0.0f) strata::fail("--temp ", o.temp, ": only greedy decoding (--temp 0) is implemented for --prompt-tokens");
+  // --temp defaults to 0 here: this path is greedy only.
+  const float temp = o.temp_given ? o.sampling.temp : 0.0f;
+  if (temp != 0.0f) strata::fail("--temp ", temp, ": only greedy decoding (--temp 0) is implemented for --prompt-tokens");
   if (!o.print_token_ids) strata::fail("--prompt-tokens needs --print-token-ids (text output needs the tokenizer)");
   if (o.n_predict < 0) strata::fail("-n must be >= 0, got ", o.n_predict);
   const std::vector<int32_t> prompt = strata::parse_token_list(o.prompt_tokens, "--prompt-tokens");
   strata::set_cpu_threads(o.threads);
-  auto model = strata::Model::load(o.model);
+  auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
   const int needed = static_cast<int>(prompt.size()) + o.n_predict;
   const int ctx = o.ctx > 0 ? o.ctx : needed;
   strata::Session session(*model, ctx);
@@ -42,18 +61,80 @@ void run_token_ids(const RunOptions& o) {
   std::fflush(stdout);
 }
 
-void setup_run(CLI::App& sub) {
-  auto o = std::make_shared<RunOptions>();
-  sub.add_option("-m,--model", o->model, "GGUF model file")->required();
-  sub.add_option("--prompt-tokens", o->prompt_tokens, "prompt as comma-separated token ids")->required();
-  sub.add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 16)");
-  sub.add_option("--temp", o->temp, "sampling temperature (0 = greedy)");
-  sub.add_flag("--print-token-ids", o->print_token_ids, "print the generated token ids, comma-separated");
-  sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
-  sub.callback([o] { run_token_ids(*o); });
+std::string read_all_stdin() {
+  return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 }
 
-const bool registered = strata::cli::register_command("run", "Generate tokens from a prompt", setup_run);
+// Prompt given as text: tokenize, stream the decoded continuation, report speed.
+void run_text(const RunOptions& o) {
+  if (o.n_predict < 0) strata::fail("-n must be >= 0, got ", o.n_predict);
+  if (o.ctx < 0) strata::fail("--ctx must be > 0, got ", o.ctx);
+  const std::string prompt = o.prompt == "-" ? read_all_stdin() : o.prompt;
+  if (prompt.empty()) strata::fail("no prompt: pass one, e.g. strata run \"def fibonacci(n):\" (or - to read stdin)");
+  strata::Sampler sampler(o.sampling.to_params());
+  strata::set_cpu_threads(o.threads);
+  auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
+  auto tokenizer = strata::cli::load_tokenizer_for_cli(*model);
+
+  std::string text = prompt;
+  if (o.chat) {
+    strata::detect_chat_family(tokenizer->vocab().chat_template, o.chatml);
+    text = strata::render_chat({strata::ChatMessage{"user", prompt, {}, "", "", std::nullopt}}, nullptr, {});
+  }
+  std::vector<int32_t> ids;
+  if (tokenizer->vocab().add_bos && tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());
+  const std::vector<int32_t> body = tokenizer->encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+
+  const int n_prompt = static_cast<int>(ids.size());
+  const int ctx = o.ctx > 0 ? o.ctx : n_prompt + std::max(o.n_predict, 1);
+  if (n_prompt > ctx)
+    strata::fail("prompt of ", n_prompt, " tokens exceeds the context of ", ctx, "; pass a larger --ctx");
+  strata::Session session(*model, ctx);
+
+  strata::cli::install_interrupt_handler();
+  strata::GenerationParams params;
+  params.max_new_tokens = o.n_predict;
+  params.cancel = &strata::cli::interrupt_flag();
+  const strata::GenerationResult r =
+      strata::generate(session, *tokenizer, sampler, ids, params, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      });
+  // End the line so the stats (stderr) and the shell prompt start on their own.
+  if (r.text.empty() || r.text.back() != '\n') std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (r.stop_reason == strata::StopReason::ContextFull)
+    std::fprintf(stderr, "strata: stopped: the context of %d tokens is full; pass a larger --ctx\n", ctx);
+  if (!o.no_stats) strata::cli::print_stats_line(r.stats);
+  if (r.stop_reason == strata::StopReason::Cancelled) strata::cli::set_exit_code(130);
+}
+
+void setup_run(CLI::App& sub) {
+  auto o = std::make_shared<RunOptions>();
+  sub.add_option("prompt", o->prompt, "prompt text (raw completion); - reads it from stdin");
+  sub.add_option("-m,--model", o->model, "GGUF model file (default: the bundled model)");
+  sub.add_option("--prompt-tokens", o->prompt_tokens, "prompt as comma-separated token ids (with --print-token-ids)");
+  sub.add_option("-n,--n-predict", o->n_predict, "tokens to generate at most (default 128)");
+  strata::cli::add_sampling_options(sub, o->sampling);
+  sub.add_flag("--print-token-ids", o->print_token_ids, "print the generated token ids, comma-separated");
+  sub.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template as one user turn");
+  sub.add_flag("--chatml", o->chatml, "with --chat: use ChatML even when the GGUF's template is not recognised");
+  sub.add_flag("--no-stats", o->no_stats, "do not print the speed line on stderr");
+  sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
+  sub.callback([o, &sub] {
+    o->temp_given = sub.get_option("--temp")->count() > 0;
+    if (!o->prompt_tokens.empty()) {
+      if (!o->prompt.empty()) strata::fail("give either a text prompt or --prompt-tokens, not both");
+      run_token_ids(*o);
+    } else {
+      run_text(*o);
+    }
+  });
+}
+
+const bool registered = strata::cli::register_command("run", "Generate text from a prompt", setup_run);
 
 }  // namespace

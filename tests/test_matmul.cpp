@@ -1,10 +1,14 @@
 // CPU matmul/matvec: every weight type at every kernel level this CPU supports, against a float64
 // reference (reference decode + double dot), on odd shapes, several token counts and padded row
-// strides; SIMD decoders must reproduce the scalar reference decoder's values exactly.
+// strides; SIMD decoders must reproduce the scalar reference decoder's values exactly; the int8
+// path must stay within the activation-rounding bound.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -94,23 +98,34 @@ Problem make_problem(GgmlType t, int64_t rows, int64_t cols, int64_t n_tok, size
   return p;
 }
 
-// Float64 reference of one product, and the sum of |w*x| that bounds float rounding.
-void reference(const Problem& p, std::vector<double>& want, std::vector<double>& scale) {
+// Float64 reference of one product, the sum of |w*x| that bounds float rounding, and
+// act_err = sum |w_i| * d_i / 2 with d_i = max|x| / 127 over x_i's block of 32: the most that
+// rounding the activations to int8 (the int8 path) can change the result.
+void reference(const Problem& p, std::vector<double>& want, std::vector<double>& scale,
+               std::vector<double>& act_err) {
   const auto& w = p.w;
   want.assign(static_cast<size_t>(p.n_tok * w.n_rows), 0.0);
   scale.assign(want.size(), 0.0);
+  act_err.assign(want.size(), 0.0);
   std::vector<float> row(static_cast<size_t>(w.n_cols));
   for (int64_t r = 0; r < w.n_rows; ++r) {
     strata::dequantize_row(w.type, w.data + static_cast<size_t>(r) * w.row_stride, row.data(), w.n_cols);
     for (int64_t t = 0; t < p.n_tok; ++t) {
-      double acc = 0, mag = 0;
+      double acc = 0, mag = 0, aerr = 0;
+      const float* x = p.X.data() + t * w.n_cols;
       for (int64_t c = 0; c < w.n_cols; ++c) {
-        const double v = static_cast<double>(row[c]) * p.X[t * w.n_cols + c];
+        const double v = static_cast<double>(row[c]) * x[c];
         acc += v;
         mag += std::fabs(v);
+        if (w.n_cols % 32 == 0) {
+          double amax = 0;
+          for (int64_t j = c / 32 * 32; j < c / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[j])));
+          aerr += std::fabs(static_cast<double>(row[c])) * amax / 127.0 / 2.0;
+        }
       }
       want[t * w.n_rows + r] = acc;
       scale[t * w.n_rows + r] = mag;
+      act_err[t * w.n_rows + r] = aerr;
     }
   }
 }
@@ -128,7 +143,7 @@ class MatmulLevels : public ::testing::Test {
 };
 
 TEST_F(MatmulLevels, EveryTypeEveryLevelMatchesFloat64Reference) {
-  int levels_run = 0;
+  int levels_run = 0, int8_cases = 0;
   for (CpuKernelLevel level : kLevels) {
     if (!strata::cpu_supports(level)) {
       std::printf("  [skip] CPU kernel level %s: not supported by this CPU\n", strata::cpu_kernel_level_name(level));
@@ -142,15 +157,19 @@ TEST_F(MatmulLevels, EveryTypeEveryLevelMatchesFloat64Reference) {
           const int64_t rows = variant == 0 ? 7 : 13;
           const size_t pad = variant == 0 ? 4 : 6;  // aligned and unaligned row starts
           const Problem p = make_problem(t, rows, cols_for(t, variant), n_tok, pad, 100 + variant);
-          std::vector<double> want, mag;
-          reference(p, want, mag);
+          std::vector<double> want, mag, act_err;
+          reference(p, want, mag, act_err);
           std::vector<float> got(want.size(), NAN);
           strata::matmul(p.w, p.X.data(), p.n_tok, got.data());
-          // Float accumulation error is bounded by ~n*eps*sum|w*x|; all levels decode identically,
-          // so the bound is the same for every type.
+          // Float accumulation error is bounded by ~n*eps*sum|w*x| (all levels decode to the same
+          // values); the int8 path adds at most act_err (activation rounding).
           const double tol = 2e-6 * std::sqrt(static_cast<double>(p.w.n_cols)) + 1e-6;
+          const auto& k = strata::cpu_kernels();
+          const bool int8 = k.i8_format != nullptr && k.i8_format(t).supported && p.w.n_cols % 32 == 0;
+          if (int8) ++int8_cases;
           for (size_t i = 0; i < want.size(); ++i) {
-            ASSERT_LE(std::fabs(got[i] - want[i]), tol * mag[i] + 1e-30)
+            const double extra = int8 ? 1.001 * act_err[i] : 0.0;
+            ASSERT_LE(std::fabs(got[i] - want[i]), tol * mag[i] + extra + 1e-30)
                 << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name << " cols "
                 << p.w.n_cols << " n_tok " << n_tok << " out " << i << ": got " << got[i] << " want " << want[i];
           }
@@ -159,6 +178,37 @@ TEST_F(MatmulLevels, EveryTypeEveryLevelMatchesFloat64Reference) {
     }
   }
   EXPECT_GE(levels_run, 1);
+  if (strata::cpu_supports(CpuKernelLevel::Avx2)) {
+    EXPECT_GT(int8_cases, 0);  // the int8 path was exercised
+  }
+}
+
+TEST(MatmulInt8, ActivationQuantisationErrorBound) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(256);
+  for (auto& v : x) v = g(rng);
+  x[5] = 40.0f;   // an outlier coarsens its block only
+  for (int i = 64; i < 96; ++i) x[i] = 0.0f;  // an all-zero block
+  std::vector<int8_t> q(256);
+  std::vector<float> d(8), s(16);
+  strata::quantize_activations_i8(x.data(), 256, q.data(), d.data(), s.data());
+  for (int b = 0; b < 8; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
+    EXPECT_FLOAT_EQ(d[b], amax / 127.0f);
+    for (int h = 0; h < 2; ++h) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int idx = 32 * b + 16 * h + i;
+        EXPECT_LE(std::fabs(x[idx] - d[b] * q[idx]), d[b] * 0.5f * 1.0001f + 1e-30f) << idx;
+        sum += q[idx];
+      }
+      EXPECT_FLOAT_EQ(s[2 * b + h], d[b] * static_cast<float>(sum));
+    }
+  }
+  EXPECT_EQ(q[5], 127);
+  for (int i = 64; i < 96; ++i) EXPECT_EQ(q[i], 0);
 }
 
 TEST_F(MatmulLevels, SimdDecodersAreExact) {
@@ -214,6 +264,47 @@ TEST(MatmulErrors, BadShapesFailLoudly) {
   EXPECT_TRUE(strata::cpu_supports(CpuKernelLevel::Scalar));
   if (!strata::cpu_supports(CpuKernelLevel::Avx512)) {
     EXPECT_THROW(strata::set_cpu_kernel_level(CpuKernelLevel::Avx512), strata::Error);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// STRATA_CPU_KERNELS is read on first use, so each case runs in a fresh child process.
+TEST(MatmulEnvDeathTest, KernelLevelFromEnvironment) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("STRATA_CPU_KERNELS", "bogus", 1);
+        try {
+          strata::cpu_kernel_level();
+        } catch (const strata::Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3), "unknown level");
+  EXPECT_EXIT(
+      {
+        setenv("STRATA_CPU_KERNELS", "scalar", 1);
+        std::exit(strata::cpu_kernel_level() == CpuKernelLevel::Scalar ? 4 : 5);
+      },
+      ::testing::ExitedWithCode(4), "");
+  if (!strata::cpu_supports(CpuKernelLevel::Avx512)) {
+    EXPECT_EXIT(
+        {
+          setenv("STRATA_CPU_KERNELS", "avx512", 1);
+          try {
+            strata::cpu_kernel_level();
+          } catch (const strata::Error& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            std::exit(3);
+          }
+          std::exit(0);
+        },
+        ::testing::ExitedWithCode(3), "does not support");
   }
 }
 

@@ -51,7 +51,8 @@ bool cpu_supports(CpuKernelLevel level) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case CpuKernelLevel::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   }
   return false;
 #else
@@ -73,6 +74,8 @@ void set_cpu_kernel_level(CpuKernelLevel level) {
   if (!cpu_supports(level)) fail("CPU kernel level ", cpu_kernel_level_name(level), " is not supported by this CPU");
   g_level.store(static_cast<int>(level), std::memory_order_release);
 }
+
+void fail_kernel_type(const char* what, GgmlType type) { fail(what, " for ", type_traits(type).name); }
 
 const CpuKernels& cpu_kernels() {
   switch (cpu_kernel_level()) {

@@ -1,7 +1,12 @@
 // Row-dot kernels behind matmul/matvec, in several instruction-set levels chosen at run time.
-// Every level computes the same thing: weights are decoded to float32 (on the fly, a few rows at a
-// time) and dotted with float32 activations, so F32/F16/BF16 weights keep full float precision.
-// Levels differ only in speed; tests/test_matmul.cpp checks each against a float64 reference.
+// Two paths:
+// - float path (every level, every type): weights are decoded to float32 a few rows at a time and
+//   dotted with float32 activations. F32/F16/BF16 weights always take it (full float precision).
+// - int8 path (SIMD levels, for Q4_0/Q8_0/Q4_K/Q5_K/Q6_K): activations are quantised per 32 values
+//   to int8 with a float scale (Q8_0-style), weights are unpacked to small integer codes with
+//   per-16 float scales and biases, and the products are summed in integers. The only extra error
+//   is the activation rounding: at most |w_i| * d_block / 2 per element.
+// tests/test_matmul.cpp checks each level and path against a float64 reference.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +20,30 @@ enum class CpuKernelLevel { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 // Maximum rows one dot call handles (the row tile of matmul).
 constexpr int kMaxDotRows = 4;
 
+// One weight row unpacked for the int8 path: weight i = scales16[i/16] * code_i + bias16[i/16].
+// codes are unsigned 0..63 (or signed int8 for Q8_0, see signed_codes); scales8 holds each per-16
+// scale four times in a row (8 floats per 32 weights, the lane layout of the dot kernels).
+struct I8Row {
+  const uint8_t* codes;
+  const float* scales8;
+  const float* bias16;
+};
+
+// One token's activations for the int8 path: x_i ~ d32[i/32] * q_i; sum16[h] = d32 * sum of q over
+// the 16 values h.
+struct I8Act {
+  const int8_t* q;
+  const float* d32;
+  const float* sum16;
+};
+
+// What the int8 path knows about a weight type.
+struct I8Format {
+  bool supported = false;
+  bool signed_codes = false;  // codes are int8 (Q8_0) rather than 0..63
+  bool has_bias = false;      // bias16 is used (K-quant mins, Q4_0's -8)
+};
+
 struct CpuKernels {
   CpuKernelLevel level;
   // Decodes n weights (a whole number of blocks) of `type` at src (any alignment) into dst.
@@ -22,7 +51,19 @@ struct CpuKernels {
   void (*decode_row)(GgmlType type, const uint8_t* src, float* dst, int64_t n);
   // out[r] = dot(rows[r][0..n), x[0..n)) for r < nr (1 <= nr <= kMaxDotRows).
   void (*dot_rows)(const float* const* rows, int nr, const float* x, int64_t n, float* out);
+  // int8 path; all null at the scalar level.
+  I8Format (*i8_format)(GgmlType type);
+  // Unpacks n weights (n % 32 == 0) into codes[n], scales8[n/4], bias16[n/16].
+  void (*unpack_i8)(GgmlType type, const uint8_t* src, int64_t n, uint8_t* codes, float* scales8, float* bias16);
+  // out[r] = dot(row r, x) for r < nr (1 <= nr <= kMaxDotRows), bias terms included.
+  void (*dot_rows_i8)(const I8Row* rows, int nr, const I8Act& x, int64_t n, I8Format fmt, float* out);
 };
+
+// Throws strata::Error "<what> for <type name>" (non-template, so ISA-specific kernel files can call it).
+[[noreturn]] void fail_kernel_type(const char* what, GgmlType type);
+
+// Quantises n activations (n % 32 == 0) for the int8 path: d32[n/32], sum16[n/16], q[n].
+void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 
 // Name as STRATA_CPU_KERNELS spells it: "scalar", "avx2", "avx512".
 const char* cpu_kernel_level_name(CpuKernelLevel level);

@@ -19,7 +19,7 @@
 namespace strata {
 
 const CpuKernels& cpu_kernels_avx2() {
-  static constexpr CpuKernels k = {CpuKernelLevel::Avx2, decode_row_simd, dot_rows_simd};
+  static constexpr CpuKernels k = {CpuKernelLevel::Avx2, decode_row_simd, dot_rows_simd, i8_format, unpack_i8, dot_rows_i8};
   return k;
 }
 

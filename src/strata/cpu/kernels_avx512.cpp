@@ -1,6 +1,6 @@
-// AVX-512 level (F, BW, VL; plus FMA/F16C): 16-wide float dots and int8->float expansion.
-// Compiled for those extensions by the target pragma below; only used when
-// cpu_supports(CpuKernelLevel::Avx512). Weights are decoded to float, so VNNI is not needed.
+// AVX-512 level (F, BW, VL, VNNI; plus FMA/F16C): 16-wide float dots and int8->float expansion on
+// the float path, VNNI dot products (vpdpbusd) on the int8 path. Compiled for those extensions by
+// the target pragma below; only used when cpu_supports(CpuKernelLevel::Avx512).
 #include <immintrin.h>
 
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "strata/quant/quantize.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 // GCC 12's AVX-512 intrinsics start from _mm*_undefined_*() and then warn about it at -O3
 // (GCC bug 105593): a false positive inside the compiler's own header.
 #pragma GCC diagnostic push
@@ -26,7 +26,7 @@
 namespace strata {
 
 const CpuKernels& cpu_kernels_avx512() {
-  static constexpr CpuKernels k = {CpuKernelLevel::Avx512, decode_row_simd, dot_rows_simd};
+  static constexpr CpuKernels k = {CpuKernelLevel::Avx512, decode_row_simd, dot_rows_simd, i8_format, unpack_i8, dot_rows_i8};
   return k;
 }
 

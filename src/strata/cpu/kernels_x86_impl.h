@@ -5,7 +5,10 @@
 // path at link time). Block layouts: strata/quant/blocks.h.
 //
 // Headers must be included by the .cpp BEFORE its target pragma: <immintrin.h>, <cstring>,
-// "strata/cpu/cpu_kernels.h", "strata/quant/blocks.h", "strata/quant/fp16.h", "strata/quant/quantize.h".
+// "strata/cpu/cpu_kernels.h", "strata/quant/blocks.h", "strata/quant/fp16.h",
+// "strata/quant/quantize.h". Nothing here may instantiate a template with external linkage (e.g.
+// strata::fail): that instance could be compiled for the wider instruction set and then picked by
+// the linker for every caller.
 
 namespace strata {
 namespace {
@@ -264,6 +267,202 @@ void dot_rows_simd(const float* const* rows, int nr, const float* x, int64_t n, 
       for (int r = 0; r < nr; ++r) dot_rows_t<1>(rows + r, x, n, out + r);
       return;
   }
+}
+
+// ------------------------------------------------------------------------------------------
+// int8 path (see cpu_kernels.h): unpacking weights to codes + per-16 scales/biases, integer dots.
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline void store256(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
+// scales8 for one 32-weight block: s0 for the first 16 weights (4 lanes), s1 for the last 16.
+inline void put_scales(float* scales8, float s0, float s1) {
+  _mm256_storeu_ps(scales8, _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)));
+}
+
+I8Format i8_format(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q8_0: return {true, true, false};
+    case GgmlType::Q6_K: return {true, false, true};
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: return {true, false, true};
+    default: return {};
+  }
+}
+
+template <bool kFive>
+void unpack_k4(const uint8_t* p, int64_t nb, uint8_t* codes, float* scales8, float* bias16) {
+  constexpr size_t kBytes = kFive ? sizeof(Q5_K) : sizeof(Q4_K);
+  for (int64_t b = 0; b < nb; ++b, p += kBytes, codes += kQK_K, scales8 += kQK_K / 4, bias16 += kQK_K / 16) {
+    const float d = fp16_to_fp32(load_u16(p)), dmin = fp16_to_fp32(load_u16(p + 2));
+    const uint8_t* qs = p + (kFive ? 48 : 16);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFive) qh = load256(p + 16);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i bytes = load256(qs + 32 * c);
+      __m256i lo = low_nibbles(bytes), hi = high_nibbles(bytes);
+      if constexpr (kFive) {
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+      }
+      store256(codes + 64 * c, lo);
+      store256(codes + 64 * c + 32, hi);
+      for (int half = 0; half < 2; ++half) {
+        uint8_t sc, m;
+        k4_scale_min(p + 4, 2 * c + half, sc, m);
+        const float s = d * sc, bias = -(dmin * m);
+        put_scales(scales8 + 16 * c + 8 * half, s, s);
+        bias16[4 * c + 2 * half] = bias16[4 * c + 2 * half + 1] = bias;
+      }
+    }
+  }
+}
+
+void unpack_q6_k(const uint8_t* p, int64_t nb, uint8_t* codes, float* scales8, float* bias16) {
+  for (int64_t b = 0; b < nb; ++b, p += sizeof(Q6_K), codes += kQK_K, scales8 += kQK_K / 4, bias16 += kQK_K / 16) {
+    const float d = fp16_to_fp32(load_u16(p + 208));
+    const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i ql0 = load256(p + 64 * n), ql1 = load256(p + 64 * n + 32);
+      const __m256i qh = load256(p + 128 + 32 * n);
+      const __m256i lows[4] = {low_nibbles(ql0), low_nibbles(ql1), high_nibbles(ql0), high_nibbles(ql1)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), three);
+        store256(codes + 128 * n + 32 * k, _mm256_or_si256(lows[k], _mm256_slli_epi16(high, 4)));
+        const int sb = 8 * n + 2 * k;  // sub-block of 16 weights
+        const float s0 = d * static_cast<float>(sc[sb]), s1 = d * static_cast<float>(sc[sb + 1]);
+        put_scales(scales8 + 8 * (4 * n + k), s0, s1);
+        bias16[sb] = -32.0f * s0;  // codes are stored 0..63; the decoder subtracts 32
+        bias16[sb + 1] = -32.0f * s1;
+      }
+    }
+  }
+}
+
+void unpack_i8(GgmlType type, const uint8_t* src, int64_t n, uint8_t* codes, float* scales8, float* bias16) {
+  switch (type) {
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / kQK; ++b, src += sizeof(Q8_0)) {
+        const float d = fp16_to_fp32(load_u16(src));
+        store256(codes + 32 * b, load256(src + 2));
+        put_scales(scales8 + 8 * b, d, d);
+      }
+      return;
+    case GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / kQK; ++b, src += sizeof(Q4_0)) {
+        const float d = fp16_to_fp32(load_u16(src));
+        store256(codes + 32 * b, nibbles32(src + 2));
+        put_scales(scales8 + 8 * b, d, d);
+        bias16[2 * b] = bias16[2 * b + 1] = -8.0f * d;
+      }
+      return;
+    case GgmlType::Q4_K: unpack_k4<false>(src, n / kQK_K, codes, scales8, bias16); return;
+    case GgmlType::Q5_K: unpack_k4<true>(src, n / kQK_K, codes, scales8, bias16); return;
+    case GgmlType::Q6_K: unpack_q6_k(src, n / kQK_K, codes, scales8, bias16); return;
+    default: fail_kernel_type("int8 path: no unpacker", type);
+  }
+}
+
+// Sum of u[i]*s[i] over each group of 4 bytes, as 8 int32 lanes (lanes 0-3: bytes 0-15).
+// u is unsigned (< 128 or |int8|), s signed.
+inline __m256i int_dot32(__m256i u, __m256i s) {
+#if STRATA_X86_512
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+template <int R, bool kSigned>
+void dot_i8_t(const I8Row* rows, const I8Act& x, int64_t n, bool has_bias, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int64_t nb = n / 32;
+  int64_t b = 0;
+#if STRATA_X86_512
+  // Two blocks (64 codes) per step with 512-bit VNNI; the scale vector is 8 lanes of block b's
+  // activation scale followed by 8 of block b+1's.
+  __m512 acc2[R];
+  for (int r = 0; r < R; ++r) acc2[r] = _mm512_setzero_ps();
+  const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  for (; b + 2 <= nb; b += 2) {
+    const __m512i xv = _mm512_loadu_si512(x.q + 32 * b);
+    const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.d32 + b)));
+    const __m512 dx = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
+    for (int r = 0; r < R; ++r) {
+      const __m512i w = _mm512_loadu_si512(rows[r].codes + 32 * b);
+      __m512i p;
+      if constexpr (kSigned) {
+        // No 512-bit sign_epi8: negate x where w < 0, then use |w| as the unsigned operand.
+        const __mmask64 neg = _mm512_movepi8_mask(w);
+        const __m512i xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
+      } else {
+        p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+      }
+      const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(rows[r].scales8 + 8 * b), dx);
+      acc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc2[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    // Fold the 512-bit accumulator into the 256-bit one (lane order does not matter for a sum).
+    const __m256 lo = _mm512_castps512_ps256(acc2[r]);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[r]), 1));
+    acc[r] = _mm256_add_ps(lo, hi);
+  }
+#endif
+  for (; b < nb; ++b) {
+    const __m256i xv = load256(reinterpret_cast<const uint8_t*>(x.q) + 32 * b);
+    const __m256 dx = _mm256_broadcast_ss(x.d32 + b);
+    for (int r = 0; r < R; ++r) {
+      const __m256i w = load256(rows[r].codes + 32 * b);
+      // Signed codes: |w| * (x with w's sign) keeps maddubs' first operand unsigned.
+      const __m256i p = kSigned ? int_dot32(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)) : int_dot32(w, xv);
+      const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(rows[r].scales8 + 8 * b), dx);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hsum256(acc[r]);
+    if (has_bias) {
+      const int64_t nh = n / 16;
+      __m256 bacc = _mm256_setzero_ps();
+      int64_t h = 0;
+      for (; h + 8 <= nh; h += 8)
+        bacc = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r].bias16 + h), _mm256_loadu_ps(x.sum16 + h), bacc);
+      s += hsum256(bacc);
+      for (; h < nh; ++h) s += rows[r].bias16[h] * x.sum16[h];
+    }
+    out[r] = s;
+  }
+}
+
+template <bool kSigned>
+void dot_i8_dispatch(const I8Row* rows, int nr, const I8Act& x, int64_t n, bool has_bias, float* out) {
+  switch (nr) {
+    case 4: dot_i8_t<4, kSigned>(rows, x, n, has_bias, out); return;
+    case 3: dot_i8_t<3, kSigned>(rows, x, n, has_bias, out); return;
+    case 2: dot_i8_t<2, kSigned>(rows, x, n, has_bias, out); return;
+    default:
+      for (int r = 0; r < nr; ++r) dot_i8_t<1, kSigned>(rows + r, x, n, has_bias, out + r);
+      return;
+  }
+}
+
+void dot_rows_i8(const I8Row* rows, int nr, const I8Act& x, int64_t n, I8Format fmt, float* out) {
+  if (fmt.signed_codes) dot_i8_dispatch<true>(rows, nr, x, n, fmt.has_bias, out);
+  else dot_i8_dispatch<false>(rows, nr, x, n, fmt.has_bias, out);
 }
 
 }  // namespace

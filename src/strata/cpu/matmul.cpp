@@ -1,7 +1,8 @@
-// matmul/matvec: rows are processed in tiles of kMaxDotRows. Each tile's weights are decoded to
-// float once per chunk of tokens (F32 rows are used in place when aligned) and then dotted with
-// every token of the chunk, so a decoded block is reused across tokens during prefill. Token
-// chunks keep the activations a thread re-reads small enough to stay in cache.
+// matmul/matvec: rows are processed in tiles of kMaxDotRows. Each tile's weights are decoded (to
+// float, or to int8 codes on the int8 path; see cpu_kernels.h) once per chunk of tokens and then
+// dotted with every token of the chunk, so unpacked weights are reused across tokens during
+// prefill. F32 rows are used in place when aligned. Token chunks keep the activations a thread
+// re-reads small enough to stay in cache.
 #include "strata/cpu/matmul.h"
 
 #include <omp.h>
@@ -27,6 +28,44 @@ void check_matrix(const WeightMatrix& w) {
   if (w.n_rows > 0 && w.n_cols > 0 && w.data == nullptr) fail("matmul: weight data is null");
 }
 
+void matmul_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
+  const int64_t n = w.n_cols;
+  const size_t un = static_cast<size_t>(n);
+  const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
+  std::vector<int8_t> xq(static_cast<size_t>(n_tok) * un);
+  std::vector<float> xd(static_cast<size_t>(n_tok) * un / 32), xs(static_cast<size_t>(n_tok) * un / 16);
+  const bool nested = omp_in_parallel();
+#pragma omp parallel if (!nested)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tok; ++t)
+      quantize_activations_i8(X + t * n, n, xq.data() + t * n, xd.data() + t * n / 32, xs.data() + t * n / 16);
+    std::vector<uint8_t> codes(kMaxDotRows * un);
+    std::vector<float> scales8(kMaxDotRows * un / 4), bias16(kMaxDotRows * un / 16 + 1);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenChunk) {
+      const int64_t t1 = std::min(n_tok, t0 + kTokenChunk);
+#pragma omp for schedule(static)
+      for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        const int64_t r0 = tile * kMaxDotRows;
+        const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
+        I8Row rows[kMaxDotRows];
+        for (int i = 0; i < nr; ++i) {
+          const size_t ui = static_cast<size_t>(i);
+          rows[i] = {codes.data() + ui * un, scales8.data() + ui * un / 4, bias16.data() + ui * un / 16};
+          k.unpack_i8(w.type, w.data + static_cast<size_t>(r0 + i) * w.row_stride, n, codes.data() + ui * un,
+                      scales8.data() + ui * un / 4, bias16.data() + ui * un / 16);
+        }
+        float out[kMaxDotRows];
+        for (int64_t t = t0; t < t1; ++t) {
+          const I8Act act{xq.data() + t * n, xd.data() + t * n / 32, xs.data() + t * n / 16};
+          k.dot_rows_i8(rows, nr, act, n, fmt, out);
+          for (int i = 0; i < nr; ++i) Y[t * w.n_rows + r0 + i] = out[i];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
@@ -34,6 +73,13 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
   if (n_tok <= 0 || w.n_rows == 0) return;
   const int64_t n = w.n_cols;
   const CpuKernels& k = cpu_kernels();
+  if (k.i8_format != nullptr && n % 32 == 0) {
+    const I8Format fmt = k.i8_format(w.type);
+    if (fmt.supported) {
+      matmul_i8(k, fmt, w, X, n_tok, Y);
+      return;
+    }
+  }
   const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
   const bool nested = omp_in_parallel();
 #pragma omp parallel if (!nested)

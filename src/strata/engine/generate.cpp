@@ -1,0 +1,170 @@
+#include "strata/engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "strata/base/error.h"
+#include "strata/text/detokenizer.h"
+
+namespace strata {
+
+const char* stop_reason_name(StopReason reason) {
+  switch (reason) {
+    case StopReason::EndOfGeneration: return "eos";
+    case StopReason::MaxTokens: return "length";
+    case StopReason::StopString: return "stop";
+    case StopReason::ContextFull: return "context";
+    case StopReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+double GenerationStats::prompt_tokens_per_second() const {
+  return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0;
+}
+
+double GenerationStats::decode_tokens_per_second() const {
+  return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0;
+}
+
+// ---- stop strings -----------------------------------------------------------------------------
+
+StopStringFilter::StopStringFilter(std::vector<std::string> stop_strings) {
+  for (auto& s : stop_strings)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string StopStringFilter::push(std::string_view text) {
+  if (stopped_) return "";
+  pending_.append(text);
+  // The earliest complete stop string ends generation; nothing from it on is emitted.
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest tail of pending_ that is a proper prefix of some stop string: only that
+  // much could still turn into a match once more text arrives.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    const size_t max_len = std::min(s.size() - 1, pending_.size());
+    for (size_t len = max_len; len > hold; --len)
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopStringFilter::flush() {
+  std::string out;
+  out.swap(pending_);
+  return stopped_ ? std::string() : out;
+}
+
+// ---- the loop ---------------------------------------------------------------------------------
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+                          const std::vector<int32_t>& prompt, const GenerationParams& params,
+                          const PieceCallback& on_piece) {
+  const auto start = Clock::now();
+  if (params.max_new_tokens < 0) fail("max new tokens must be >= 0, got ", params.max_new_tokens);
+  if (prompt.empty()) fail("the prompt is empty: generation needs at least one prompt token");
+  const int64_t needed = static_cast<int64_t>(session.n_past()) + static_cast<int64_t>(prompt.size());
+  if (needed > session.max_ctx())
+    fail("prompt of ", needed, " tokens exceeds the context of ", session.max_ctx());
+
+  GenerationResult r;
+  auto cancelled = [&] { return params.cancel != nullptr && params.cancel->load(std::memory_order_relaxed); };
+  if (cancelled()) {
+    r.stop_reason = StopReason::Cancelled;
+    return r;
+  }
+
+  const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);
+  // Embedding rows beyond the tokenizer's vocabulary (padding) have no text: never sample them.
+  const int32_t n_text = std::min(n_vocab, tokenizer.n_vocab());
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  std::vector<int32_t> history = prompt;
+  StreamingDetokenizer detok(tokenizer, params.skip_special);
+  StopStringFilter filter(params.stop_strings);
+  bool emitting = true;  // false once the callback asked to stop
+  auto emit = [&](const std::string& text) {
+    if (text.empty() || !emitting) return;
+    r.text += text;
+    if (on_piece && !on_piece(text)) emitting = false;
+  };
+
+  const auto prefill_start = Clock::now();
+  session.forward(prompt.data(), static_cast<int>(prompt.size()), logits.data(), false);
+  r.stats.prefill_seconds = seconds_since(prefill_start);
+  r.stats.prompt_tokens = static_cast<int>(prompt.size());
+
+  r.stop_reason = StopReason::MaxTokens;
+  Clock::time_point decode_start{};
+  for (int i = 0; i < params.max_new_tokens; ++i) {
+    if (i > 0) {
+      if (cancelled()) {
+        r.stop_reason = StopReason::Cancelled;
+        break;
+      }
+      if (session.n_past() >= session.max_ctx()) {
+        r.stop_reason = StopReason::ContextFull;
+        break;
+      }
+      session.forward(&r.tokens.back(), 1, logits.data(), false);
+      ++r.tokens_in_session;
+      ++r.stats.decode_steps;
+    }
+    for (int32_t id = n_text; id < n_vocab; ++id) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    const int32_t id = sampler.sample(logits.data(), n_vocab, history);
+    if (i == 0) {
+      r.stats.ttft_seconds = seconds_since(start);
+      decode_start = Clock::now();
+    }
+    r.tokens.push_back(id);
+    history.push_back(id);
+    if (tokenizer.is_end_of_generation(id)) {
+      r.stop_reason = StopReason::EndOfGeneration;
+      break;
+    }
+    emit(filter.push(detok.push(id)));
+    if (!emitting) {
+      r.stop_reason = StopReason::Cancelled;
+      break;
+    }
+    if (filter.stopped()) {
+      r.stop_reason = StopReason::StopString;
+      break;
+    }
+  }
+  if (!r.tokens.empty()) r.stats.decode_seconds = r.stats.decode_steps > 0 ? seconds_since(decode_start) : 0.0;
+  r.stats.generated_tokens = static_cast<int>(r.tokens.size());
+
+  // What the detokenizer and the stop filter still hold is finished text now (an unfinished UTF-8
+  // character at the very end is passed through as its raw bytes).
+  if (emitting && !filter.stopped()) {
+    std::string tail = filter.push(detok.flush());
+    if (filter.stopped())
+      r.stop_reason = StopReason::StopString;
+    else
+      tail += filter.flush();
+    emit(tail);
+  }
+  return r;
+}
+
+}  // namespace strata

@@ -1,0 +1,88 @@
+// The generation loop every front end shares (`strata run`, `strata chat`, the HTTP server):
+// prompt ids in, text pieces out through a callback as they are decoded, until an end-of-generation
+// token, the token limit, a stop string, the context limit, a cancellation request or the callback
+// says stop. It knows nothing about terminals or sockets.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/engine/session.h"
+#include "strata/sample/sampler.h"
+#include "strata/text/tokenizer.h"
+
+namespace strata {
+
+enum class StopReason {
+  EndOfGeneration,  // the model produced eos / an end-of-turn token (not emitted as text)
+  MaxTokens,        // max_new_tokens generated
+  StopString,       // a stop string appeared; the text up to it was emitted, the string itself not
+  ContextFull,      // the session's context has no room for another token
+  Cancelled,        // *cancel became true, or the piece callback returned false
+};
+const char* stop_reason_name(StopReason reason);  // "eos", "length", "stop", "context", "cancelled"
+
+struct GenerationParams {
+  int max_new_tokens = 128;                // >= 0
+  std::vector<std::string> stop_strings;   // empty strings are ignored
+  const std::atomic<bool>* cancel = nullptr;  // checked before every forward pass
+  bool skip_special = true;  // control tokens (<|im_start|>, ...) produce no text
+};
+
+struct GenerationStats {
+  int prompt_tokens = 0;      // tokens prefilled by this call
+  int generated_tokens = 0;   // tokens sampled (the end-of-generation token included)
+  double prefill_seconds = 0;   // the prompt's forward pass
+  double decode_seconds = 0;    // every later forward pass, with sampling and detokenizing
+  double ttft_seconds = 0;      // call start -> first token sampled (0 when none was)
+  int decode_steps = 0;         // single-token forward passes timed by decode_seconds
+
+  double prompt_tokens_per_second() const;  // 0 when nothing was timed
+  double decode_tokens_per_second() const;
+};
+
+struct GenerationResult {
+  GenerationStats stats;
+  StopReason stop_reason = StopReason::MaxTokens;
+  std::vector<int32_t> tokens;  // every sampled id, in order
+  std::string text;             // everything emitted through the callback, concatenated
+  // How many of `tokens` the session has processed: all but the last (a sampled token is only fed
+  // when the next one is needed). The session holds prompt + tokens[0 .. tokens_in_session).
+  int tokens_in_session = 0;
+};
+
+// Receives each newly decoded piece of text (complete UTF-8 characters, never a part of a stop
+// string). Return false to stop generating (reported as Cancelled).
+using PieceCallback = std::function<bool(std::string_view piece)>;
+
+// Feeds `prompt` after what the session already holds (so a chat can send only a new turn), then
+// samples up to params.max_new_tokens tokens. The sampler's penalties see prompt + generated ids.
+// Throws strata::Error when the prompt is empty, or when it does not fit in the context:
+// "prompt of N tokens exceeds the context of M" (N counts what the session already holds).
+GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+                          const std::vector<int32_t>& prompt, const GenerationParams& params,
+                          const PieceCallback& on_piece);
+
+// Holds back text that might be the start of a stop string, so the caller never emits part of one.
+// Exposed for tests and for front ends that filter text themselves.
+class StopStringFilter {
+ public:
+  explicit StopStringFilter(std::vector<std::string> stop_strings);
+  // Adds text; returns what is now safe to emit. Sets stopped() when a stop string is complete,
+  // in which case the returned text ends just before it and later pushes return "".
+  std::string push(std::string_view text);
+  // The text still held back (at the end of generation it is safe to emit).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace strata

@@ -1,0 +1,176 @@
+#include "strata/serve/scheduler.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "strata/base/error.h"
+
+namespace strata::serve {
+namespace {
+
+// How many leading tokens of `prompt` a slot holding `held` can keep: all of `held` when it is a
+// prefix of the prompt and leaves at least one prompt token to run (its logits pick the first
+// token), else none (the slot starts over).
+size_t reusable_prefix(const std::vector<int32_t>& held, const std::vector<int32_t>& prompt) {
+  if (held.empty() || held.size() >= prompt.size()) return 0;
+  return std::equal(held.begin(), held.end(), prompt.begin()) ? held.size() : 0;
+}
+
+// Penalties look at the tokens passed to generate(), which with a reused prefix is only the new
+// part; to keep a seeded request's output independent of what the slot held, such requests start over.
+bool uses_penalties(const SamplerParams& s) {
+  return s.presence_penalty != 0 || s.frequency_penalty != 0 || s.repetition_penalty != 1;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerConfig config, Metrics& metrics)
+    : model_(model), tokenizer_(tokenizer), config_(config), metrics_(metrics) {
+  if (config_.slots < 1) fail("--slots must be >= 1, got ", config_.slots);
+  if (config_.queue_limit < 0) fail("--queue must be >= 0, got ", config_.queue_limit);
+  if (config_.ctx < 2) fail("--ctx must be >= 2, got ", config_.ctx);
+  slots_.resize(static_cast<size_t>(config_.slots));
+  for (Slot& s : slots_) s.session = std::make_unique<Session>(model_, config_.ctx);
+  for (int i = 0; i < config_.slots; ++i) workers_.emplace_back([this, i] { work(i); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exiting_ = true;
+    accepting_ = false;
+    for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down"});
+    queue_.clear();
+    for (Slot& s : slots_)
+      if (s.running) s.running->cancel();
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+Scheduler::Admission Scheduler::submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!accepting_) return Admission::ShuttingDown;
+    const int free_slots = config_.slots - busy_;
+    if (static_cast<int>(queue_.size()) >= config_.queue_limit + std::max(0, free_slots)) return Admission::QueueFull;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+  return Admission::Accepted;
+}
+
+void Scheduler::stop_accepting() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  accepting_ = false;
+  for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down"});
+  queue_.clear();
+}
+
+void Scheduler::cancel_running() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Slot& s : slots_)
+    if (s.running) s.running->cancel();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return busy_ == 0 && queue_.empty();
+}
+
+SchedulerGauges Scheduler::gauges() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {config_.slots, busy_, static_cast<int>(queue_.size()), config_.queue_limit};
+}
+
+void Scheduler::work(int index) {
+  // Each slot's forward passes use their share of the cores (omp_set_num_threads is per thread).
+  omp_set_num_threads(std::max(1, config_.threads_per_slot));
+  Slot& slot = slots_[static_cast<size_t>(index)];
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Take the oldest job, unless another idle slot holds a longer prefix of it: then leave it to
+      // that slot (it is woken too), so the next turn of a chat lands where its cache is.
+      cv_.wait(lock, [&] {
+        if (exiting_) return true;
+        if (queue_.empty()) return false;
+        const auto& prompt = queue_.front()->prompt();
+        const size_t mine = reusable_prefix(slot.held, prompt);
+        for (const Slot& other : slots_) {
+          if (&other == &slot || other.running) continue;
+          const size_t theirs = reusable_prefix(other.held, prompt);
+          if (theirs > mine || (theirs == mine && &other < &slot && theirs > 0)) return false;
+        }
+        return true;
+      });
+      if (exiting_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      slot.running = job;
+      ++busy_;
+    }
+    cv_.notify_all();  // the next queued job may now suit another idle slot
+    run(slot, *job);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slot.running.reset();
+      --busy_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void Scheduler::run(Slot& slot, Job& job) {
+  JobOutcome out;
+  out.prompt_tokens = static_cast<int>(job.prompt().size());
+  if (job.cancelled()) {
+    out.kind = JobOutcome::Kind::Cancelled;
+    out.stop_reason = StopReason::Cancelled;
+    metrics_.count_cancelled();
+    job.finish(out);
+    return;
+  }
+  const RequestParams& p = job.params();
+  Session& session = *slot.session;
+  size_t reuse = uses_penalties(p.sampler) ? 0 : reusable_prefix(slot.held, job.prompt());
+  if (reuse == 0 || static_cast<size_t>(session.n_past()) != slot.held.size()) {
+    reuse = 0;
+    session.reset();
+    slot.held.clear();
+  }
+  out.cached_tokens = static_cast<int>(reuse);
+  const std::vector<int32_t> suffix(job.prompt().begin() + static_cast<std::ptrdiff_t>(reuse), job.prompt().end());
+  try {
+    Sampler sampler(p.sampler);
+    GenerationParams gp;
+    gp.max_new_tokens = p.max_tokens ? *p.max_tokens : std::numeric_limits<int>::max();
+    gp.stop_strings = p.stop;
+    gp.cancel = &job.cancel_flag();
+    gp.skip_special = true;
+    const GenerationResult r = generate(session, tokenizer_, sampler, suffix, gp, [&](std::string_view piece) {
+      job.push_text(piece);
+      return !job.cancelled();
+    });
+    slot.held = job.prompt();
+    slot.held.insert(slot.held.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);
+    out.stop_reason = r.stop_reason;
+    out.completion_tokens = static_cast<int>(r.tokens.size());
+    out.kind = r.stop_reason == StopReason::Cancelled ? JobOutcome::Kind::Cancelled : JobOutcome::Kind::Finished;
+    if (out.kind == JobOutcome::Kind::Cancelled) metrics_.count_cancelled();
+    metrics_.add_generation(r.stats.prompt_tokens, r.stats.prefill_seconds, out.cached_tokens, out.completion_tokens,
+                            r.stats.decode_steps, r.stats.decode_seconds);
+  } catch (const std::exception& e) {
+    // The session may be half-updated: start the slot over.
+    session.reset();
+    slot.held.clear();
+    out.kind = JobOutcome::Kind::Failed;
+    out.error = e.what();
+  }
+  job.finish(std::move(out));
+}
+
+}  // namespace strata::serve

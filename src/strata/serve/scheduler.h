@@ -1,0 +1,71 @@
+// A fixed number of sequence slots, each a worker thread owning one Session (its KV cache and
+// recurrent state) over the shared read-only Model, and a bounded queue of jobs waiting for a slot.
+// A slot keeps the tokens of its last sequence, so a request that extends it (the next turn of a
+// chat) only runs the new tokens.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/serve/job.h"
+#include "strata/serve/metrics.h"
+#include "strata/text/tokenizer.h"
+
+namespace strata::serve {
+
+struct SchedulerConfig {
+  int slots = 1;
+  int queue_limit = 4;       // jobs that may wait beyond the busy slots
+  int ctx = 4096;            // tokens per slot
+  int threads_per_slot = 1;  // OpenMP threads each slot's forward passes use
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerConfig config, Metrics& metrics);
+  ~Scheduler();  // cancels what is left and joins the workers
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Admission { Accepted, QueueFull, ShuttingDown };
+  Admission submit(std::shared_ptr<Job> job);
+
+  // Stops taking jobs; queued ones finish as Rejected. Running ones go on.
+  void stop_accepting();
+  // Asks every running job to stop.
+  void cancel_running();
+  bool idle() const;
+  SchedulerGauges gauges() const;
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  struct Slot {
+    std::unique_ptr<Session> session;
+    std::vector<int32_t> held;  // the tokens the session holds
+    std::shared_ptr<Job> running;
+  };
+  void work(int index);
+  void run(Slot& slot, Job& job);
+
+  const Model& model_;
+  const Tokenizer& tokenizer_;
+  const SchedulerConfig config_;
+  Metrics& metrics_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<Slot> slots_;
+  int busy_ = 0;
+  bool accepting_ = true;
+  bool exiting_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace strata::serve

@@ -1,0 +1,29 @@
+// `strata serve`: an OpenAI-compatible HTTP server over one model (see docs/API.md).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace strata::serve {
+
+struct ServeOptions {
+  std::string model_path;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int slots = 1;            // concurrent sequences
+  int queue = -1;           // requests that may wait for a slot; < 0: 4 x slots
+  int ctx = 4096;           // tokens per sequence (clamped to the model's training context when it states one)
+  int threads = 0;          // CPU threads in all; 0: every hardware thread
+  std::string api_key;      // "": no key required
+  std::string model_name;   // "": the model file's name without directory and .gguf
+  size_t max_body_bytes = 1 << 20;
+  int timeout_s = 30;       // read/write timeout per connection
+  int shutdown_grace_s = 10;  // on SIGINT/SIGTERM, how long running requests may finish before being cancelled
+};
+
+// Binds, loads the model (answering /health with 503 until it is ready) and serves until SIGINT or
+// SIGTERM. Returns the process exit code: 0 after a graceful shutdown. Throws strata::Error when the
+// address cannot be bound or the model does not load.
+int run_server(const ServeOptions& options);
+
+}  // namespace strata::serve

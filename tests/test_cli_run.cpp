@@ -1,0 +1,289 @@
+// `strata run` and `strata chat` end to end, through the built executable: text streams to stdout,
+// the stats line goes to stderr, the token-id path still works, and every mistake a person can make
+// (missing file, not a GGUF, unsupported architecture, no tokenizer, prompt longer than the context)
+// fails with one line that says what to do. Uses the fixture model with a byte-level tokenizer
+// (tests/text_model_fixture.h); the bundled model's tests run once models/strata-tiny.gguf exists.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/gguf/writer.h"
+#include "strata/text/chat_template.h"
+#include "strata/text/tokenizer.h"
+#include "text_model_fixture.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `strata ARGS` (through sh, so ARGS may hold a redirection), capturing stdout and stderr.
+RunResult run_cli(const std::string& args, const std::string& env = "") {
+  const std::string err_path = cat(::testing::TempDir(), "/strata_cli_run_", ::getpid(), ".err");
+  const std::string cmd = env + " " + std::string(STRATA_CLI) + " " + args + " 2>" + err_path;
+  RunResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  std::remove(err_path.c_str());
+  return r;
+}
+
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// "prompt: N tok, X tok/s | decode: M tok, Y tok/s | ttft: Z ms" -> N, M (or -1, -1).
+// Runs a whole shell command line, capturing stdout and stderr.
+RunResult run_cli_shell(const std::string& cmd) {
+  const std::string err_path = cat(::testing::TempDir(), "/strata_cli_run_sh_", ::getpid(), ".err");
+  RunResult r;
+  FILE* p = ::popen((cmd + " 2>" + err_path).c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  std::remove(err_path.c_str());
+  return r;
+}
+
+std::pair<int, int> parse_stats(const std::string& line) {
+  static const std::regex re(R"(prompt: (\d+) tok, [0-9.]+ tok/s \| decode: (\d+) tok, [0-9.]+ tok/s \| ttft: \d+ ms)");
+  std::smatch m;
+  if (!std::regex_search(line, m, re)) return {-1, -1};
+  return {std::stoi(m[1]), std::stoi(m[2])};
+}
+
+std::vector<std::pair<int, int>> all_stats(const std::string& err) {
+  std::vector<std::pair<int, int>> out;
+  std::istringstream in(err);
+  for (std::string line; std::getline(in, line);)
+    if (auto s = parse_stats(line); s.first >= 0) out.push_back(s);
+  return out;
+}
+
+class CliRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_path_ = new std::string(testing_fixture::make_text_model("test_cli_run_model"));
+    plain_path_ = new std::string(testing_fixture::make_text_model("test_cli_run_plain", false));
+  }
+  static void TearDownTestSuite() {
+    delete model_path_;
+    delete plain_path_;
+  }
+  static std::string* model_path_;
+  static std::string* plain_path_;
+};
+std::string* CliRun::model_path_ = nullptr;
+std::string* CliRun::plain_path_ = nullptr;
+
+TEST_F(CliRun, GreedyTextIsTheDecodedGreedyContinuation) {
+  const RunResult r = run_cli("run -m " + *model_path_ + " 'def f(x):' -n 12 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Reference: the engine's greedy loop, decoded here, up to the first end-of-generation token.
+  auto model = Model::load(*model_path_);
+  const Tokenizer tok(vocab_from_gguf(model->file()));
+  const std::vector<int32_t> prompt = tok.encode("def f(x):");
+  Session s(*model, 64);
+  std::vector<int32_t> ids = generate_greedy(s, prompt, 12);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (tok.is_end_of_generation(ids[i])) {
+      ids.resize(i);
+      break;
+    }
+  std::string expected = tok.decode(ids, true);
+  if (expected.empty() || expected.back() != '\n') expected += '\n';  // run ends the line
+  EXPECT_EQ(r.out, expected);
+  const auto stats = all_stats(r.err);
+  ASSERT_EQ(stats.size(), 1u) << r.err;
+  EXPECT_EQ(stats[0].first, static_cast<int>(prompt.size()));
+  EXPECT_GE(stats[0].second, 1);
+  EXPECT_LE(stats[0].second, 12);
+
+  const RunResult quiet = run_cli("run -m " + *model_path_ + " 'def f(x):' -n 12 --temp 0 --no-stats");
+  EXPECT_EQ(quiet.exit_code, 0);
+  EXPECT_EQ(quiet.out, r.out);
+  EXPECT_TRUE(all_stats(quiet.err).empty()) << quiet.err;
+}
+
+TEST_F(CliRun, PromptFromStdin) {
+  const RunResult a = run_cli("run -m " + *model_path_ + " 'def f(x):' -n 6 --temp 0");
+  const RunResult b = run_cli("run -m " + *model_path_ + " - -n 6 --temp 0 < /dev/stdin", "printf 'def f(x):' |");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST_F(CliRun, SeededSamplingIsReproducible) {
+  const std::string args = "run -m " + *model_path_ + " 'hello' -n 16 --temp 1.0 --top-p 1 --seed 7 --no-stats";
+  const RunResult a = run_cli(args), b = run_cli(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST_F(CliRun, TokenIdPathStillPrintsIds) {
+  const RunResult r = run_cli("run -m " + *plain_path_ + " --prompt-tokens 1,2,3 -n 5 --temp 0 --print-token-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto model = Model::load(*plain_path_);
+  Session s(*model, 8);
+  const std::vector<int32_t> ids = generate_greedy(s, {1, 2, 3}, 5);
+  std::string expected;
+  for (size_t i = 0; i < ids.size(); ++i) expected += cat(i ? "," : "", ids[i]);
+  EXPECT_EQ(r.out, expected + "\n");
+}
+
+// One line on stderr, "strata: error: ...", containing every expected fragment; exit code 1.
+void expect_clear_error(const RunResult& r, const std::vector<std::string>& fragments) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+  for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "missing '" << f << "' in: " << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(CliRun, ActionableErrors) {
+  const std::string dir = (fs::path(STRATA_BINARY_DIR) / "test_tmp").string();
+  expect_clear_error(run_cli("run -m " + dir + "/no_such_model.gguf hello"), {"not found", "no_such_model.gguf"});
+
+  const std::string not_gguf = dir + "/test_cli_run_not_gguf.gguf";
+  std::ofstream(not_gguf) << "this is a text file, not a model\n";
+  expect_clear_error(run_cli("run -m " + not_gguf + " hello"), {"not a GGUF", not_gguf});
+
+  const std::string llama = dir + "/test_cli_run_llama.gguf";
+  {
+    GgufWriter w;
+    w.set("general.architecture", GgufValue::str("llama"));
+    w.write(llama);
+  }
+  expect_clear_error(run_cli("run -m " + llama + " hello"), {"unsupported architecture", "llama", "qwen3moe"});
+
+  expect_clear_error(run_cli("run -m " + *plain_path_ + " hello"), {"no tokenizer", "--prompt-tokens"});
+
+  // "hello world" is 11 byte tokens with this tokenizer.
+  expect_clear_error(run_cli("run -m " + *model_path_ + " 'hello world' --ctx 4"),
+                     {"prompt of 11 tokens exceeds the context of 4", "--ctx"});
+
+  expect_clear_error(run_cli("run -m " + *model_path_ + " ''"), {"no prompt"});
+  expect_clear_error(run_cli("chat -m " + *plain_path_ + " < /dev/null"), {"no tokenizer"});
+
+  // No -m and no bundled model to be found: says where it looked and how to pass one.
+  expect_clear_error(run_cli("run hello", "STRATA_MODEL=" + dir + "/nowhere.gguf"), {"STRATA_MODEL", "nowhere.gguf"});
+}
+
+TEST_F(CliRun, StrataModelEnvironmentVariablePicksTheDefault) {
+  const RunResult a = run_cli("run 'def f(x):' -n 4 --temp 0 --no-stats", "STRATA_MODEL=" + *model_path_);
+  const RunResult b = run_cli("run -m " + *model_path_ + " 'def f(x):' -n 4 --temp 0 --no-stats");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST_F(CliRun, ChatAnswersEachLineAndExits) {
+  const RunResult r = run_cli("chat -m " + *model_path_ + " --temp 0 -n 6 < /dev/stdin", "printf 'hello\\nagain\\n/exit\\nignored\\n' |");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto stats = all_stats(r.err);
+  ASSERT_EQ(stats.size(), 2u) << r.err;  // two replies, nothing after /exit
+  EXPECT_EQ(count_lines(r.out), 2) << r.out;  // each reply ends its line; no "> " prompt off a terminal
+  // The first turn's prompt is the rendered conversation, counted here independently.
+  auto model = Model::load(*model_path_);
+  const Tokenizer tok(vocab_from_gguf(model->file()));
+  const std::string first = render_chat({ChatMessage{"user", "hello", {}, "", "", std::nullopt}}, nullptr, {});
+  EXPECT_EQ(stats[0].first, static_cast<int>(tok.encode(first).size()));
+
+  // End of input without /exit also ends the chat cleanly.
+  const RunResult eof = run_cli("chat -m " + *model_path_ + " --temp 0 -n 4 < /dev/stdin", "printf 'hi\\n' |");
+  EXPECT_EQ(eof.exit_code, 0) << eof.err;
+  EXPECT_EQ(all_stats(eof.err).size(), 1u) << eof.err;
+}
+
+TEST_F(CliRun, ChatTooLongTurnIsRefusedAndTheChatGoesOn) {
+  const std::string longline(300, 'x');
+  const RunResult r = run_cli("chat -m " + *model_path_ + " --ctx 64 --temp 0 -n 4 < /dev/stdin",
+                              "printf '" + longline + "\\nhi\\n' |");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("exceeds the context of 64"), std::string::npos) << r.err;
+  EXPECT_EQ(all_stats(r.err).size(), 1u) << r.err;  // the second line still got a reply
+}
+
+TEST_F(CliRun, InterruptStopsRunWithExitCode130) {
+  // A long generation, interrupted after a moment: stats still printed, exit code 130.
+  const std::string cmd = cat("sh -c '", STRATA_CLI, " run -m ", *model_path_,
+                              " hello -n 100000 --ctx 100100 --temp 0 >/dev/null & pid=$!; sleep 1; kill -INT $pid;",
+                              " wait $pid; echo rc=$?'");
+  const RunResult r = run_cli_shell(cmd);
+  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  EXPECT_EQ(all_stats(r.err).size(), 1u) << r.err;
+}
+
+TEST_F(CliRun, InterruptInChatStopsTheReplyOnly) {
+  // Ctrl-C during each of two replies: both stop, the chat reads the next line, /exit leaves with 0.
+  const std::string cmd = cat("sh -c '(echo hello; sleep 2; echo again; sleep 2; echo /exit) | ", STRATA_CLI,
+                              " chat -m ", *model_path_, " --temp 0 -n 100000 --ctx 100000 >/dev/null & pid=$!;",
+                              " sleep 1; kill -INT $pid; sleep 2; kill -INT $pid; wait $pid; echo rc=$? >&2'");
+  const RunResult r = run_cli_shell(cmd);
+  EXPECT_NE(r.err.find("rc=0"), std::string::npos) << r.err;
+  size_t interrupted = 0;
+  for (size_t at = r.err.find("(reply interrupted)"); at != std::string::npos; at = r.err.find("(reply interrupted)", at + 1))
+    ++interrupted;
+  EXPECT_EQ(interrupted, 2u) << r.err;
+  EXPECT_EQ(all_stats(r.err).size(), 2u) << r.err;
+}
+
+// ---- the bundled model (models/strata-tiny.gguf) ---------------------------------------------
+
+std::string bundled_model() { return std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf"; }
+
+TEST(CliRunBundled, DefaultModelCompletesCode) {
+  if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
+  const RunResult r = run_cli("run 'def fibonacci(n):' -n 32 --temp 0", "env -u STRATA_MODEL");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(r.out.size(), 5u) << r.out;
+  const auto stats = all_stats(r.err);
+  ASSERT_EQ(stats.size(), 1u) << r.err;
+  EXPECT_GT(stats[0].second, 0);
+}
+
+TEST(CliRunBundled, ChatRepliesAndReusesTheCache) {
+  if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
+  const RunResult r = run_cli("chat --temp 0 -n 24 < /dev/stdin", "printf 'hello\\nwhat is 2+2?\\n/exit\\n' | env -u STRATA_MODEL");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto stats = all_stats(r.err);
+  ASSERT_EQ(stats.size(), 2u) << r.err;
+  EXPECT_GT(r.out.size(), 2u);
+  // The second turn feeds only what is new: fewer tokens than the first turn plus its reply.
+  EXPECT_LT(stats[1].first, stats[0].first + stats[0].second) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,441 @@
+// `strata serve` over real HTTP: the server runs as a child process on the bundled tiny model; the
+// official openai npm SDK (tests/serve/*.mjs) and raw sockets (hostile requests) are the clients.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kSource = STRATA_SOURCE_DIR;
+const std::string kModel = kSource + "/models/strata-tiny.gguf";
+const std::string kNodeModules = kSource + "/build-data/node/node_modules";
+
+bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
+
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+int connect_to(int port) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+bool send_all(int s, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = send(s, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads until the peer closes or `timeout` passes.
+std::string read_all(int s, std::chrono::milliseconds timeout) {
+  std::string out;
+  const auto deadline = Clock::now() + timeout;
+  char buf[8192];
+  while (Clock::now() < deadline) {
+    pollfd p{s, POLLIN, 0};
+    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    if (poll(&p, 1, std::max(1, left)) <= 0) break;
+    const ssize_t n = recv(s, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+struct HttpResult {
+  int status = 0;
+  std::string head, body;
+};
+
+HttpResult parse_response(const std::string& raw) {
+  HttpResult r;
+  const size_t end = raw.find("\r\n\r\n");
+  r.head = raw.substr(0, end);
+  if (end != std::string::npos) r.body = raw.substr(end + 4);
+  if (raw.rfind("HTTP/1.1 ", 0) == 0) r.status = std::atoi(raw.c_str() + 9);
+  return r;
+}
+
+// One request on its own connection ("Connection: close"), the raw bytes of the body as given.
+HttpResult http(int port, const std::string& method, const std::string& path, const std::string& body = "",
+                const std::string& extra_headers = "", std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const int s = connect_to(port);
+  if (s < 0) return {};
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
+  if (!body.empty() || method == "POST") req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  req += "\r\n" + body;
+  send_all(s, req);
+  HttpResult r = parse_response(read_all(s, timeout));
+  close(s);
+  return r;
+}
+
+std::string run_capture(const std::string& cmd, int& exit_code) {
+  std::string out;
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) {
+    exit_code = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int st = pclose(f);
+  exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra) : port_(free_port()) {
+    std::vector<std::string> args = {STRATA_CLI, "serve", "-m", kModel, "--port", std::to_string(port_), "--model-name", "tiny"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool wait_ready(std::chrono::seconds limit = std::chrono::seconds(60)) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      if (http(port_, "GET", "/health", "", "", std::chrono::seconds(2)).status == 200) return true;
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // Sends SIGTERM; returns the exit code, or -1 when it did not exit within `limit`.
+  int terminate(std::chrono::seconds limit = std::chrono::seconds(30)) {
+    kill(pid_, SIGTERM);
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  long rss_kib() const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+    return -1;
+  }
+  int port() const { return port_; }
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  bool alive() { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+std::string node_script(const ServerProcess& s, const std::string& script, const std::string& args) {
+  return "STRATA_NODE_MODULES='" + kNodeModules + "' node '" + kSource + "/tests/serve/" + script + "' " + s.base_url() + " " + args;
+}
+
+// One server for most tests: 4 slots, short timeouts so a stalled client is dropped quickly.
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_TRUE(file_exists(kModel)) << "missing " << kModel;
+    server_ = new ServerProcess({"--slots", "4", "--queue", "40", "--ctx", "1024", "--timeout", "2", "--max-body", "1048576"});
+    ASSERT_TRUE(server_->wait_ready()) << "server did not become healthy";
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    ASSERT_TRUE(server_->alive()) << "the server died in an earlier test";
+  }
+  void expect_healthy() { EXPECT_EQ(http(server_->port(), "GET", "/health").status, 200); }
+  void require_node() { ASSERT_TRUE(file_exists(kNodeModules + "/openai/package.json")) << "run scripts/fetch-test-node-deps"; }
+  static ServerProcess* server_;
+};
+ServerProcess* Serve::server_ = nullptr;
+
+bool has_error_shape(const std::string& body) {
+  return body.find("\"error\"") != std::string::npos && body.find("\"message\"") != std::string::npos &&
+         body.find("\"type\"") != std::string::npos;
+}
+
+const std::string kChat = R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4})";
+
+TEST_F(Serve, HealthModelsAndMetrics) {
+  const HttpResult h = http(server_->port(), "GET", "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_NE(h.body.find("ok"), std::string::npos);
+  const HttpResult m = http(server_->port(), "GET", "/v1/models");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("\"id\":\"tiny\""), std::string::npos) << m.body;
+  EXPECT_EQ(http(server_->port(), "GET", "/v1/models/tiny").status, 200);
+  EXPECT_EQ(http(server_->port(), "GET", "/v1/models/other").status, 404);
+  const HttpResult p = http(server_->port(), "GET", "/metrics");
+  EXPECT_EQ(p.status, 200);
+  for (const char* name : {"strata_http_requests_total", "strata_prompt_tokens_total", "strata_completion_tokens_total",
+                           "strata_prefill_tokens_per_second", "strata_decode_tokens_per_second", "strata_queue_depth",
+                           "strata_slots_busy", "strata_slots_total 4", "strata_expert_cold_hit_rate", "# TYPE strata_vram_bytes"}) {
+    EXPECT_NE(p.body.find(name), std::string::npos) << name;
+  }
+}
+
+TEST_F(Serve, PlainChatOverRawHttp) {
+  const HttpResult r = http(server_->port(), "POST", "/v1/chat/completions", kChat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("\"object\":\"chat.completion\""), std::string::npos);
+  EXPECT_NE(r.body.find("\"usage\""), std::string::npos);
+}
+
+TEST_F(Serve, MalformedRequestsGetOpenAIErrors) {
+  const int port = server_->port();
+  struct Case {
+    std::string body;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"{\"messages\": [", 400},                                                         // broken JSON
+      {"[1,2,3]", 400},                                                                  // not an object
+      {R"({"messages":"hello"})", 400},                                                  // wrong type
+      {R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":"ten"})", 400},      // wrong type
+      {R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":-5})", 400},         // negative
+      {R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":0})", 400},
+      {R"({"messages":[{"role":"user","content":"Hi"}],"temperature":7})", 400},         // out of range
+      {R"({"messages":[{"role":"user","content":"Hi"}],"top_p":-1})", 400},
+      {R"({"messages":[{"role":"user","content":"Hi"}],"n":3})", 400},                   // unsupported value
+      {R"({"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"99999999":5}})", 400},
+      {R"({"messages":[{"role":"user","content":"Hi"}],"stop":[1,2]})", 400},
+      {R"({"messages":[{"role":"wizard","content":"Hi"}]})", 400},
+      {R"({"messages":[]})", 400},
+      {R"({"max_tokens":4})", 400},                                                      // messages missing
+      {R"({"messages":[{"role":"user","content":"Hi"}],"frobnicate":true})", 400},       // unknown field
+      {R"({"messages":[{"role":"user","content":"Hi"}],"model":"gpt-9"})", 404},         // unknown model
+      {std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff\xfe utf8\"}]}"), 400},  // invalid UTF-8
+  };
+  for (const Case& c : cases) {
+    const HttpResult r = http(port, "POST", "/v1/chat/completions", c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    EXPECT_TRUE(has_error_shape(r.body)) << r.body;
+  }
+  // Completions and the token routes check their input too.
+  EXPECT_EQ(http(port, "POST", "/v1/completions", R"({"prompt":12})").status, 400);
+  EXPECT_EQ(http(port, "POST", "/v1/completions", R"({"prompt":"x","max_tokens":-1})").status, 400);
+  EXPECT_EQ(http(port, "POST", "/v1/completions", R"({"prompt":[1,2,-3]})").status, 400);
+  EXPECT_EQ(http(port, "POST", "/detokenize", R"({"tokens":[1e9]})").status, 400);
+  EXPECT_EQ(http(port, "POST", "/tokenize", R"({"content":5})").status, 400);
+  // Unknown routes and methods.
+  const HttpResult nf = http(port, "GET", "/v1/nothing");
+  EXPECT_EQ(nf.status, 404);
+  EXPECT_TRUE(has_error_shape(nf.body)) << nf.body;
+  EXPECT_EQ(http(port, "GET", "/v1/chat/completions").status, 404);
+  expect_healthy();
+}
+
+TEST_F(Serve, PromptBeyondContextIs400) {
+  std::string longtext;
+  for (int i = 0; i < 3000; ++i) longtext += "word ";
+  const HttpResult r = http(server_->port(), "POST", "/v1/chat/completions",
+                            R"({"messages":[{"role":"user","content":")" + longtext + R"("}]})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("context_length_exceeded"), std::string::npos) << r.body;
+  expect_healthy();
+}
+
+TEST_F(Serve, HugeBodyIsRejected) {
+  std::string big = R"({"messages":[{"role":"user","content":")" + std::string(2 << 20, 'a') + R"("}]})";
+  const HttpResult r = http(server_->port(), "POST", "/v1/chat/completions", big, "", std::chrono::seconds(20));
+  EXPECT_EQ(r.status, 413) << r.head;
+  expect_healthy();
+}
+
+TEST_F(Serve, SlowClientIsTimedOutAndOthersAreServed) {
+  // Half a request, then silence: the server must drop it after its read timeout (2 s here).
+  const int s = connect_to(server_->port());
+  ASSERT_GE(s, 0);
+  send_all(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"mess");
+  // Meanwhile other clients are served.
+  EXPECT_EQ(http(server_->port(), "POST", "/v1/chat/completions", kChat).status, 200);
+  const auto start = Clock::now();
+  read_all(s, std::chrono::seconds(15));  // returns when the server closes the connection
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  close(s);
+  EXPECT_LT(waited, 10.0) << "the stalled connection was not closed by the server";
+  // A client stalled in the middle of the headers too.
+  const int s2 = connect_to(server_->port());
+  send_all(s2, "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+  const auto start2 = Clock::now();
+  read_all(s2, std::chrono::seconds(15));
+  close(s2);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start2).count(), 10.0);
+  expect_healthy();
+}
+
+TEST_F(Serve, OpenAISdkChatAndCompletions) {
+  require_node();
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "sdk_basic.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
+TEST_F(Serve, OpenAISdkToolCallRoundTrip) {
+  require_node();
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "tools.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
+TEST_F(Serve, LoadAndDisconnectsWithoutGrowth) {
+  require_node();
+  long rss[2] = {0, 0};
+  for (int round = 0; round < 2; ++round) {
+    int code = 0;
+    std::string out = run_capture(node_script(*server_, "load.mjs", "tiny 32 3 12 complete"), code);
+    ASSERT_EQ(code, 0) << "round " << round << ": " << out;
+    out = run_capture(node_script(*server_, "load.mjs", "tiny 32 3 12 disconnect"), code);
+    ASSERT_EQ(code, 0) << "round " << round << " (disconnects): " << out;
+    expect_healthy();
+    rss[round] = server_->rss_kib();
+  }
+  ASSERT_GT(rss[0], 0);
+  // The second identical round must not need notably more memory than the first.
+  EXPECT_LT(rss[1] - rss[0], 32 * 1024) << "RSS grew from " << rss[0] << " KiB to " << rss[1] << " KiB";
+}
+
+// A second server with one slot and a queue of one, to see 503 and a vanished client freeing its slot.
+TEST(ServeQueue, FullQueueIs503AndDisconnectFreesTheSlot) {
+  ASSERT_TRUE(file_exists(kModel)) << "missing " << kModel;
+  ServerProcess server({"--slots", "1", "--queue", "1", "--ctx", "4096", "--timeout", "5"});
+  ASSERT_TRUE(server.wait_ready());
+  // End-of-turn tokens banned, so the streams run until max_tokens.
+  const HttpResult ids = http(server.port(), "POST", "/tokenize", R"({"content":"<|im_end|><|endoftext|>"})");
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  const size_t a = ids.body.find('['), b = ids.body.find(']');
+  std::string bias;
+  std::stringstream list(ids.body.substr(a + 1, b - a - 1));
+  for (std::string id; std::getline(list, id, ',');) {
+    if (!bias.empty()) bias += ',';
+    bias += '"';
+    bias += id;
+    bias += "\":-100";
+  }
+  const std::string body = R"({"messages":[{"role":"user","content":"Count."}],"stream":true,"max_tokens":3000,"logit_bias":{)" + bias + "}}";
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int s1 = connect_to(server.port());
+  ASSERT_TRUE(send_all(s1, req));
+  const std::string first = read_all(s1, std::chrono::milliseconds(500));  // streaming has begun
+  EXPECT_NE(first.find("200 OK"), std::string::npos) << first;
+  const int s2 = connect_to(server.port());
+  ASSERT_TRUE(send_all(s2, req));  // waits in the queue
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const HttpResult third = http(server.port(), "POST", "/v1/chat/completions", body);
+  EXPECT_EQ(third.status, 503) << third.body;
+  EXPECT_NE(third.head.find("Retry-After"), std::string::npos) << third.head;
+  EXPECT_TRUE(has_error_shape(third.body));
+  // Both clients vanish: the slot and the queue must empty quickly, long before 3000 tokens.
+  close(s1);
+  close(s2);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  bool freed = false;
+  while (Clock::now() < deadline && !freed) {
+    const std::string m = http(server.port(), "GET", "/metrics").body;
+    freed = m.find("strata_slots_busy 0") != std::string::npos && m.find("strata_queue_depth 0") != std::string::npos;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(freed) << "a disconnected client kept its slot";
+  EXPECT_EQ(http(server.port(), "POST", "/v1/chat/completions", kChat).status, 200);
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST(ServeAuth, ApiKeyOnEveryRouteButHealth) {
+  ASSERT_TRUE(file_exists(kModel)) << "missing " << kModel;
+  ServerProcess server({"--api-key", "sekret"});
+  ASSERT_TRUE(server.wait_ready());
+  EXPECT_EQ(http(server.port(), "GET", "/health").status, 200);
+  const HttpResult none = http(server.port(), "GET", "/v1/models");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_TRUE(has_error_shape(none.body));
+  EXPECT_EQ(http(server.port(), "GET", "/v1/models", "", "Authorization: Bearer wrong\r\n").status, 401);
+  EXPECT_EQ(http(server.port(), "GET", "/metrics", "", "Authorization: Bearer sekre\r\n").status, 401);
+  EXPECT_EQ(http(server.port(), "POST", "/v1/chat/completions", kChat).status, 401);
+  EXPECT_EQ(http(server.port(), "GET", "/v1/models", "", "Authorization: Bearer sekret\r\n").status, 200);
+  EXPECT_EQ(http(server.port(), "POST", "/v1/chat/completions", kChat, "Authorization: Bearer sekret\r\n").status, 200);
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST(ServeShutdown, SigtermWithAStreamInFlightExitsZero) {
+  ASSERT_TRUE(file_exists(kModel)) << "missing " << kModel;
+  ServerProcess server({"--shutdown-grace", "1"});
+  ASSERT_TRUE(server.wait_ready());
+  const std::string body = R"({"messages":[{"role":"user","content":"Count."}],"stream":true,"max_tokens":100000,"logit_bias":{}})";
+  const int s = connect_to(server.port());
+  ASSERT_TRUE(send_all(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body));
+  read_all(s, std::chrono::milliseconds(300));
+  const auto start = Clock::now();
+  EXPECT_EQ(server.terminate(), 0);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 20.0);
+  const std::string rest = read_all(s, std::chrono::seconds(2));
+  close(s);
+  // The stream ended properly (with [DONE]) rather than being cut.
+  EXPECT_NE(rest.find("[DONE]"), std::string::npos) << rest.substr(rest.size() > 400 ? rest.size() - 400 : 0);
+}
+
+}  // namespace
