@@ -113,8 +113,8 @@ void run_chat(const ChatCliOptions& o) {
   if (o.n_predict <= 0) strata::fail("-n must be > 0, got ", o.n_predict);
   if (o.ctx < 0) strata::fail("--ctx must be > 0, got ", o.ctx);
   strata::Sampler sampler(o.sampling.to_params());
-  strata::set_cpu_threads(o.threads);
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
+  strata::cli::set_threads_for_model(o.threads, *model);
   auto tokenizer = strata::cli::load_tokenizer_for_cli(*model);
   const std::string& tmpl = tokenizer->vocab().chat_template;
   if (tmpl.empty() && !o.chatml)
@@ -243,7 +243,7 @@ void setup_chat(CLI::App& sub) {
   sub.add_flag("--no-stats", o->no_stats, "do not print a speed line after each reply");
   sub.add_option("-n,--n-predict", o->n_predict, "most tokens per reply (default 1024)");
   sub.add_option("--ctx", o->ctx, "context size in tokens (default: the model's, at most 4096)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: 1 for a model under 256 MiB, else all hardware threads)");
   strata::cli::add_sampling_options(sub, o->sampling);
   sub.callback([o] { run_chat(*o); });
 }

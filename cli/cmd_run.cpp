@@ -72,8 +72,8 @@ void run_text(const RunOptions& o) {
   const std::string prompt = o.prompt == "-" ? read_all_stdin() : o.prompt;
   if (prompt.empty()) strata::fail("no prompt: pass one, e.g. strata run \"def fibonacci(n):\" (or - to read stdin)");
   strata::Sampler sampler(o.sampling.to_params());
-  strata::set_cpu_threads(o.threads);
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
+  strata::cli::set_threads_for_model(o.threads, *model);
   auto tokenizer = strata::cli::load_tokenizer_for_cli(*model);
 
   std::string text = prompt;
@@ -123,7 +123,7 @@ void setup_run(CLI::App& sub) {
   sub.add_flag("--chatml", o->chatml, "with --chat: use ChatML even when the GGUF's template is not recognised");
   sub.add_flag("--no-stats", o->no_stats, "do not print the speed line on stderr");
   sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads; for a text prompt, 1 when the model is under 256 MiB)");
   sub.callback([o, &sub] {
     o->temp_given = sub.get_option("--temp")->count() > 0;
     if (!o->prompt_tokens.empty()) {

@@ -10,6 +10,7 @@
 #include "strata/base/default_model.h"
 #include "strata/base/error.h"
 #include "strata/base/progress.h"
+#include "strata/engine/cli_support.h"
 #include "strata/text/vocab.h"
 
 namespace strata::cli {
@@ -81,6 +82,16 @@ std::unique_ptr<Model> load_model_for_cli(const std::string& path) {
   auto model = Model::load(path);
   prefault_weights(model->file());
   return model;
+}
+
+void set_threads_for_model(int threads_flag, const Model& model) {
+  if (threads_flag > 0) {
+    set_cpu_threads(threads_flag);
+    return;
+  }
+  uint64_t weight_bytes = 0;
+  for (const GgufTensorInfo& t : model.file().tensors()) weight_bytes += t.nbytes;
+  set_cpu_threads(weight_bytes < (256ull << 20) ? 1 : 0);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_for_cli(const Model& model) {

@@ -39,6 +39,11 @@ std::string resolve_model_path(const std::string& from_flag);
 // shows as loading rather than as a slow first token.
 std::unique_ptr<Model> load_model_for_cli(const std::string& path);
 
+// Sets the engine's CPU threads: the --threads value when given (> 0); otherwise one thread for a
+// model whose weights are under 256 MiB (its matrices are too small to split: the threads' sync
+// costs more than they save, and far more when the cores are shared), else one per hardware thread.
+void set_threads_for_model(int threads_flag, const Model& model);
+
 // The GGUF's tokenizer; fails saying text needs one when the file has none.
 std::unique_ptr<Tokenizer> load_tokenizer_for_cli(const Model& model);
 

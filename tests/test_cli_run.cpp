@@ -237,23 +237,53 @@ TEST_F(CliRun, ChatTooLongTurnIsRefusedAndTheChatGoesOn) {
   EXPECT_EQ(all_stats(r.err).size(), 1u) << r.err;  // the second line still got a reply
 }
 
+// The Ctrl-C tests run a shell script that sends SIGINT only once generation is visibly under way
+// (waitfor polls a condition, at most 60 s), never on a timer that a busy machine could outrun.
+// `timeout` bounds strata itself, so a broken interrupt fails the test instead of hanging it.
+RunResult run_script(const std::string& name, const std::string& body) {
+  const std::string path = cat(::testing::TempDir(), "/strata_cli_run_", name, "_", ::getpid(), ".sh");
+  std::ofstream(path) << "waitfor() { n=0; while ! eval \"$1\" && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; }\n"
+                      << "d=$(mktemp -d)\n"
+                      << body << "cat $d/err >&2\nrm -r $d\n";
+  const RunResult r = run_cli_shell("sh " + path);
+  std::remove(path.c_str());
+  return r;
+}
+
 TEST_F(CliRun, InterruptStopsRunWithExitCode130) {
-  // A long generation, interrupted after a moment: stats still printed, exit code 130.
-  const std::string cmd = cat("sh -c '", STRATA_CLI, " run -m ", *model_path_,
-                              " hello -n 100000 --ctx 100100 --temp 0 >/dev/null & pid=$!; sleep 1; kill -INT $pid;",
-                              " wait $pid; echo rc=$?'");
-  const RunResult r = run_cli_shell(cmd);
-  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  // A long generation, interrupted once text is flowing: stats still printed, exit code 130.
+  const RunResult r = run_script("int_run", cat("timeout 120 ", STRATA_CLI, " run -m ", *model_path_,
+                                                " hello -n 20000 --ctx 20100 --temp 0 > $d/out 2> $d/err &\n",
+                                                "pid=$!\n",
+                                                "waitfor '[ -s $d/out ]'\n",
+                                                "kill -INT $pid\n",
+                                                "wait $pid\n",
+                                                "echo rc=$?\n"));
+  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out << r.err;
   EXPECT_EQ(all_stats(r.err).size(), 1u) << r.err;
 }
 
 TEST_F(CliRun, InterruptInChatStopsTheReplyOnly) {
   // Ctrl-C during each of two replies: both stop, the chat reads the next line, /exit leaves with 0.
-  const std::string cmd = cat("sh -c '(echo hello; sleep 2; echo again; sleep 2; echo /exit) | ", STRATA_CLI,
-                              " chat -m ", *model_path_, " --temp 0 -n 100000 --ctx 100000 >/dev/null & pid=$!;",
-                              " sleep 1; kill -INT $pid; sleep 2; kill -INT $pid; wait $pid; echo rc=$? >&2'");
-  const RunResult r = run_cli_shell(cmd);
-  EXPECT_NE(r.err.find("rc=0"), std::string::npos) << r.err;
+  const RunResult r = run_script("int_chat", cat("mkfifo $d/in\n",
+                                                 "timeout 120 ", STRATA_CLI, " chat -m ", *model_path_,
+                                                 " --temp 0 -n 20000 --ctx 20100 < $d/in > $d/out 2> $d/err &\n",
+                                                 "pid=$!\n",
+                                                 "exec 3> $d/in\n",
+                                                 "echo hello >&3\n",
+                                                 "waitfor '[ -s $d/out ]'\n",
+                                                 "kill -INT $pid\n",
+                                                 "waitfor 'grep -q interrupted $d/err'\n",
+                                                 "s=$(wc -c < $d/out)\n",
+                                                 "echo again >&3\n",
+                                                 "waitfor '[ $(wc -c < $d/out) -gt $((s + 1)) ]'\n",
+                                                 "kill -INT $pid\n",
+                                                 "waitfor '[ $(grep -c interrupted $d/err) -ge 2 ]'\n",
+                                                 "echo /exit >&3\n",
+                                                 "exec 3>&-\n",
+                                                 "wait $pid\n",
+                                                 "echo rc=$?\n"));
+  EXPECT_NE(r.out.find("rc=0"), std::string::npos) << r.out << r.err;
   size_t interrupted = 0;
   for (size_t at = r.err.find("(reply interrupted)"); at != std::string::npos; at = r.err.find("(reply interrupted)", at + 1))
     ++interrupted;

@@ -1,6 +1,5 @@
 // The server's pure parts, without HTTP: the streamed reasoning/content/tool-call splitter against
-// parse_assistant_output on the whole text, the stop-string matcher against a direct search, and
-// the request parser's checks.
+// parse_assistant_output on the whole text, and the request parser's checks.
 #include <gtest/gtest.h>
 
 #include <random>

@@ -17,6 +17,7 @@ run(async () => {
     promptTokens.push((await postJson(baseURL, '/tokenize', { messages: conv(i) })).tokens.length);
   }
   const before = await metric(baseURL, 'strata_completion_tokens_total');
+  const cancelledBefore = await metric(baseURL, 'strata_requests_cancelled_total');
   let seenCompletion = 0, completed = 0, aborted = 0;
 
   async function oneRequest(c, r) {
@@ -82,6 +83,11 @@ run(async () => {
     await new Promise((r) => setTimeout(r, 100));
   }
   check(busy === 0 && queued === 0, `slots free after the round (busy ${busy}, queued ${queued})`);
+  if (mode === 'disconnect') {
+    // The server noticed the vanished clients and stopped their generations.
+    const cancelled = (await metric(baseURL, 'strata_requests_cancelled_total')) - cancelledBefore;
+    check(cancelled > 0, 'the server cancelled generations of vanished clients');
+  }
   const health = await fetch(baseURL + '/health');
   check(health.status === 200, 'healthy after the round');
   console.log(`load ${mode}: ${completed} completed, ${aborted} aborted`);

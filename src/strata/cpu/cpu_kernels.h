@@ -2,7 +2,7 @@
 // Two paths:
 // - float path (every level, every type): weights are decoded to float32 a few rows at a time and
 //   dotted with float32 activations. F32/F16/BF16 weights always take it (full float precision).
-// - int8 path (SIMD levels, for Q4_0/Q8_0/Q4_K/Q5_K/Q6_K): activations are quantised per 32 values
+// - int8 path (SIMD levels, for Q4_0/Q4_K/Q5_K/Q6_K): activations are quantised per 32 values
 //   to int8 with a float scale (Q8_0-style), weights are unpacked to small integer codes with
 //   per-16 float scales and biases, and the products are summed in integers. The only extra error
 //   is the activation rounding: at most |w_i| * d_block / 2 per element.
@@ -20,9 +20,9 @@ enum class CpuKernelLevel { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 // Maximum rows one dot call handles (the row tile of matmul).
 constexpr int kMaxDotRows = 4;
 
-// One weight row unpacked for the int8 path: weight i = scales16[i/16] * code_i + bias16[i/16].
-// codes are unsigned 0..63 (or signed int8 for Q8_0, see signed_codes); scales8 holds each per-16
-// scale four times in a row (8 floats per 32 weights, the lane layout of the dot kernels).
+// One weight row unpacked for the int8 path: weight i = scale16(i/16) * code_i + bias16[i/16].
+// codes are unsigned 0..63; scales8 holds each per-16 scale four times in a row (8 floats per 32
+// weights, the lane layout of the dot kernels).
 struct I8Row {
   const uint8_t* codes;
   const float* scales8;
@@ -40,8 +40,7 @@ struct I8Act {
 // What the int8 path knows about a weight type.
 struct I8Format {
   bool supported = false;
-  bool signed_codes = false;  // codes are int8 (Q8_0) rather than 0..63
-  bool has_bias = false;      // bias16 is used (K-quant mins, Q4_0's -8)
+  bool has_bias = false;  // bias16 is used (K-quant mins, Q4_0's -8, Q6_K's -32)
 };
 
 struct CpuKernels {

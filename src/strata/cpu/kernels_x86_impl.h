@@ -288,11 +288,13 @@ inline void put_scales(float* scales8, float s0, float s1) {
 
 I8Format i8_format(GgmlType type) {
   switch (type) {
-    case GgmlType::Q8_0: return {true, true, false};
-    case GgmlType::Q6_K: return {true, false, true};
+    // Q8_0 stays on the float path on purpose: its weights are precise enough that int8
+    // activations would dominate its error (the engine checks Q8_0 against the same model
+    // dequantised to F32). For 4-6 bit weights the activation rounding is small beside theirs.
     case GgmlType::Q4_0:
     case GgmlType::Q4_K:
-    case GgmlType::Q5_K: return {true, false, true};
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K: return {true, true};
     default: return {};
   }
 }
@@ -317,14 +319,22 @@ void unpack_k4(const uint8_t* p, int64_t nb, uint8_t* codes, float* scales8, flo
       }
       store256(codes + 64 * c, lo);
       store256(codes + 64 * c + 32, hi);
-      for (int half = 0; half < 2; ++half) {
-        uint8_t sc, m;
-        k4_scale_min(p + 4, 2 * c + half, sc, m);
-        const float s = d * sc, bias = -(dmin * m);
-        put_scales(scales8 + 16 * c + 8 * half, s, s);
-        bias16[4 * c + 2 * half] = bias16[4 * c + 2 * half + 1] = bias;
-      }
     }
+    // The eight 6-bit scales and mins, four at a time in 32-bit words (same packing as
+    // k4_scale_min): bytes 0-3 hold sc0-3 (+ high bits of sc4-7), 4-7 m0-3 (+ high bits of
+    // m4-7), 8-11 the low nibbles of sc4-7 and m4-7.
+    const uint32_t a = load_u32(p + 4), bw = load_u32(p + 8), cw = load_u32(p + 12);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = bw & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (cw & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((cw >> 4) & 0x0f0f0f0fu) | (((bw >> 6) & 0x03030303u) << 4);
+    const __m128i sc8 = _mm_cvtsi64_si128(static_cast<long long>(sc_lo | (static_cast<uint64_t>(sc_hi) << 32)));
+    const __m128i m8 = _mm_cvtsi64_si128(static_cast<long long>(m_lo | (static_cast<uint64_t>(m_hi) << 32)));
+    const __m256 scales = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc8)), _mm256_set1_ps(d));
+    const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)), _mm256_set1_ps(-dmin));
+    for (int j = 0; j < 8; ++j)
+      _mm256_storeu_ps(scales8 + 8 * j, _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(j)));
+    _mm256_storeu_ps(bias16, _mm256_permutevar8x32_ps(mins, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+    _mm256_storeu_ps(bias16 + 8, _mm256_permutevar8x32_ps(mins, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
   }
 }
 
@@ -340,25 +350,27 @@ void unpack_q6_k(const uint8_t* p, int64_t nb, uint8_t* codes, float* scales8, f
       for (int k = 0; k < 4; ++k) {
         const __m256i high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), three);
         store256(codes + 128 * n + 32 * k, _mm256_or_si256(lows[k], _mm256_slli_epi16(high, 4)));
-        const int sb = 8 * n + 2 * k;  // sub-block of 16 weights
-        const float s0 = d * static_cast<float>(sc[sb]), s1 = d * static_cast<float>(sc[sb + 1]);
-        put_scales(scales8 + 8 * (4 * n + k), s0, s1);
-        bias16[sb] = -32.0f * s0;  // codes are stored 0..63; the decoder subtracts 32
-        bias16[sb + 1] = -32.0f * s1;
       }
     }
+    // Sixteen signed scales of 16 weights; block k of 32 gets lanes [2k x4, 2k+1 x4].
+    const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                          reinterpret_cast<const __m128i*>(sc)))), _mm256_set1_ps(d));
+    const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                          reinterpret_cast<const __m128i*>(sc + 8)))), _mm256_set1_ps(d));
+    for (int k = 0; k < 8; ++k) {
+      const __m256 src = k < 4 ? s_lo : s_hi;
+      const int i = 2 * (k % 4);
+      const __m256i idx = _mm256_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1);
+      _mm256_storeu_ps(scales8 + 8 * k, _mm256_permutevar8x32_ps(src, idx));
+    }
+    // Codes are stored 0..63; the decoder subtracts 32.
+    _mm256_storeu_ps(bias16, _mm256_mul_ps(s_lo, _mm256_set1_ps(-32.0f)));
+    _mm256_storeu_ps(bias16 + 8, _mm256_mul_ps(s_hi, _mm256_set1_ps(-32.0f)));
   }
 }
 
 void unpack_i8(GgmlType type, const uint8_t* src, int64_t n, uint8_t* codes, float* scales8, float* bias16) {
   switch (type) {
-    case GgmlType::Q8_0:
-      for (int64_t b = 0; b < n / kQK; ++b, src += sizeof(Q8_0)) {
-        const float d = fp16_to_fp32(load_u16(src));
-        store256(codes + 32 * b, load256(src + 2));
-        put_scales(scales8 + 8 * b, d, d);
-      }
-      return;
     case GgmlType::Q4_0:
       for (int64_t b = 0; b < n / kQK; ++b, src += sizeof(Q4_0)) {
         const float d = fp16_to_fp32(load_u16(src));
@@ -375,7 +387,7 @@ void unpack_i8(GgmlType type, const uint8_t* src, int64_t n, uint8_t* codes, flo
 }
 
 // Sum of u[i]*s[i] over each group of 4 bytes, as 8 int32 lanes (lanes 0-3: bytes 0-15).
-// u is unsigned (< 128 or |int8|), s signed.
+// u is unsigned (codes 0..63, so maddubs' 16-bit pair sums cannot saturate), s signed.
 inline __m256i int_dot32(__m256i u, __m256i s) {
 #if STRATA_X86_512
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
@@ -384,7 +396,7 @@ inline __m256i int_dot32(__m256i u, __m256i s) {
 #endif
 }
 
-template <int R, bool kSigned>
+template <int R>
 void dot_i8_t(const I8Row* rows, const I8Act& x, int64_t n, bool has_bias, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -402,15 +414,7 @@ void dot_i8_t(const I8Row* rows, const I8Act& x, int64_t n, bool has_bias, float
     const __m512 dx = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
     for (int r = 0; r < R; ++r) {
       const __m512i w = _mm512_loadu_si512(rows[r].codes + 32 * b);
-      __m512i p;
-      if constexpr (kSigned) {
-        // No 512-bit sign_epi8: negate x where w < 0, then use |w| as the unsigned operand.
-        const __mmask64 neg = _mm512_movepi8_mask(w);
-        const __m512i xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-        p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
-      } else {
-        p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
-      }
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
       const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(rows[r].scales8 + 8 * b), dx);
       acc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc2[r]);
     }
@@ -426,9 +430,7 @@ void dot_i8_t(const I8Row* rows, const I8Act& x, int64_t n, bool has_bias, float
     const __m256i xv = load256(reinterpret_cast<const uint8_t*>(x.q) + 32 * b);
     const __m256 dx = _mm256_broadcast_ss(x.d32 + b);
     for (int r = 0; r < R; ++r) {
-      const __m256i w = load256(rows[r].codes + 32 * b);
-      // Signed codes: |w| * (x with w's sign) keeps maddubs' first operand unsigned.
-      const __m256i p = kSigned ? int_dot32(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)) : int_dot32(w, xv);
+      const __m256i p = int_dot32(load256(rows[r].codes + 32 * b), xv);
       const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(rows[r].scales8 + 8 * b), dx);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
     }
@@ -448,21 +450,15 @@ void dot_i8_t(const I8Row* rows, const I8Act& x, int64_t n, bool has_bias, float
   }
 }
 
-template <bool kSigned>
-void dot_i8_dispatch(const I8Row* rows, int nr, const I8Act& x, int64_t n, bool has_bias, float* out) {
+void dot_rows_i8(const I8Row* rows, int nr, const I8Act& x, int64_t n, I8Format fmt, float* out) {
   switch (nr) {
-    case 4: dot_i8_t<4, kSigned>(rows, x, n, has_bias, out); return;
-    case 3: dot_i8_t<3, kSigned>(rows, x, n, has_bias, out); return;
-    case 2: dot_i8_t<2, kSigned>(rows, x, n, has_bias, out); return;
+    case 4: dot_i8_t<4>(rows, x, n, fmt.has_bias, out); return;
+    case 3: dot_i8_t<3>(rows, x, n, fmt.has_bias, out); return;
+    case 2: dot_i8_t<2>(rows, x, n, fmt.has_bias, out); return;
     default:
-      for (int r = 0; r < nr; ++r) dot_i8_t<1, kSigned>(rows + r, x, n, has_bias, out + r);
+      for (int r = 0; r < nr; ++r) dot_i8_t<1>(rows + r, x, n, fmt.has_bias, out + r);
       return;
   }
-}
-
-void dot_rows_i8(const I8Row* rows, int nr, const I8Act& x, int64_t n, I8Format fmt, float* out) {
-  if (fmt.signed_codes) dot_i8_dispatch<true>(rows, nr, x, n, fmt.has_bias, out);
-  else dot_i8_dispatch<false>(rows, nr, x, n, fmt.has_bias, out);
 }
 
 }  // namespace

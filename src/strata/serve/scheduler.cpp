@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 #include "strata/base/error.h"
@@ -50,10 +51,25 @@ Scheduler::~Scheduler() {
   for (std::thread& t : workers_) t.join();
 }
 
+void Scheduler::drop_cancelled_locked() {
+  // Jobs whose clients left while waiting: answer them now so they neither count against the queue
+  // limit nor occupy a slot later.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->cancelled()) {
+      metrics_.count_cancelled();
+      (*it)->finish({JobOutcome::Kind::Cancelled, StopReason::Cancelled, static_cast<int>((*it)->prompt().size()), 0, 0, ""});
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 Scheduler::Admission Scheduler::submit(std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!accepting_) return Admission::ShuttingDown;
+    drop_cancelled_locked();
     const int free_slots = config_.slots - busy_;
     if (static_cast<int>(queue_.size()) >= config_.queue_limit + std::max(0, free_slots)) return Admission::QueueFull;
     queue_.push_back(std::move(job));
@@ -80,8 +96,9 @@ bool Scheduler::idle() const {
   return busy_ == 0 && queue_.empty();
 }
 
-SchedulerGauges Scheduler::gauges() const {
+SchedulerGauges Scheduler::gauges() {
   std::lock_guard<std::mutex> lock(mutex_);
+  drop_cancelled_locked();
   return {config_.slots, busy_, static_cast<int>(queue_.size()), config_.queue_limit};
 }
 
@@ -114,7 +131,9 @@ void Scheduler::work(int index) {
       ++busy_;
     }
     cv_.notify_all();  // the next queued job may now suit another idle slot
+    std::fprintf(stderr, "%ld TRACE start job=%p cancelled=%d\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)job.get(), (int)job->cancelled());
     run(slot, *job);
+    std::fprintf(stderr, "%ld TRACE end job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)job.get());
     {
       std::lock_guard<std::mutex> lock(mutex_);
       slot.running.reset();

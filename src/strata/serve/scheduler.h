@@ -41,7 +41,7 @@ class Scheduler {
   // Asks every running job to stop.
   void cancel_running();
   bool idle() const;
-  SchedulerGauges gauges() const;
+  SchedulerGauges gauges();  // also drops queued jobs whose clients left
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -51,6 +51,7 @@ class Scheduler {
     std::shared_ptr<Job> running;
   };
   void work(int index);
+  void drop_cancelled_locked();
   void run(Slot& slot, Job& job);
 
   const Model& model_;

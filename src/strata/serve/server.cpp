@@ -280,6 +280,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
         // Nothing new: an SSE comment, which clients ignore; a failed write is how a vanished client shows.
         if (out.empty()) out = ": keep-alive\n\n";
         if (!sink.write(out.data(), out.size())) {
+          std::fprintf(stderr, "%ld TRACE write failed job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)st->job.get());
           st->job->cancel();
           return false;
         }
@@ -287,6 +288,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
         return true;
       },
       [st](bool success) {
+        std::fprintf(stderr, "%ld TRACE releaser success=%d job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (int)success, (void*)st->job.get());
         if (!success) st->job->cancel();  // the client went away (or the write failed): free the slot
       });
 }

@@ -1,0 +1,128 @@
+#include "strata/convert/synth_tensors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "strata/base/error.h"
+#include "strata/convert/synth_random.h"
+
+namespace strata::convert {
+
+std::vector<float> zipf_expert_scales(int n_expert, double s, uint64_t seed, int layer) {
+  std::vector<float> scale(static_cast<size_t>(n_expert), 1.0f);
+  if (s == 0.0) return scale;
+  std::vector<int> rank(static_cast<size_t>(n_expert));
+  std::iota(rank.begin(), rank.end(), 1);
+  // Fisher-Yates with the counter-based generator, so the permutation depends only on (seed, layer).
+  RowRng rng(stream_key(seed, "zipf-ranks"), static_cast<uint64_t>(layer));
+  for (int i = n_expert - 1; i > 0; --i) {
+    const int j = static_cast<int>(rng.next() % static_cast<uint64_t>(i + 1));
+    std::swap(rank[static_cast<size_t>(i)], rank[static_cast<size_t>(j)]);
+  }
+  for (int e = 0; e < n_expert; ++e) scale[static_cast<size_t>(e)] = static_cast<float>(std::pow(rank[e], -s));
+  return scale;
+}
+
+namespace {
+
+struct Planner {
+  const HfConfig& c;
+  std::vector<SynthTensor> out;
+
+  void add(std::string name, std::vector<int64_t> ne, TensorRole role, int layer, SynthInit init) {
+    SynthTensor t;
+    t.meta.name = std::move(name);
+    t.meta.ne = std::move(ne);
+    t.meta.role = role;
+    t.meta.layer = layer;
+    t.init = init;
+    out.push_back(std::move(t));
+  }
+};
+
+}  // namespace
+
+std::vector<SynthTensor> plan_synth_tensors(const HfConfig& c, double skew, uint64_t seed) {
+  const bool q35 = c.arch == HfArch::Qwen35Moe;
+  const int64_t E = c.n_embd, V = c.n_vocab, X = c.n_expert, F = c.n_ff_exp, D = c.head_dim;
+  Planner p{c, {}};
+  p.add("token_embd.weight", {E, V}, TensorRole::TokenEmbd, -1, SynthInit::Embedding);
+  p.add("output_norm.weight", {E}, TensorRole::Norm, -1, SynthInit::NormOne);
+  if (!c.tie_embeddings) p.add("output.weight", {E, V}, TensorRole::Output, -1, SynthInit::Matrix);
+
+  const int64_t Hk = c.lin_k_heads, Hv = c.lin_v_heads;
+  const int64_t key_dim = Hk * c.lin_k_dim, value_dim = Hv * c.lin_v_dim;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    p.add(b + "attn_norm.weight", {E}, TensorRole::Norm, i, SynthInit::NormOne);
+    const bool full = !q35 || c.is_full_attention.at(static_cast<size_t>(i));
+    if (full) {
+      // qwen35moe: attn_q yields query and output gate per head (2 * head_dim).
+      p.add(b + "attn_q.weight", {E, (q35 ? 2 : 1) * c.n_head * D}, TensorRole::AttnQ, i, SynthInit::Matrix);
+      p.add(b + "attn_k.weight", {E, c.n_head_kv * D}, TensorRole::AttnK, i, SynthInit::Matrix);
+      p.add(b + "attn_v.weight", {E, c.n_head_kv * D}, TensorRole::AttnV, i, SynthInit::Matrix);
+      p.add(b + "attn_output.weight", {c.n_head * D, E}, TensorRole::AttnOut, i, SynthInit::Matrix);
+      p.add(b + "attn_q_norm.weight", {D}, TensorRole::Norm, i, SynthInit::NormOne);
+      p.add(b + "attn_k_norm.weight", {D}, TensorRole::Norm, i, SynthInit::NormOne);
+    } else {
+      p.add(b + "attn_qkv.weight", {E, conv_dim}, TensorRole::AttnQkv, i, SynthInit::Matrix);
+      p.add(b + "attn_gate.weight", {E, value_dim}, TensorRole::AttnGate, i, SynthInit::Matrix);
+      p.add(b + "ssm_beta.weight", {E, Hv}, TensorRole::SsmBeta, i, SynthInit::Matrix);
+      p.add(b + "ssm_alpha.weight", {E, Hv}, TensorRole::SsmAlpha, i, SynthInit::Matrix);
+      p.add(b + "ssm_conv1d.weight", {c.conv_kernel, conv_dim}, TensorRole::SsmConv, i, SynthInit::Matrix);
+      p.add(b + "ssm_dt.bias", {Hv}, TensorRole::SsmDt, i, SynthInit::SsmDtBias);
+      p.add(b + "ssm_a", {Hv}, TensorRole::SsmA, i, SynthInit::SsmA);
+      p.add(b + "ssm_norm.weight", {c.lin_v_dim}, TensorRole::Norm, i, SynthInit::NormOne);
+      p.add(b + "ssm_out.weight", {value_dim, E}, TensorRole::SsmOut, i, SynthInit::Matrix);
+    }
+    p.add(b + (q35 ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, TensorRole::Norm, i, SynthInit::NormOne);
+    p.add(b + "ffn_gate_inp.weight", {E, X}, TensorRole::Router, i, SynthInit::Router);
+    p.out.back().row_scale = zipf_expert_scales(static_cast<int>(X), skew, seed, i);
+    p.add(b + "ffn_gate_exps.weight", {E, F, X}, TensorRole::ExpertsGate, i, SynthInit::Matrix);
+    p.add(b + "ffn_up_exps.weight", {E, F, X}, TensorRole::ExpertsUp, i, SynthInit::Matrix);
+    p.add(b + "ffn_down_exps.weight", {F, E, X}, TensorRole::ExpertsDown, i, SynthInit::Matrix);
+    if (q35) {
+      const int64_t S = c.n_ff_shexp;
+      p.add(b + "ffn_gate_inp_shexp.weight", {E}, TensorRole::SharedExpertGate, i, SynthInit::Matrix);
+      p.add(b + "ffn_gate_shexp.weight", {E, S}, TensorRole::SharedGate, i, SynthInit::Matrix);
+      p.add(b + "ffn_up_shexp.weight", {E, S}, TensorRole::SharedUp, i, SynthInit::Matrix);
+      p.add(b + "ffn_down_shexp.weight", {S, E}, TensorRole::SharedDown, i, SynthInit::Matrix);
+    }
+  }
+  return std::move(p.out);
+}
+
+void synth_row(const SynthTensor& t, uint64_t seed, int64_t row, float* dst) {
+  const int64_t n = t.meta.ne[0];
+  RowRng rng(stream_key(seed, t.meta.name), static_cast<uint64_t>(row));
+  const float sqrt3 = 1.7320508f;  // uniform(-a, a) has std a / sqrt(3)
+  switch (t.init) {
+    case SynthInit::Matrix:
+    case SynthInit::Router: {
+      float a = sqrt3 / std::sqrt(static_cast<float>(n));
+      if (t.init == SynthInit::Router && !t.row_scale.empty()) a *= t.row_scale.at(static_cast<size_t>(row));
+      for (int64_t i = 0; i < n; ++i) dst[i] = rng.symmetric(a);
+      return;
+    }
+    case SynthInit::Embedding:
+      for (int64_t i = 0; i < n; ++i) dst[i] = rng.symmetric(sqrt3);
+      return;
+    case SynthInit::NormOne:
+      for (int64_t i = 0; i < n; ++i) dst[i] = 1.0f + rng.symmetric(0.1f);
+      return;
+    case SynthInit::SsmA:
+      for (int64_t i = 0; i < n; ++i) dst[i] = -(1.0f + 15.0f * rng.uniform());
+      return;
+    case SynthInit::SsmDtBias:
+      for (int64_t i = 0; i < n; ++i) {
+        const float dt = std::exp(std::log(1e-3f) + rng.uniform() * (std::log(1e-1f) - std::log(1e-3f)));
+        dst[i] = std::log(std::expm1(dt));  // inverse of softplus
+      }
+      return;
+  }
+  fail("internal: synth_row: unknown init for ", t.meta.name);
+}
+
+}  // namespace strata::convert

@@ -1,0 +1,20 @@
+// Error checks for the CUDA backend: every CUDA call's status and every launch is checked, and a
+// failure throws strata::Error naming the operation and CUDA's message.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "strata/quant/types.h"
+
+namespace strata::cuda {
+
+// Throws when status != cudaSuccess: "CUDA error in <what>: <message>".
+void check_cuda(cudaError_t status, const char* what);
+// Checks cudaGetLastError() after a kernel launch.
+void check_launch(const char* what);
+// Throws "CUDA backend: <what>" when !ok (argument checks of the launchers).
+void check_arg(bool ok, const char* what);
+// Throws "CUDA backend: <what> does not support weight type <name> (supported: ...)".
+[[noreturn]] void fail_unsupported_type(const char* what, GgmlType type);
+
+}  // namespace strata::cuda

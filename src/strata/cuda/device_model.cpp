@@ -1,0 +1,120 @@
+#include "strata/cuda/device_model.h"
+
+#include "strata/base/error.h"
+#include "strata/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+void* DeviceModel::alloc(size_t n) {
+  void* p = nullptr;
+  const cudaError_t st = cudaMalloc(&p, n == 0 ? 1 : n);
+  if (st != cudaSuccess)
+    fail("CUDA backend: cannot allocate ", n, " bytes of GPU memory for the weights (", bytes_,
+         " bytes already uploaded): ", cudaGetErrorString(st));
+  allocations_.push_back(p);
+  bytes_ += n;
+  return p;
+}
+
+DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer) {
+  if (!supported_type(w.type))
+    fail("CUDA backend: tensor ", layer >= 0 ? cat("blk.", layer, ".") : std::string(), what, " has type ",
+         type_traits(w.type).name, ", which the CUDA kernels do not support (supported: ", supported_type_names(), ")");
+  DevMatrix d;
+  d.type = w.type;
+  d.n_rows = w.n_rows;
+  d.n_cols = w.n_cols;
+  d.row_bytes = row_bytes(w.type, w.n_cols);
+  const size_t total = d.row_bytes * static_cast<size_t>(w.n_rows);
+  uint8_t* dst = static_cast<uint8_t*>(alloc(total));
+  check_cuda(cudaMemcpy2D(dst, d.row_bytes, w.data, w.row_stride, d.row_bytes, static_cast<size_t>(w.n_rows),
+                          cudaMemcpyHostToDevice),
+             what);
+  d.data = dst;
+  return d;
+}
+
+DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer) {
+  const WeightMatrix& w = s.first;
+  if (!supported_type(w.type))
+    fail("CUDA backend: tensor blk.", layer, ".", what, " has type ", type_traits(w.type).name,
+         ", which the CUDA kernels do not support (supported: ", supported_type_names(), ")");
+  DevMatrix d;
+  d.type = w.type;
+  d.n_rows = w.n_rows;
+  d.n_cols = w.n_cols;
+  d.row_bytes = row_bytes(w.type, w.n_cols);
+  d.n_expert = s.n_expert;
+  d.expert_stride = d.row_bytes * static_cast<size_t>(w.n_rows);
+  uint8_t* dst = static_cast<uint8_t*>(alloc(d.expert_stride * static_cast<size_t>(s.n_expert)));
+  for (int e = 0; e < s.n_expert; ++e) {
+    const WeightMatrix we = s.expert(e);
+    check_cuda(cudaMemcpy2D(dst + static_cast<size_t>(e) * d.expert_stride, d.row_bytes, we.data, we.row_stride,
+                            d.row_bytes, static_cast<size_t>(w.n_rows), cudaMemcpyHostToDevice),
+               what);
+  }
+  d.data = dst;
+  return d;
+}
+
+const float* DeviceModel::upload(const std::vector<float>& v) {
+  float* dst = static_cast<float*>(alloc(v.size() * sizeof(float)));
+  check_cuda(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "upload vector");
+  return dst;
+}
+
+DeviceModel::DeviceModel(const Model& model) : config_(model.config()) {
+  const ModelWeights& w = model.weights();
+  try {
+    token_embd = upload(w.token_embd, "token_embd.weight", -1);
+    output = w.tied_output ? token_embd : upload(w.output, "output.weight", -1);
+    output_norm = upload(w.output_norm);
+    layers.resize(w.layers.size());
+    for (size_t il = 0; il < w.layers.size(); ++il) {
+      const LayerWeights& L = w.layers[il];
+      DevLayer& D = layers[il];
+      const int l = static_cast<int>(il);
+      D.kind = L.kind;
+      D.attn_norm = upload(L.attn_norm);
+      D.ffn_norm = upload(L.ffn_norm);
+      if (L.kind == LayerKind::FullAttention) {
+        D.attn.q = upload(L.attn.q, "attn_q.weight", l);
+        D.attn.k = upload(L.attn.k, "attn_k.weight", l);
+        D.attn.v = upload(L.attn.v, "attn_v.weight", l);
+        D.attn.o = upload(L.attn.o, "attn_output.weight", l);
+        D.attn.q_norm = upload(L.attn.q_norm);
+        D.attn.k_norm = upload(L.attn.k_norm);
+      } else {
+        D.deltanet.qkv = upload(L.deltanet.qkv, "attn_qkv.weight", l);
+        D.deltanet.gate = upload(L.deltanet.gate, "attn_gate.weight", l);
+        D.deltanet.beta = upload(L.deltanet.beta, "ssm_beta.weight", l);
+        D.deltanet.alpha = upload(L.deltanet.alpha, "ssm_alpha.weight", l);
+        D.deltanet.out = upload(L.deltanet.out, "ssm_out.weight", l);
+        D.deltanet.conv = upload(L.deltanet.conv);
+        D.deltanet.a = upload(L.deltanet.a);
+        D.deltanet.dt_bias = upload(L.deltanet.dt_bias);
+        D.deltanet.norm = upload(L.deltanet.norm);
+      }
+      D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
+      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l);
+      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l);
+      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l);
+      D.moe.has_shared = L.moe.has_shared;
+      if (L.moe.has_shared) {
+        D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);
+        D.moe.shared_gate = upload(L.moe.shared_gate, "ffn_gate_shexp.weight", l);
+        D.moe.shared_up = upload(L.moe.shared_up, "ffn_up_shexp.weight", l);
+        D.moe.shared_down = upload(L.moe.shared_down, "ffn_down_shexp.weight", l);
+      }
+    }
+  } catch (...) {
+    for (void* p : allocations_) cudaFree(p);
+    throw;
+  }
+}
+
+DeviceModel::~DeviceModel() {
+  for (void* p : allocations_) cudaFree(p);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,66 @@
+// A GpuSession runs one sequence with the whole model in GPU memory: the same contract as
+// strata::Session (engine/session.h), computed by the CUDA kernels of kernels.h.
+//
+// Decode (one token) is one CUDA graph, captured on the first step and replayed for every later token:
+// the token id and position are copied into device memory before each replay, and every buffer
+// (activations, KV cache, DeltaNet state, scratch) is allocated once at construction, so a decode step
+// allocates nothing. Prefill currently runs the prompt token by token through the same decode graph
+// (a batched prefill path is future work); its results equal the CPU engine's to float rounding.
+// Plain C++ header: include it only where STRATA_HAVE_CUDA is defined (the library exists then).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/engine/model.h"
+
+namespace strata::cuda {
+
+// Whether the CUDA runtime sees at least one GPU (false, without throwing, when there is none).
+bool device_available();
+// "NVIDIA H100 80GB HBM3 (cc 9.0, 79.1 GiB)" for device 0, or why there is none.
+std::string device_description();
+
+struct GpuSessionOptions {
+  bool use_graph = true;  // capture the decode step once and replay it (false: launch kernels each step)
+};
+
+class GpuSession {
+ public:
+  // Uploads the model's weights (fails on an unsupported weight type, naming the tensor) and allocates
+  // the KV cache / DeltaNet state for max_ctx tokens and every workspace.
+  GpuSession(const Model& model, int max_ctx, GpuSessionOptions options = {});
+  ~GpuSession();
+  GpuSession(const GpuSession&) = delete;
+  GpuSession& operator=(const GpuSession&) = delete;
+
+  // As Session::forward: runs n tokens after the ones already seen; logits_out receives [n x n_vocab]
+  // floats when all_positions, else [n_vocab] for the last token. Fails (strata::Error) when the tokens
+  // would exceed the context or an id is out of range; the state is unchanged then.
+  void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions);
+
+  // Runs one token and returns the arg-max of its logits, computed on the GPU (no logits copy).
+  int32_t decode_argmax(int32_t token);
+
+  void reset();
+  int n_past() const;
+  int max_ctx() const;
+  const Model& model() const;
+  size_t weight_bytes() const;    // bytes of weights in GPU memory
+  size_t state_bytes() const;     // KV cache, DeltaNet state and workspaces
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options = {});
+
+// Greedy continuation on the GPU (arg-max on the device, ties: lowest id): runs the prompt, then picks
+// n_new tokens, feeding each back. Same result contract as strata::generate_greedy.
+std::vector<int32_t> generate_greedy(GpuSession& session, const std::vector<int32_t>& prompt, int n_new);
+
+}  // namespace strata::cuda

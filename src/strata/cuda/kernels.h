@@ -1,0 +1,103 @@
+// The CUDA kernels of the decode step, as host functions that launch on a stream and take device
+// pointers. Each one mirrors a CPU operation of src/strata/cpu/ops.h or a step of the engine's blocks
+// (src/strata/engine/*_block.cpp) with the same arithmetic order where it matters (double-accumulated
+// norms, the same float expressions), so GPU and CPU agree to float rounding of the sums.
+// Every launcher reads positions / token ids / expert ids from device memory, so a decode step built
+// from them can be captured once in a CUDA graph and replayed with new inputs.
+// Plain C++ header (no CUDA language features): tests and the session include it from .cpp files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/quant/types.h"
+
+namespace strata::cuda {
+
+// A weight matrix (or a stack of experts) in device memory: n_rows rows of n_cols elements of `type`,
+// row r of expert e at data + e * expert_stride + r * row_bytes (rows packed, no padding).
+struct DevMatrix {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+  size_t row_bytes = 0;
+  size_t expert_stride = 0;  // 0 for a plain matrix
+  int n_expert = 1;
+};
+
+// Weight types the CUDA matvec and row decoding handle: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K.
+bool supported_type(GgmlType type);
+// Comma-separated list of those, for error messages.
+const char* supported_type_names();
+
+// y[r] = dot(W[r], x) for every row (float32 accumulation).
+void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s);
+
+// Routed experts: for slot j < n_slots, expert ids[j] (device memory) of the stack:
+// y[j * n_rows + r] = dot(W_ids[j][r], x + j * x_slot_stride). x_slot_stride 0 shares one input.
+void matvec_routed(const DevMatrix& stack, const int* ids, int n_slots, const float* x, int64_t x_slot_stride,
+                   float* y, cudaStream_t s);
+
+// x[0..n_cols) = row *token (device memory) of the table, decoded to float.
+void embed_row(const DevMatrix& table, const int* token, float* x, cudaStream_t s);
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for n_rows rows of width d (mean accumulated in double).
+void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, float* out, cudaStream_t s);
+
+// x[i] += y[i].
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
+
+// For each of n_heads head vectors src + h * src_head_stride (head_dim long): RMSNorm with w, then NEOX
+// rotary on the first rope_dims dims at position *pos; written to dst + *pos * dst_pos_stride +
+// h * dst_head_stride (dst may equal src with dst_pos_stride 0: in place).
+void norm_rope_heads(const float* src, int src_head_stride, float* dst, int dst_head_stride, int64_t dst_pos_stride,
+                     int n_heads, int head_dim, const float* w, float eps, int rope_dims, float freq_base,
+                     const int* pos, cudaStream_t s);
+
+// dst[*pos * n + i] = src[i] for i < n (appending a value row to the cache).
+void store_row_at_pos(const float* src, float* dst, int64_t n, const int* pos, cudaStream_t s);
+
+// Decode attention: query head h (at q + h * q_head_stride) against positions 0 .. *pos of KV head
+// h / (n_head / n_head_kv) (key p at k_cache + p * kv_stride + g * head_dim, values alike); softmax of
+// q.k * scale; out[h * head_dim + d]. With gated, multiplied by sigmoid(q[head_dim + d]) (the gate values
+// follow the query values of each head). scores: scratch of n_head * max_ctx floats.
+void attention_decode(const float* q, int q_head_stride, const float* k_cache, const float* v_cache, int64_t kv_stride,
+                      int n_head, int n_head_kv, int head_dim, float scale, bool gated, const int* pos, int max_ctx,
+                      float* scores, float* out, cudaStream_t s);
+
+// Causal depthwise conv1d step with SiLU: out[c] = silu(sum_j w[c*K+j] * window_j[c]) where the window is
+// state ((K-1) x channels, oldest first) followed by x; the state then drops its oldest row and appends x.
+void conv1d_silu_step(const float* x, const float* weight, int K, int channels, float* state, float* out,
+                      cudaStream_t s);
+
+// DeltaNet q/k: L2-normalise each of n_k_heads heads of q (at mixed) and k (at mixed + n_k_heads*dk),
+// eps 1e-6, then multiply q by q_scale. In place.
+void deltanet_qk_norm(float* mixed, int n_k_heads, int dk, float q_scale, cudaStream_t s);
+
+// One gated delta-rule step for every value head h (deltanet_step of cpu/ops.h) followed by the gated
+// RMSNorm: beta = sigmoid(b[h]), g = a[h] * softplus(alpha[h] + dt_bias[h]); q/k of key head h % n_k_heads
+// (q at mixed, k at mixed + n_k*dk, v at mixed + 2*n_k*dk); state S [n_v x dk x dv];
+// out[h*dv + j] = rmsnorm(o)[j] * norm_w[j] * silu(z[h*dv + j]).
+void deltanet_step_gated(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
+                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
+                         int n_v_heads, int dk, int dv, float* out, cudaStream_t s);
+
+// Router: softmax over n_expert logits, the k largest (ties: lower id), weights renormalised to sum 1
+// when norm_topk. ids[k], weights[k] in descending probability order. n_expert <= 1024.
+void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s);
+
+// out[i] = silu(gate[i]) * up[i].
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
+
+// x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
+//         (+ sigmoid(*shared_gate) * ys[j] when ys is not null).
+void moe_combine_add(float* x, const float* ye, const int* ids, const float* weights, int k, int d, const float* ys,
+                     const float* shared_gate, cudaStream_t s);
+
+// *out = index of the largest of x[0..n) (lowest index among equals).
+void argmax(const float* x, int64_t n, int* out, cudaStream_t s);
+
+}  // namespace strata::cuda

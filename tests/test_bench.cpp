@@ -1,0 +1,176 @@
+// strata bench: statistics, the byte counts behind the floors, the timing loop's protocol (with a
+// fake backend that records what it is asked), the triad, and the CLI's JSON.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/base/error.h"
+#include "strata/convert/synth.h"
+#include "strata/engine/bench_backend.h"
+#include "strata/engine/bench_bandwidth.h"
+#include "strata/engine/bench_floor.h"
+#include "strata/engine/bench_report.h"
+#include "strata/engine/bench_runner.h"
+#include "strata/engine/model.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir() {
+  fs::path d = fs::temp_directory_path() / ("strata_test_bench_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+std::string tiny_model(const std::string& quant) {
+  static std::string cached[2];
+  const int i = quant == "f32" ? 0 : 1;
+  if (!cached[i].empty()) return cached[i];
+  strata::convert::SynthOptions o;
+  o.preset = "tiny-qwen35moe";
+  o.quant = quant;
+  o.out_path = (temp_dir() / ("tiny_" + quant + ".gguf")).string();
+  strata::convert::synth_model(o);
+  return cached[i] = o.out_path;
+}
+
+// Records calls; logits put the maximum at (last token + 1) % vocab so greedy decode is predictable.
+class FakeBackend : public strata::BenchBackend {
+ public:
+  std::string name() const override { return "fake"; }
+  int64_t n_vocab() const override { return 50; }
+  void reset() override {
+    resets++;
+    seen.clear();
+  }
+  void forward(const int32_t* tokens, int n, float* logits, bool all_positions) override {
+    EXPECT_FALSE(all_positions);
+    calls.push_back(n);
+    for (int i = 0; i < n; ++i) seen.push_back(tokens[i]);
+    for (int64_t v = 0; v < 50; ++v) logits[v] = 0.0f;
+    logits[(tokens[n - 1] + 1) % 50] = 1.0f;
+  }
+  int resets = 0;
+  std::vector<int> calls;
+  std::vector<int32_t> seen;
+};
+
+}  // namespace
+
+TEST(Bench, Summarize) {
+  const auto s = strata::summarize({3.0, 1.0, 2.0});
+  EXPECT_DOUBLE_EQ(s.median, 2.0);
+  EXPECT_DOUBLE_EQ(s.min, 1.0);
+  EXPECT_DOUBLE_EQ(s.max, 3.0);
+  EXPECT_DOUBLE_EQ(s.stddev, 1.0);  // sample sd of 1, 2, 3
+  const auto e = strata::summarize({4.0, 1.0, 2.0, 3.0});
+  EXPECT_DOUBLE_EQ(e.median, 2.5);
+  EXPECT_NEAR(e.stddev, std::sqrt(5.0 / 3.0), 1e-12);
+  EXPECT_THROW(strata::summarize({}), strata::Error);
+}
+
+TEST(Bench, RunnerProtocol) {
+  FakeBackend b;
+  strata::BenchParams p;
+  p.n_prompt = 7;
+  p.n_gen = 5;
+  p.reps = 3;
+  p.warmup = false;
+  const auto run = strata::run_bench(b, p);
+  EXPECT_EQ(b.resets, 3);
+  ASSERT_EQ(b.calls.size(), 3u * 6u);
+  EXPECT_EQ(b.calls[0], 7);
+  for (int i = 1; i < 6; ++i) EXPECT_EQ(b.calls[static_cast<size_t>(i)], 1);
+  // Last repetition: prompt, then greedy tokens, each the previous token + 1 (the fake's argmax).
+  ASSERT_EQ(b.seen.size(), 12u);
+  for (size_t i = 7; i < 12; ++i) EXPECT_EQ(b.seen[i], (b.seen[i - 1] + 1) % 50);
+  EXPECT_EQ(std::vector<int32_t>(b.seen.begin(), b.seen.begin() + 7), strata::bench_prompt(7, 50, p.seed, 2));
+  EXPECT_EQ(run.prefill_tps.size(), 3u);
+  EXPECT_EQ(run.decode_tps.size(), 3u);
+  EXPECT_EQ(run.ttft_ms.size(), 3u);
+  for (double x : run.prefill_tps) EXPECT_GT(x, 0.0);
+  // Prompts differ between repetitions but are reproducible.
+  EXPECT_NE(strata::bench_prompt(7, 50, 1, 0), strata::bench_prompt(7, 50, 1, 1));
+  EXPECT_EQ(strata::bench_prompt(7, 50, 1, 0), strata::bench_prompt(7, 50, 1, 0));
+  p.n_prompt = 0;
+  EXPECT_THROW(strata::run_bench(b, p), strata::Error);
+  p.n_prompt = 4;
+  p.reps = 0;
+  EXPECT_THROW(strata::run_bench(b, p), strata::Error);
+}
+
+// With F32 weights every byte count follows from the shapes: 4 bytes per element.
+TEST(Bench, ActiveBytesFromShapes) {
+  auto model = strata::Model::load(tiny_model("f32"));
+  const auto a = strata::count_active_bytes(model->file(), model->config());
+  const double E = 256, V = 512, F = 256, X = 16, L = 4;
+  EXPECT_DOUBLE_EQ(a.embd_row, 4 * E);
+  EXPECT_DOUBLE_EQ(a.output, 4 * E * V);
+  EXPECT_DOUBLE_EQ(a.experts_all, 4 * L * 3 * E * F * X);
+  EXPECT_DOUBLE_EQ(a.expert_fraction, 4.0 / 16.0);
+  // Shared expert (3 x E x 256) and router (E x X) of every layer are in the dense part.
+  EXPECT_GT(a.dense, 4 * L * (3 * E * 256 + E * X));
+  EXPECT_DOUBLE_EQ(a.decode_per_token(), a.dense + a.embd_row + a.output + a.experts_all / 4);
+  // Prefill of one token reads what decode reads; of many tokens, nearly every expert.
+  EXPECT_NEAR(a.prefill(1), a.decode_per_token(), 1e-6 * a.decode_per_token());
+  EXPECT_NEAR(a.prefill(512), a.dense + 512 * a.embd_row + a.output + a.experts_all, 1.0);
+}
+
+TEST(Bench, TriadBandwidthIsPositive) {
+  const auto r = strata::measure_triad_bandwidth(16u << 20, 2);
+  EXPECT_GT(r.triad_gbs, 0.1);
+  EXPECT_LT(r.triad_gbs, 10000.0);
+  EXPECT_EQ(r.array_bytes, 16u << 20);
+  EXPECT_THROW(strata::measure_triad_bandwidth(100, 1), strata::Error);
+}
+
+TEST(Bench, CpuBackendRunsRealModel) {
+  auto model = strata::Model::load(tiny_model("q4_k_m"));
+  auto backend = strata::make_cpu_bench_backend(*model, 32);
+  EXPECT_EQ(backend->name(), "cpu");
+  EXPECT_TRUE(backend->vram_by_tier().empty());
+  strata::BenchParams p;
+  p.n_prompt = 8;
+  p.n_gen = 4;
+  p.reps = 2;
+  const auto run = strata::run_bench(*backend, p);
+  EXPECT_EQ(run.decode_tps.size(), 2u);
+  for (double x : run.decode_tps) EXPECT_TRUE(std::isfinite(x) && x > 0);
+  // The context is p + n: one more decode step would not fit, so the runner must reset between reps.
+  p.reps = 3;
+  EXPECT_NO_THROW(strata::run_bench(*backend, p));
+}
+
+TEST(Bench, CliJson) {
+  const std::string model = tiny_model("q4_k_m");
+  const std::string out = (temp_dir() / "bench.json").string();
+  const std::string cmd = std::string(STRATA_CLI) + " bench -m " + model +
+                          " -p 8 -n 4 -r 2 --threads 1 --triad-mib 8 --json > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["model"]["arch"], "qwen35moe");
+  EXPECT_NE(j["command_line"].get<std::string>().find("-p 8 -n 4 -r 2"), std::string::npos);
+  EXPECT_FALSE(j["cpu_model"].get<std::string>().empty());
+  EXPECT_FALSE(j["date"].get<std::string>().empty());
+  EXPECT_EQ(j["results"]["decode"]["samples"].size(), 2u);
+  EXPECT_EQ(j["results"]["prefill"]["samples"].size(), 2u);
+  EXPECT_GT(j["results"]["decode"]["floor"].get<double>(), 0.0);
+  EXPECT_GT(j["bandwidth"]["triad_gbs"].get<double>(), 0.0);
+  EXPECT_TRUE(j["vram_by_tier"].is_null());
+  EXPECT_EQ(j["vram_note"], "cpu backend: none");
+  // The decode floor is bandwidth / bytes per token.
+  EXPECT_NEAR(j["results"]["decode"]["floor"].get<double>(),
+              j["bandwidth"]["triad_gbs"].get<double>() * 1e9 / j["active_bytes"]["decode_per_token"].get<double>(),
+              1e-6 * j["results"]["decode"]["floor"].get<double>());
+}
