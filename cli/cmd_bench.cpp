@@ -10,10 +10,14 @@
 #include <string>
 
 #include "cli/command.h"
+#include "strata/base/error.h"
 #include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_report.h"
 #include "strata/engine/cli_support.h"
 #include "strata/engine/model.h"
+#ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/bench_gpu.h"
+#endif
 
 namespace {
 
@@ -23,6 +27,7 @@ struct BenchArgs {
   int threads = 0;
   bool json = false;
   size_t triad_mib = 256;
+  bool gpu = false;
 };
 
 // The exact command line, from /proc/self/cmdline (NUL-separated), for the record.
@@ -52,6 +57,7 @@ void setup_bench(CLI::App& sub) {
   sub.add_option("--threads", a->threads, "CPU threads (default: all hardware threads)");
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
   sub.add_flag("--json", a->json, "print JSON instead of the table");
+  sub.add_flag("--gpu", a->gpu, "run the whole model on the GPU (CUDA build); floors then use GPU memory bandwidth");
   sub.callback([a] {
     strata::set_cpu_threads(a->threads);
     strata::BenchReport r;
@@ -71,10 +77,21 @@ void setup_bench(CLI::App& sub) {
       r.n_params += static_cast<double>(t.n_elements());
     }
     r.active = strata::count_active_bytes(file, model->config());
-    if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad)...\n");
-    r.bandwidth = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
-
-    auto backend = strata::make_cpu_bench_backend(*model, a->params.n_prompt + a->params.n_gen + 1);
+    const int max_ctx = a->params.n_prompt + a->params.n_gen + 1;
+    std::unique_ptr<strata::BenchBackend> backend;
+    if (a->gpu) {
+#ifdef STRATA_HAVE_CUDA
+      if (!a->json) std::fprintf(stderr, "measuring GPU memory bandwidth (device copy)...\n");
+      r.bandwidth = strata::cuda::measure_gpu_copy_bandwidth();
+      backend = strata::cuda::make_gpu_bench_backend(*model, max_ctx);
+#else
+      throw strata::Error("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
+#endif
+    } else {
+      if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad)...\n");
+      r.bandwidth = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
+      backend = strata::make_cpu_bench_backend(*model, max_ctx);
+    }
     r.backend = backend->name();
     if (!a->json) std::fprintf(stderr, "running %d repetitions (+1 warm-up)...\n", a->params.reps);
     r.run = strata::run_bench(*backend, a->params);

@@ -1,7 +1,7 @@
 // A small model that takes text, for the generation and `strata run/chat` tests: the qwen3_5_moe HF
 // fixture converted to F32 GGUF (vocabulary of 512, no tokenizer in the checkpoint) plus a
 // byte-level tokenizer written here: the 256 byte tokens, ChatML control tokens, <think>/</think>,
-// the rest padding. Its weights are random, so its text is noise, but every token id has text and
+// the rest normal tokens with text. Its weights are random, so its text is noise, but every token id has text and
 // the ChatML markers are real special tokens, which is what the generation plumbing needs.
 #pragma once
 
@@ -38,7 +38,12 @@ inline Vocab byte_vocab(int32_t n_vocab) {
   v.pad_id = v.eos_id;
   v.pre = "qwen2";
   v.chat_template = "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}";
-  pad_vocab(v, n_vocab);
+  // The remaining ids are normal tokens with text of their own ("<300>"), so that whatever a random
+  // model picks prints something (BPE never produces them: no merge leads there).
+  for (int32_t id = static_cast<int32_t>(v.tokens.size()); id < n_vocab; ++id) {
+    v.tokens.push_back(cat("<", id, ">"));
+    v.token_types.push_back(kTokenNormal);
+  }
   return v;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace strata {
 
@@ -12,6 +13,7 @@ struct BandwidthResult {
   size_t array_bytes = 0;    // bytes per array
   int threads = 0;
   int passes = 0;
+  std::string source = "host DRAM triad";  // what was measured (the GPU backend measures HBM instead)
 };
 
 // array_bytes: size of each of the three double arrays. passes >= 1.

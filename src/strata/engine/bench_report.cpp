@@ -55,7 +55,7 @@ std::string format_bench_table(const BenchReport& r) {
   out += head + "ttft ms (p" + std::to_string(r.params.n_prompt) + ") | " + fmt("%.2f +- %.2f", t.median, t.stddev) +
          " | " + fmt("%.2f..%.2f", t.min, t.max) + " | " + fmt("%.2f", r.ttft_floor_ms()) + " |\n";
   out += "\n";
-  out += fmt("floors: host DRAM triad %.1f GB/s", r.bandwidth.triad_gbs) + " (" + std::to_string(r.bandwidth.threads) +
+  out += "floors: " + r.bandwidth.source + fmt(" %.1f GB/s", r.bandwidth.triad_gbs) + " (" + std::to_string(r.bandwidth.threads) +
          " threads, 3 x " + human_bytes(static_cast<double>(r.bandwidth.array_bytes)) + " arrays, best of " +
          std::to_string(r.bandwidth.passes) + ")\n";
   out += "  decode reads " + human_bytes(r.active.decode_per_token()) + " per token (dense " + human_bytes(r.active.dense) +
@@ -86,7 +86,7 @@ std::string format_bench_json(const BenchReport& r) {
   j["params"] = {{"n_prompt", r.params.n_prompt}, {"n_gen", r.params.n_gen}, {"reps", r.params.reps},
                  {"seed", r.params.seed}, {"warmup", r.params.warmup}};
   j["bandwidth"] = {{"triad_gbs", r.bandwidth.triad_gbs}, {"array_bytes", r.bandwidth.array_bytes},
-                    {"threads", r.bandwidth.threads}, {"passes", r.bandwidth.passes}};
+                    {"threads", r.bandwidth.threads}, {"passes", r.bandwidth.passes}, {"source", r.bandwidth.source}};
   j["active_bytes"] = {{"dense", r.active.dense}, {"embd_row", r.active.embd_row}, {"output", r.active.output},
                        {"experts_all", r.active.experts_all}, {"expert_fraction", r.active.expert_fraction},
                        {"decode_per_token", r.active.decode_per_token()},
