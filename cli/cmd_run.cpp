@@ -37,6 +37,7 @@ struct RunOptions {
   bool chat = false;
   bool chatml = false;
   bool no_stats = false;
+  bool no_token_healing = false;
   int ctx = 0;  // 0: prompt + n_predict
   int threads = 0;
 };
@@ -94,6 +95,8 @@ void run_text(const RunOptions& o) {
 
   strata::cli::install_interrupt_handler();
   strata::GenerationParams params;
+  // Raw completions end wherever the user stopped typing: heal the last token (see generate.h).
+  if (!o.chat && !o.no_token_healing) params.healed_prefix = strata::heal_prompt_end(*tokenizer, ids);
   params.max_new_tokens = o.n_predict;
   params.cancel = &strata::cli::interrupt_flag();
   const strata::GenerationResult r =
@@ -122,6 +125,8 @@ void setup_run(CLI::App& sub) {
   sub.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template as one user turn");
   sub.add_flag("--chatml", o->chatml, "with --chat: use ChatML even when the GGUF's template is not recognised");
   sub.add_flag("--no-stats", o->no_stats, "do not print the speed line on stderr");
+  sub.add_flag("--no-token-healing", o->no_token_healing,
+               "feed the prompt's last token as is (default: re-choose it, so a prompt ending mid-merge continues naturally)");
   sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
   sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads; for a text prompt, 1 when the model is under 256 MiB)");
   sub.callback([o, &sub] {

@@ -239,12 +239,15 @@ TEST_F(CliRun, ChatTooLongTurnIsRefusedAndTheChatGoesOn) {
 
 // The Ctrl-C tests run a shell script that sends SIGINT only once generation is visibly under way
 // (waitfor polls a condition, at most 60 s), never on a timer that a busy machine could outrun.
-// `timeout` bounds strata itself, so a broken interrupt fails the test instead of hanging it.
+// A watchdog kills strata after 120 s, so a broken interrupt fails the test instead of hanging it
+// (not `timeout`: it relays only the first SIGINT to its child).
+const char* kWatchdog = "(sleep 120; kill -KILL $pid) >/dev/null 2>&1 &\nwd=$!\n";
+
 RunResult run_script(const std::string& name, const std::string& body) {
   const std::string path = cat(::testing::TempDir(), "/strata_cli_run_", name, "_", ::getpid(), ".sh");
   std::ofstream(path) << "waitfor() { n=0; while ! eval \"$1\" && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; }\n"
                       << "d=$(mktemp -d)\n"
-                      << body << "cat $d/err >&2\nrm -r $d\n";
+                      << body << "kill $wd 2>/dev/null\ncat $d/err >&2\nrm -r $d\n";
   const RunResult r = run_cli_shell("sh " + path);
   std::remove(path.c_str());
   return r;
@@ -252,9 +255,9 @@ RunResult run_script(const std::string& name, const std::string& body) {
 
 TEST_F(CliRun, InterruptStopsRunWithExitCode130) {
   // A long generation, interrupted once text is flowing: stats still printed, exit code 130.
-  const RunResult r = run_script("int_run", cat("timeout 120 ", STRATA_CLI, " run -m ", *model_path_,
+  const RunResult r = run_script("int_run", cat(STRATA_CLI, " run -m ", *model_path_,
                                                 " hello -n 20000 --ctx 20100 --temp 0 > $d/out 2> $d/err &\n",
-                                                "pid=$!\n",
+                                                "pid=$!\n", kWatchdog,
                                                 "waitfor '[ -s $d/out ]'\n",
                                                 "kill -INT $pid\n",
                                                 "wait $pid\n",
@@ -266,9 +269,9 @@ TEST_F(CliRun, InterruptStopsRunWithExitCode130) {
 TEST_F(CliRun, InterruptInChatStopsTheReplyOnly) {
   // Ctrl-C during each of two replies: both stop, the chat reads the next line, /exit leaves with 0.
   const RunResult r = run_script("int_chat", cat("mkfifo $d/in\n",
-                                                 "timeout 120 ", STRATA_CLI, " chat -m ", *model_path_,
+                                                 STRATA_CLI, " chat -m ", *model_path_,
                                                  " --temp 0 -n 20000 --ctx 20100 < $d/in > $d/out 2> $d/err &\n",
-                                                 "pid=$!\n",
+                                                 "pid=$!\n", kWatchdog,
                                                  "exec 3> $d/in\n",
                                                  "echo hello >&3\n",
                                                  "waitfor '[ -s $d/out ]'\n",

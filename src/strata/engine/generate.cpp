@@ -70,6 +70,35 @@ std::string StopStringFilter::flush() {
   return stopped_ ? std::string() : out;
 }
 
+// ---- token healing ----------------------------------------------------------------------------
+
+std::string heal_prompt_end(const Tokenizer& tokenizer, std::vector<int32_t>& prompt) {
+  if (prompt.size() < 2) return "";
+  const int32_t last = prompt.back();
+  if (last < 0 || last >= tokenizer.n_vocab() || tokenizer.is_special(last)) return "";
+  std::string bytes = tokenizer.token_text(last);
+  if (bytes.empty()) return "";
+  prompt.pop_back();
+  return bytes;
+}
+
+namespace {
+
+// Masks every token whose bytes do not start with `prefix` (special tokens included: they have no
+// bytes to continue the user's text with).
+void constrain_to_prefix(const Tokenizer& tokenizer, const std::string& prefix, float* logits, int32_t n_text) {
+  bool any = false;
+  for (int32_t id = 0; id < n_text; ++id) {
+    const std::string& t = tokenizer.token_text(id);
+    const bool ok = !tokenizer.is_special(id) && t.size() >= prefix.size() && t.compare(0, prefix.size(), prefix) == 0;
+    if (!ok) logits[id] = -std::numeric_limits<float>::infinity();
+    any = any || ok;
+  }
+  if (!any) fail("token healing: no token starts with the prompt's last ", prefix.size(), " bytes");
+}
+
+}  // namespace
+
 // ---- the loop ---------------------------------------------------------------------------------
 
 namespace {
@@ -102,6 +131,12 @@ GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler&
   StreamingDetokenizer detok(tokenizer, params.skip_special);
   StopStringFilter filter(params.stop_strings);
   bool emitting = true;  // false once the callback asked to stop
+  size_t healed_to_skip = params.healed_prefix.size();  // prompt bytes the first token repeats
+  auto drop_healed = [&](std::string text) {
+    const size_t n = std::min(healed_to_skip, text.size());
+    healed_to_skip -= n;
+    return text.substr(n);
+  };
   auto emit = [&](const std::string& text) {
     if (text.empty() || !emitting) return;
     r.text += text;
@@ -130,6 +165,7 @@ GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler&
       ++r.stats.decode_steps;
     }
     for (int32_t id = n_text; id < n_vocab; ++id) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    if (i == 0 && !params.healed_prefix.empty()) constrain_to_prefix(tokenizer, params.healed_prefix, logits.data(), n_text);
     const int32_t id = sampler.sample(logits.data(), n_vocab, history);
     if (i == 0) {
       r.stats.ttft_seconds = seconds_since(start);
@@ -141,7 +177,7 @@ GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler&
       r.stop_reason = StopReason::EndOfGeneration;
       break;
     }
-    emit(filter.push(detok.push(id)));
+    emit(filter.push(drop_healed(detok.push(id))));
     if (!emitting) {
       r.stop_reason = StopReason::Cancelled;
       break;
@@ -157,7 +193,7 @@ GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler&
   // What the detokenizer and the stop filter still hold is finished text now (an unfinished UTF-8
   // character at the very end is passed through as its raw bytes).
   if (emitting && !filter.stopped()) {
-    std::string tail = filter.push(detok.flush());
+    std::string tail = filter.push(drop_healed(detok.flush()));
     if (filter.stopped())
       r.stop_reason = StopReason::StopString;
     else

@@ -31,7 +31,18 @@ struct GenerationParams {
   std::vector<std::string> stop_strings;   // empty strings are ignored
   const std::atomic<bool>* cancel = nullptr;  // checked before every forward pass
   bool skip_special = true;  // control tokens (<|im_start|>, ...) produce no text
+  // Token healing: bytes the caller cut from the end of the prompt (see heal_prompt_end). The first
+  // sampled token must start with them, and they are not emitted again (they were the user's text).
+  std::string healed_prefix;
 };
+
+// Token healing for raw completions. A prompt that ends inside what the tokenizer would merge with
+// the next characters (e.g. "def f(n):" where training text always had "):\n" as one token) leaves
+// the model at a token boundary it never saw. Cutting the last prompt token and constraining the
+// first generated token to begin with its bytes lets the model pick the merged token itself.
+// Removes the last token of `prompt` (when the prompt keeps at least one token and the last one is
+// ordinary text) and returns its bytes; returns "" and leaves `prompt` as it was otherwise.
+std::string heal_prompt_end(const Tokenizer& tokenizer, std::vector<int32_t>& prompt);
 
 struct GenerationStats {
   int prompt_tokens = 0;      // tokens prefilled by this call

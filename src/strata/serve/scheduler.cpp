@@ -172,6 +172,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     gp.skip_special = true;
     const GenerationResult r = generate(session, tokenizer_, sampler, suffix, gp, [&](std::string_view piece) {
       job.push_text(piece);
+      if (job.cancelled()) std::fprintf(stderr, "%ld TRACE piece after cancel\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000);
       return !job.cancelled();
     });
     slot.held = job.prompt();
@@ -189,6 +190,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     out.kind = JobOutcome::Kind::Failed;
     out.error = e.what();
   }
+  std::fprintf(stderr, "%ld TRACE run done tokens=%d reason=%d cancelled=%d\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, out.completion_tokens, (int)out.stop_reason, (int)job.cancelled());
   job.finish(std::move(out));
 }
 
