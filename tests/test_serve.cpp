@@ -390,7 +390,6 @@ TEST(ServeQueue, FullQueueIs503AndDisconnectFreesTheSlot) {
   EXPECT_NE(third.head.find("Retry-After"), std::string::npos) << third.head;
   EXPECT_TRUE(has_error_shape(third.body));
   // Both clients vanish: the slot and the queue must empty quickly, long before 3000 tokens.
-  std::fprintf(stderr, "%ld TEST closing\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000);
   close(s1);
   close(s2);
   const auto deadline = Clock::now() + std::chrono::seconds(5);

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 
 #include "strata/base/error.h"
@@ -131,9 +130,7 @@ void Scheduler::work(int index) {
       ++busy_;
     }
     cv_.notify_all();  // the next queued job may now suit another idle slot
-    std::fprintf(stderr, "%ld TRACE start job=%p cancelled=%d\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)job.get(), (int)job->cancelled());
     run(slot, *job);
-    std::fprintf(stderr, "%ld TRACE end job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)job.get());
     {
       std::lock_guard<std::mutex> lock(mutex_);
       slot.running.reset();
@@ -172,7 +169,6 @@ void Scheduler::run(Slot& slot, Job& job) {
     gp.skip_special = true;
     const GenerationResult r = generate(session, tokenizer_, sampler, suffix, gp, [&](std::string_view piece) {
       job.push_text(piece);
-      if (job.cancelled()) std::fprintf(stderr, "%ld TRACE piece after cancel\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000);
       return !job.cancelled();
     });
     slot.held = job.prompt();
@@ -190,7 +186,6 @@ void Scheduler::run(Slot& slot, Job& job) {
     out.kind = JobOutcome::Kind::Failed;
     out.error = e.what();
   }
-  std::fprintf(stderr, "%ld TRACE run done tokens=%d reason=%d cancelled=%d\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, out.completion_tokens, (int)out.stop_reason, (int)job.cancelled());
   job.finish(std::move(out));
 }
 

@@ -17,6 +17,7 @@
 #include "strata/serve/assistant_stream.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
+#include "strata/serve/omp_wait_policy.h"
 #include "strata/serve/requests.h"
 #include "strata/serve/responses.h"
 #include "strata/serve/scheduler.h"
@@ -98,6 +99,7 @@ class ApiServer {
   httplib::Server http_;
   Metrics metrics_;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> listener_ended_{false};
   std::atomic<bool> load_failed_{false};
   std::string load_error_;
   std::unique_ptr<Model> model_;
@@ -280,7 +282,6 @@ void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
         // Nothing new: an SSE comment, which clients ignore; a failed write is how a vanished client shows.
         if (out.empty()) out = ": keep-alive\n\n";
         if (!sink.write(out.data(), out.size())) {
-          std::fprintf(stderr, "%ld TRACE write failed job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (void*)st->job.get());
           st->job->cancel();
           return false;
         }
@@ -288,7 +289,6 @@ void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
         return true;
       },
       [st](bool success) {
-        std::fprintf(stderr, "%ld TRACE releaser success=%d job=%p\n", (long)(std::chrono::steady_clock::now().time_since_epoch().count()/1000000)%100000, (int)success, (void*)st->job.get());
         if (!success) st->job->cancel();  // the client went away (or the write failed): free the slot
       });
 }
@@ -499,9 +499,12 @@ void ApiServer::install_routes() {
 
 // Runs beside the listener: on SIGINT/SIGTERM it stops taking new work, lets running requests finish
 // (for up to the grace period), cancels what is left, then stops the listener.
+// It waits on its own flag for the listener's end, not on http_.is_running(): that turns true only once
+// listen_after_bind() has started, and a watcher that looked before then used to return at once,
+// leaving SIGTERM unanswered.
 void ApiServer::watch_for_stop() {
-  while (!g_stop_requested.load() && http_.is_running()) std::this_thread::sleep_for(50ms);
-  if (!g_stop_requested.load()) return;  // the listener ended by itself
+  while (!g_stop_requested.load() && !listener_ended_.load()) std::this_thread::sleep_for(50ms);
+  if (listener_ended_.load()) return;  // the listener ended by itself
   if (ready_.load()) {
     std::fprintf(stderr, "strata serve: stopping (finishing running requests)\n");
     scheduler_->stop_accepting();
@@ -513,7 +516,12 @@ void ApiServer::watch_for_stop() {
     // Let the streams that just ended write their last events before the sockets close.
     std::this_thread::sleep_for(200ms);
   }
-  http_.stop();
+  // stop() does nothing while the listener has not started yet (a signal or a failed load right
+  // after bind), so it is repeated until the listener has ended.
+  while (!listener_ended_.load()) {
+    http_.stop();
+    std::this_thread::sleep_for(50ms);
+  }
 }
 
 int ApiServer::run() {
@@ -543,7 +551,7 @@ int ApiServer::run() {
   std::thread loader([this] { load(); });
   std::thread watcher([this] { watch_for_stop(); });
   const bool listened = http_.listen_after_bind();
-  g_stop_requested.store(true);  // the watcher returns if the listener ended on its own
+  listener_ended_.store(true);
   watcher.join();
   loader.join();
   scheduler_.reset();
@@ -556,6 +564,7 @@ int ApiServer::run() {
 }  // namespace
 
 int run_server(const ServeOptions& options) {
+  use_passive_omp_waits();  // may re-execute the process; see omp_wait_policy.h
   ApiServer server(options);
   return server.run();
 }
