@@ -1,15 +1,16 @@
-// `strata serve -m MODEL [--host H] [--port P] [--slots N] [--ctx N] [--api-key K] [--model-name NAME]`:
+// `strata serve [-m MODEL] [--host H] [--port P] [--slots N] [--ctx N] [--api-key K] [--model-name NAME]`:
 // an OpenAI-compatible HTTP server (docs/API.md).
 #include <memory>
 
 #include "cli/command.h"
+#include "cli/generation_cli.h"
 #include "strata/serve/server.h"
 
 namespace {
 
 void setup_serve(CLI::App& sub) {
   auto o = std::make_shared<strata::serve::ServeOptions>();
-  sub.add_option("-m,--model", o->model_path, "GGUF model file")->required();
+  sub.add_option("-m,--model", o->model_path, "GGUF model file (default: the bundled model)");
   sub.add_option("--host", o->host, "address to listen on (default 127.0.0.1)");
   sub.add_option("--port", o->port, "TCP port (default 8080)");
   sub.add_option("--slots", o->slots, "concurrent sequences (default 1)");
@@ -22,7 +23,10 @@ void setup_serve(CLI::App& sub) {
   sub.add_option("--timeout", o->timeout_s, "seconds a connection may stall on read or write (default 30)");
   sub.add_option("--shutdown-grace", o->shutdown_grace_s,
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
-  sub.callback([o] { strata::cli::set_exit_code(strata::serve::run_server(*o)); });
+  sub.callback([o] {
+    o->model_path = strata::cli::resolve_model_path(o->model_path);
+    strata::cli::set_exit_code(strata::serve::run_server(*o));
+  });
 }
 
 const bool registered = strata::cli::register_command("serve", "Serve the model over an OpenAI-compatible HTTP API", setup_serve);
