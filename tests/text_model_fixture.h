@@ -5,6 +5,8 @@
 // the ChatML markers are real special tokens, which is what the generation plumbing needs.
 #pragma once
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 
@@ -47,13 +49,15 @@ inline Vocab byte_vocab(int32_t n_vocab) {
   return v;
 }
 
-// Converts the fixture (once per process) and writes `<dir>/<name>.gguf` with the tokenizer above.
+// Converts the fixture (once per process) and writes `<dir>/<name>-<pid>.gguf` with the tokenizer above.
+// The pid keeps the tests of one executable, which ctest runs as parallel processes, off each other's files.
 // with_tokenizer = false leaves the converted file as is (no tokenizer.* keys).
 inline std::string make_text_model(const std::string& name, bool with_tokenizer = true) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test_tmp";
   fs::create_directories(dir);
-  const std::string plain = (dir / (name + "_plain.gguf")).string();
+  const std::string tag = name + "-" + std::to_string(::getpid());
+  const std::string plain = (dir / (tag + "_plain.gguf")).string();
   convert::ConvertOptions opt;
   opt.hf_dir = fixture_dir();
   opt.out_path = plain;
@@ -61,7 +65,7 @@ inline std::string make_text_model(const std::string& name, bool with_tokenizer 
   convert::convert_hf_to_gguf(opt);
   if (!with_tokenizer) return plain;
 
-  const std::string out = (dir / (name + ".gguf")).string();
+  const std::string out = (dir / (tag + ".gguf")).string();
   {
     const GgufFile in = GgufFile::open(plain);
     GgufWriter w;
