@@ -13,37 +13,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_runner.h"
 #include "gguf_test_util.h"
 #include "strata/base/error.h"
 #include "strata/gguf/writer.h"
 
 using namespace strata;
+using strata::testing_cli::RunResult;
+using strata::testing_cli::run_cli;
 
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-RunResult run_cli(const std::string& args) {
-  const std::string err_path = cat(testing::TempDir(), "/strata_cli_inspect_", ::getpid(), ".err");
-  const std::string cmd = std::string(STRATA_CLI) + " " + args + " 2>" + err_path;
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  std::remove(err_path.c_str());
-  return r;
-}
 
 // Byte sizes from the block geometry of the public spec, computed here rather than by strata:
 // q8_0 blocks are 34 bytes per 32 weights, q4_0 18 bytes per 32, f32 4 bytes per weight.

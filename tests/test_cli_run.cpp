@@ -21,38 +21,16 @@
 #include "strata/gguf/writer.h"
 #include "strata/text/chat_template.h"
 #include "strata/text/tokenizer.h"
+#include "cli_runner.h"
 #include "text_model_fixture.h"
 
 using namespace strata;
+using strata::testing_cli::RunResult;
+using strata::testing_cli::run_cli;
+using strata::testing_cli::run_shell;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs `strata ARGS` (through sh, so ARGS may hold a redirection), capturing stdout and stderr.
-RunResult run_cli(const std::string& args, const std::string& env = "") {
-  const std::string err_path = cat(::testing::TempDir(), "/strata_cli_run_", ::getpid(), ".err");
-  const std::string cmd = env + " " + std::string(STRATA_CLI) + " " + args + " 2>" + err_path;
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  std::remove(err_path.c_str());
-  return r;
-}
-
 
 int count_lines(const std::string& s) {
   int n = 0;
@@ -61,25 +39,6 @@ int count_lines(const std::string& s) {
 }
 
 // "prompt: N tok, X tok/s | decode: M tok, Y tok/s | ttft: Z ms" -> N, M (or -1, -1).
-// Runs a whole shell command line, capturing stdout and stderr.
-RunResult run_cli_shell(const std::string& cmd) {
-  const std::string err_path = cat(::testing::TempDir(), "/strata_cli_run_sh_", ::getpid(), ".err");
-  RunResult r;
-  FILE* p = ::popen((cmd + " 2>" + err_path).c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  std::remove(err_path.c_str());
-  return r;
-}
-
 std::pair<int, int> parse_stats(const std::string& line) {
   static const std::regex re(R"(prompt: (\d+) tok, [0-9.]+ tok/s \| decode: (\d+) tok, [0-9.]+ tok/s \| ttft: \d+ ms)");
   std::smatch m;
@@ -250,7 +209,7 @@ RunResult run_script(const std::string& name, const std::string& body) {
   std::ofstream(path) << "waitfor() { n=0; while ! eval \"$1\" && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; }\n"
                       << "d=$(mktemp -d)\n"
                       << body << "kill $wd 2>/dev/null\ncat $d/err >&2\nrm -r $d\n";
-  const RunResult r = run_cli_shell("sh " + path);
+  const RunResult r = run_shell("sh " + path);
   std::remove(path.c_str());
   return r;
 }
