@@ -11,6 +11,7 @@
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_model.h"
+#include "strata/cuda/device_state.h"
 #include "strata/cuda/kernels.h"
 
 namespace strata::cuda {
@@ -36,30 +37,19 @@ std::string device_description() {
   return cat(p.name, " (cc ", p.major, ".", p.minor, ", ", buf, ")");
 }
 
-namespace {
-
-struct LayerBuffers {
-  float* k = nullptr;  // full attention: [max_ctx x kv_width]
-  float* v = nullptr;
-  float* conv = nullptr;  // DeltaNet: [(K-1) x channels]
-  float* ssm = nullptr;   // [v_heads x dk x dv]
-};
-
-}  // namespace
-
 struct GpuSession::Impl {
   const Model& model;
   const ModelConfig& c;
   DeviceModel dm;
   GpuSessionOptions opt;
   int max_ctx;
-  int n_past = 0;
+  DeviceSequenceState st;
+  int& n_past;  // st.n_past
   cudaStream_t stream = nullptr;
   cudaGraphExec_t graph = nullptr;
 
   std::vector<void*> allocs;
   size_t state_bytes = 0;
-  std::vector<LayerBuffers> layers;
   // io[0] = token, io[1] = position (device copy of the pinned host pair).
   int* d_io = nullptr;
   int* h_io = nullptr;  // pinned
@@ -70,8 +60,8 @@ struct GpuSession::Impl {
   int* ids;
   float* logits;
 
-  Impl(const Model& m, int ctx, GpuSessionOptions o) : model(m), c(m.config()), dm(m), opt(o), max_ctx(ctx) {
-    if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  Impl(const Model& m, int ctx, GpuSessionOptions o)
+      : model(m), c(m.config()), dm(m), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
     try {
       allocate();
     } catch (...) {
@@ -107,35 +97,6 @@ struct GpuSession::Impl {
     x = dalloc<float>(d);
     xn = dalloc<float>(d);
     y = dalloc<float>(d);
-    layers.resize(static_cast<size_t>(c.n_layer));
-    const bool any_attn = c.n_full_attention_layers() > 0, any_dn = c.n_deltanet_layers() > 0;
-    if (any_attn) {
-      q = dalloc<float>(static_cast<size_t>(c.n_head) * q_stride_head());
-      kk = dalloc<float>(kv_width());
-      vv = dalloc<float>(kv_width());
-      o = dalloc<float>(static_cast<size_t>(c.n_head) * c.head_dim);
-      scores = dalloc<float>(static_cast<size_t>(c.n_head) * max_ctx);
-    }
-    if (any_dn) {
-      const size_t ch = static_cast<size_t>(c.ssm_conv_channels());
-      const size_t vdim = static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_v;
-      qkv = dalloc<float>(ch);
-      mixed = dalloc<float>(ch);
-      z = dalloc<float>(vdim);
-      b = dalloc<float>(c.ssm_v_heads);
-      alpha = dalloc<float>(c.ssm_v_heads);
-      o2 = dalloc<float>(vdim);
-    }
-    for (int il = 0; il < c.n_layer; ++il) {
-      LayerBuffers& L = layers[il];
-      if (c.layer_kinds[il] == LayerKind::FullAttention) {
-        L.k = dalloc<float>(static_cast<size_t>(max_ctx) * kv_width());
-        L.v = dalloc<float>(static_cast<size_t>(max_ctx) * kv_width());
-      } else {
-        L.conv = dalloc<float>(static_cast<size_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels());
-        L.ssm = dalloc<float>(static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v);
-      }
-    }
     const size_t k = static_cast<size_t>(c.n_expert_used);
     router = dalloc<float>(c.n_expert);
     ids = dalloc<int>(k);
@@ -164,7 +125,7 @@ struct GpuSession::Impl {
     stream = nullptr;
   }
 
-  void attention(const DevLayer& D, LayerBuffers& L) {
+  void attention(const DevLayer& D, DeviceLayerState& L) {
     const DevAttention& w = D.attn;
     const int hd = c.head_dim;
     const int* pos = d_io + 1;
@@ -182,7 +143,7 @@ struct GpuSession::Impl {
     matvec(w.o, o, y, stream);
   }
 
-  void deltanet(const DevLayer& D, LayerBuffers& L) {
+  void deltanet(const DevLayer& D, DeviceLayerState& L) {
     const DevDeltaNet& w = D.deltanet;
     matvec(w.qkv, xn, qkv, stream);
     matvec(w.gate, xn, z, stream);
@@ -220,9 +181,9 @@ struct GpuSession::Impl {
       const DevLayer& D = dm.layers[il];
       rmsnorm_rows(x, D.attn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
       if (D.kind == LayerKind::FullAttention) {
-        attention(D, layers[il]);
+        attention(D, st.layers[il]);
       } else {
-        deltanet(D, layers[il]);
+        deltanet(D, st.layers[il]);
       }
       add_inplace(x, y, c.n_embd, stream);
       rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
@@ -305,18 +266,7 @@ int32_t GpuSession::decode_argmax(int32_t token) {
 
 void GpuSession::reset() {
   Impl& m = *impl_;
-  m.n_past = 0;
-  // The KV cache needs no clearing (positions >= n_past are written before being read).
-  for (const LayerBuffers& L : m.layers) {
-    if (L.conv)
-      check_cuda(cudaMemsetAsync(L.conv, 0, sizeof(float) * static_cast<size_t>(m.c.ssm_conv_kernel - 1) *
-                                                m.c.ssm_conv_channels(), m.stream),
-                 "reset");
-    if (L.ssm)
-      check_cuda(cudaMemsetAsync(L.ssm, 0, sizeof(float) * static_cast<size_t>(m.c.ssm_v_heads) * m.c.ssm_head_k *
-                                               m.c.ssm_head_v, m.stream),
-                 "reset");
-  }
+  m.st.reset(m.stream);
   m.sync();
 }
 
@@ -324,7 +274,7 @@ int GpuSession::n_past() const { return impl_->n_past; }
 int GpuSession::max_ctx() const { return impl_->max_ctx; }
 const Model& GpuSession::model() const { return impl_->model; }
 size_t GpuSession::weight_bytes() const { return impl_->dm.bytes(); }
-size_t GpuSession::state_bytes() const { return impl_->state_bytes; }
+size_t GpuSession::state_bytes() const { return impl_->state_bytes + impl_->st.bytes(); }
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options) {
   return std::make_unique<GpuSession>(model, max_ctx, options);

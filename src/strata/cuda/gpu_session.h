@@ -26,6 +26,11 @@ std::string device_description();
 
 struct GpuSessionOptions {
   bool use_graph = true;  // capture the decode step once and replay it (false: launch kernels each step)
+  // Hybrid mode (issue 8). Empty: every expert is resident on the GPU. Otherwise [layer][expert] -> slot
+  // in that layer's GPU expert stack (slots 0..n_hot-1 in ascending expert id), or -1: a cold expert,
+  // computed on the CPU from the mapped GGUF and never uploaded.
+  std::vector<std::vector<int>> expert_slots;
+  int cpu_threads = 0;  // CPU workers for cold experts (0: a default from the core count)
 };
 
 class GpuSession {

@@ -1,0 +1,72 @@
+#include "strata/cuda/device_state.h"
+
+#include "strata/base/error.h"
+#include "strata/cuda/cuda_check.h"
+
+namespace strata::cuda {
+namespace {
+
+size_t conv_floats(const ModelConfig& c) {
+  return static_cast<size_t>(c.ssm_conv_kernel - 1) * static_cast<size_t>(c.ssm_conv_channels());
+}
+size_t ssm_floats(const ModelConfig& c) {
+  return static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
+}
+size_t kv_floats(const ModelConfig& c, int max_ctx) {
+  return static_cast<size_t>(max_ctx) * c.n_head_kv * c.head_dim;
+}
+
+}  // namespace
+
+size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx) {
+  size_t n = 0;
+  for (int il = 0; il < c.n_layer; ++il)
+    n += c.layer_kinds[il] == LayerKind::FullAttention ? 2 * kv_floats(c, max_ctx) : conv_floats(c) + ssm_floats(c);
+  return n * sizeof(float);
+}
+
+DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx) : c_(c), max_ctx_(max_ctx) {
+  if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  auto alloc = [&](size_t floats) {
+    void* p = nullptr;
+    const size_t bytes = (floats == 0 ? 1 : floats) * sizeof(float);
+    const cudaError_t st = cudaMalloc(&p, bytes);
+    if (st != cudaSuccess)
+      fail("CUDA backend: cannot allocate ", bytes, " bytes for the sequence state (context ", max_ctx, "): ",
+           cudaGetErrorString(st));
+    allocs_.push_back(p);
+    bytes_ += bytes;
+    check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
+    return static_cast<float*>(p);
+  };
+  try {
+    layers.resize(static_cast<size_t>(c.n_layer));
+    for (int il = 0; il < c.n_layer; ++il) {
+      DeviceLayerState& L = layers[il];
+      if (c.layer_kinds[il] == LayerKind::FullAttention) {
+        L.k = alloc(kv_floats(c, max_ctx));
+        L.v = alloc(kv_floats(c, max_ctx));
+      } else {
+        L.conv = alloc(conv_floats(c));
+        L.ssm = alloc(ssm_floats(c));
+      }
+    }
+  } catch (...) {
+    for (void* p : allocs_) cudaFree(p);
+    throw;
+  }
+}
+
+DeviceSequenceState::~DeviceSequenceState() {
+  for (void* p : allocs_) cudaFree(p);
+}
+
+void DeviceSequenceState::reset(cudaStream_t s) {
+  n_past = 0;
+  for (const DeviceLayerState& L : layers) {
+    if (L.conv) check_cuda(cudaMemsetAsync(L.conv, 0, sizeof(float) * conv_floats(c_), s), "reset conv state");
+    if (L.ssm) check_cuda(cudaMemsetAsync(L.ssm, 0, sizeof(float) * ssm_floats(c_), s), "reset DeltaNet state");
+  }
+}
+
+}  // namespace strata::cuda
