@@ -12,6 +12,7 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
+#include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/kernels.h"
 
 namespace strata::cuda {
@@ -47,6 +48,7 @@ struct GpuSession::Impl {
   int& n_past;  // st.n_past
   cudaStream_t stream = nullptr;
   cudaGraphExec_t graph = nullptr;
+  std::unique_ptr<HybridMoe> hybrid;  // set when opt.expert_slots is not empty
 
   std::vector<void*> allocs;
   size_t state_bytes = 0;
@@ -156,7 +158,8 @@ struct GpuSession::Impl {
     matvec(w.out, o2, y, stream);
   }
 
-  void moe(const DevMoe& w) {
+  void moe(int il, const DevMoe& w) {
+    if (hybrid) return hybrid->enqueue_decode(il, xn, x, stream);  // issue 8: hot/cold experts
     const int k = c.n_expert_used;
     matvec(w.router, xn, router, stream);
     route_topk(router, c.n_expert, k, c.norm_topk, ids, wts, stream);
@@ -187,7 +190,7 @@ struct GpuSession::Impl {
       }
       add_inplace(x, y, c.n_embd, stream);
       rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-      moe(D.moe);
+      moe(il, D.moe);
     }
     rmsnorm_rows(x, dm.output_norm, c.rms_eps, 1, c.n_embd, xn, stream);
     matvec(dm.output, xn, logits, stream);
