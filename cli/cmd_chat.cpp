@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
 #include "strata/base/error.h"
@@ -34,6 +35,7 @@ struct ChatCliOptions {
   int n_predict = 1024;
   int ctx = 0;  // 0: the model's training context, at most 4096
   int threads = 0;
+  strata::cli::BackendOptions backend;
   strata::cli::SamplingOptions sampling;
 };
 
@@ -127,7 +129,8 @@ void run_chat(const ChatCliOptions& o) {
 
   const int train_ctx = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
   const int ctx = o.ctx > 0 ? o.ctx : std::min(train_ctx, 4096);
-  strata::Session session(*model, ctx);
+  auto session_ptr = strata::cli::make_sequence(*model, ctx, o.backend);
+  strata::Sequence& session = *session_ptr;
 
   strata::ChatOptions render_options;
   if (o.think) render_options.enable_thinking = true;
@@ -245,6 +248,7 @@ void setup_chat(CLI::App& sub) {
   sub.add_option("--ctx", o->ctx, "context size in tokens (default: the model's, at most 4096)");
   sub.add_option("--threads", o->threads, "CPU threads (default: 1 for a model under 256 MiB, else all hardware threads)");
   strata::cli::add_sampling_options(sub, o->sampling);
+  strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o] { run_chat(*o); });
 }
 

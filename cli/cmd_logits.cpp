@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "strata/base/error.h"
 #include "strata/engine/cli_support.h"
@@ -18,6 +19,7 @@ struct LogitsOptions {
   std::string tokens;
   std::string out;
   int threads = 0;
+  strata::cli::BackendOptions backend;
 };
 
 void run_logits(const LogitsOptions& o) {
@@ -26,9 +28,9 @@ void run_logits(const LogitsOptions& o) {
   strata::set_cpu_threads(o.threads);
   auto model = strata::Model::load(o.model);
   const int64_t vocab = model->config().n_vocab;
-  strata::Session session(*model, static_cast<int>(ids.size()));
+  auto session = strata::cli::make_sequence(*model, static_cast<int>(ids.size()), o.backend);
   std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
-  session.forward(ids.data(), static_cast<int>(ids.size()), logits.data(), true);
+  session->forward(ids.data(), static_cast<int>(ids.size()), logits.data(), true);
 
   // The host is little-endian (x86-64 / aarch64), so the floats are written as they lie in memory.
   std::FILE* f = std::fopen(o.out.c_str(), "wb");
@@ -44,6 +46,7 @@ void setup_logits(CLI::App& sub) {
   sub.add_option("--tokens", o->tokens, "comma-separated token ids, run as one prompt")->required();
   sub.add_option("--out", o->out, "output file: float32 logits [n_tokens x n_vocab]")->required();
   sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
+  strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o] { run_logits(*o); });
 }
 

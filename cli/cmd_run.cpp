@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
 #include "strata/base/error.h"
@@ -40,6 +41,7 @@ struct RunOptions {
   bool no_token_healing = false;
   int ctx = 0;  // 0: prompt + n_predict
   int threads = 0;
+  strata::cli::BackendOptions backend;
 };
 
 // Prompt given as token ids: greedy continuation, ids printed on one line.
@@ -54,8 +56,8 @@ void run_token_ids(const RunOptions& o) {
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
   const int needed = static_cast<int>(prompt.size()) + o.n_predict;
   const int ctx = o.ctx > 0 ? o.ctx : needed;
-  strata::Session session(*model, ctx);
-  const std::vector<int32_t> ids = strata::generate_greedy(session, prompt, o.n_predict);
+  auto session = strata::cli::make_sequence(*model, ctx, o.backend);
+  const std::vector<int32_t> ids = strata::generate_greedy(*session, prompt, o.n_predict);
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) line += strata::cat(i ? "," : "", ids[i]);
   std::printf("%s\n", line.c_str());
@@ -91,7 +93,7 @@ void run_text(const RunOptions& o) {
   const int ctx = o.ctx > 0 ? o.ctx : n_prompt + std::max(o.n_predict, 1);
   if (n_prompt > ctx)
     strata::fail("prompt of ", n_prompt, " tokens exceeds the context of ", ctx, "; pass a larger --ctx");
-  strata::Session session(*model, ctx);
+  auto session = strata::cli::make_sequence(*model, ctx, o.backend);
 
   strata::cli::install_interrupt_handler();
   strata::GenerationParams params;
@@ -100,7 +102,7 @@ void run_text(const RunOptions& o) {
   params.max_new_tokens = o.n_predict;
   params.cancel = &strata::cli::interrupt_flag();
   const strata::GenerationResult r =
-      strata::generate(session, *tokenizer, sampler, ids, params, [](std::string_view piece) {
+      strata::generate(*session, *tokenizer, sampler, ids, params, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
         return true;
@@ -129,6 +131,7 @@ void setup_run(CLI::App& sub) {
                "feed the prompt's last token as is (default: re-choose it, so a prompt ending mid-merge continues naturally)");
   sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
   sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads; for a text prompt, 1 when the model is under 256 MiB)");
+  strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o, &sub] {
     o->temp_given = sub.get_option("--temp")->count() > 0;
     if (!o->prompt_tokens.empty()) {

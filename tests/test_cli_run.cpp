@@ -160,6 +160,10 @@ TEST_F(CliRun, ActionableErrors) {
   expect_clear_error(run_cli("run -m " + *model_path_ + " ''"), {"no prompt"});
   expect_clear_error(run_cli("chat -m " + *plain_path_ + " < /dev/null"), {"no tokenizer"});
 
+  // --gpu on a machine (or build) without a usable GPU: one line saying why, never a silent CPU run.
+  // CUDA_VISIBLE_DEVICES= hides any GPU, so this holds on the GPU machine too.
+  expect_clear_error(run_cli("run -m " + *model_path_ + " hello --gpu", "CUDA_VISIBLE_DEVICES="), {"--gpu:"});
+
   // No -m and no bundled model to be found: says where it looked and how to pass one.
   expect_clear_error(run_cli("run hello", "STRATA_MODEL=" + dir + "/nowhere.gguf"), {"STRATA_MODEL", "nowhere.gguf"});
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/engine/model.h"
+#include "strata/engine/sequence.h"
 
 namespace strata::cuda {
 
@@ -33,27 +34,27 @@ struct GpuSessionOptions {
   int cpu_threads = 0;  // CPU workers for cold experts (0: a default from the core count)
 };
 
-class GpuSession {
+class GpuSession : public Sequence {
  public:
   // Uploads the model's weights (fails on an unsupported weight type, naming the tensor) and allocates
   // the KV cache / DeltaNet state for max_ctx tokens and every workspace.
   GpuSession(const Model& model, int max_ctx, GpuSessionOptions options = {});
-  ~GpuSession();
+  ~GpuSession() override;
   GpuSession(const GpuSession&) = delete;
   GpuSession& operator=(const GpuSession&) = delete;
 
   // As Session::forward: runs n tokens after the ones already seen; logits_out receives [n x n_vocab]
   // floats when all_positions, else [n_vocab] for the last token. Fails (strata::Error) when the tokens
   // would exceed the context or an id is out of range; the state is unchanged then.
-  void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions);
+  void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) override;
 
   // Runs one token and returns the arg-max of its logits, computed on the GPU (no logits copy).
   int32_t decode_argmax(int32_t token);
 
-  void reset();
-  int n_past() const;
-  int max_ctx() const;
-  const Model& model() const;
+  void reset() override;
+  int n_past() const override;
+  int max_ctx() const override;
+  const Model& model() const override;
   size_t weight_bytes() const;    // bytes of weights in GPU memory
   size_t state_bytes() const;     // KV cache, DeltaNet state and workspaces
 

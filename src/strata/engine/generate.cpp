@@ -106,7 +106,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler& sampler,
                           const std::vector<int32_t>& prompt, const GenerationParams& params,
                           const PieceCallback& on_piece) {
   const auto start = Clock::now();

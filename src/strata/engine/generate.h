@@ -74,7 +74,7 @@ using PieceCallback = std::function<bool(std::string_view piece)>;
 // samples up to params.max_new_tokens tokens. The sampler's penalties see prompt + generated ids.
 // Throws strata::Error when the prompt is empty, or when it does not fit in the context:
 // "prompt of N tokens exceeds the context of M" (N counts what the session already holds).
-GenerationResult generate(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler& sampler,
                           const std::vector<int32_t>& prompt, const GenerationParams& params,
                           const PieceCallback& on_piece);
 

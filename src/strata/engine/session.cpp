@@ -16,9 +16,21 @@ void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
       fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
   switch (c.arch) {
-    case Arch::Qwen3Moe: forward_qwen3moe(model_, state_, tokens, n, logits_out, all_positions); break;
-    case Arch::Qwen35Moe: forward_qwen35moe(model_, state_, tokens, n, logits_out, all_positions); break;
+    case Arch::Qwen3Moe: forward_qwen3moe(model_, state_, tokens, n, logits_out, all_positions, routing_counts_); break;
+    case Arch::Qwen35Moe:
+      forward_qwen35moe(model_, state_, tokens, n, logits_out, all_positions, routing_counts_);
+      break;
   }
+  if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
+}
+
+void Session::set_routing_counts(RoutingCounts* counts) {
+  const ModelConfig& c = model_.config();
+  if (counts && counts->empty() && counts->n_layer == 0) counts->reset(c.n_layer, c.n_expert);
+  if (counts && (counts->n_layer != c.n_layer || counts->n_expert != c.n_expert))
+    fail("routing counts of ", counts->n_layer, " layers x ", counts->n_expert, " experts do not fit the model (",
+         c.n_layer, " x ", c.n_expert, ")");
+  routing_counts_ = counts;
 }
 
 int32_t argmax(const float* x, int64_t n) {
@@ -28,7 +40,7 @@ int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
-std::vector<int32_t> generate_greedy(Session& session, const std::vector<int32_t>& prompt, int n_new) {
+std::vector<int32_t> generate_greedy(Sequence& session, const std::vector<int32_t>& prompt, int n_new) {
   const int64_t vocab = session.model().config().n_vocab;
   std::vector<float> logits(static_cast<size_t>(vocab));
   std::vector<int32_t> out;

@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "strata/engine/model.h"
+#include "strata/engine/sequence.h"
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence_state.h"
 
 namespace strata {
 
-class Session {
+class Session : public Sequence {
  public:
   // max_ctx: the most tokens this sequence may hold (the KV cache is sized to it).
   Session(const Model& model, int max_ctx);
@@ -19,22 +21,29 @@ class Session {
   // logits_out receives [n x n_vocab] floats when all_positions, else [n_vocab] for the last token.
   // Fails (strata::Error) when the tokens would exceed the context or an id is out of range;
   // the state is unchanged then.
-  void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions);
+  void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) override;
 
-  void reset() { state_.reset(); }
-  int n_past() const { return state_.n_past; }
-  int max_ctx() const { return state_.max_ctx; }
-  const Model& model() const { return model_; }
+  void reset() override { state_.reset(); }
+  int n_past() const override { return state_.n_past; }
+  int max_ctx() const override { return state_.max_ctx; }
+  const Model& model() const override { return model_; }
   SequenceState& state() { return state_; }
+
+  // Routing statistics (issue 8): while set, every forward adds one pick per (token, chosen expert) and
+  // n tokens to *counts. nullptr (the default) turns counting off at no cost. An empty table is sized to
+  // the model; a table of another shape is refused. The caller owns it and must keep it alive while set.
+  void set_routing_counts(RoutingCounts* counts);
+  RoutingCounts* routing_counts() const { return routing_counts_; }
 
  private:
   const Model& model_;
   SequenceState state_;
+  RoutingCounts* routing_counts_ = nullptr;
 };
 
 // Greedy continuation: runs the prompt (from the session's current position), then picks the arg-max
 // token n_new times (ties: lowest id), feeding each back. Returns the generated ids (prompt excluded).
-std::vector<int32_t> generate_greedy(Session& session, const std::vector<int32_t>& prompt, int n_new);
+std::vector<int32_t> generate_greedy(Sequence& session, const std::vector<int32_t>& prompt, int n_new);
 
 // Index of the largest value (lowest index among equals).
 int32_t argmax(const float* x, int64_t n);
