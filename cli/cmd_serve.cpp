@@ -2,8 +2,10 @@
 // an OpenAI-compatible HTTP server (docs/API.md).
 #include <memory>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
+#include "strata/base/error.h"
 #include "strata/serve/server.h"
 
 namespace {
@@ -23,8 +25,16 @@ void setup_serve(CLI::App& sub) {
   sub.add_option("--timeout", o->timeout_s, "seconds a connection may stall on read or write (default 30)");
   sub.add_option("--shutdown-grace", o->shutdown_grace_s,
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
-  sub.callback([o] {
+  auto backend = std::make_shared<strata::cli::BackendOptions>();
+  strata::cli::add_backend_options(sub, *backend);
+  sub.callback([o, backend] {
     o->model_path = strata::cli::resolve_model_path(o->model_path);
+    if (backend->gpu) {
+      // Each GPU session uploads its own copy of the weights today, so the GPU serves one slot.
+      if (o->slots != 1) strata::fail("serve --gpu runs one slot for now (got --slots ", o->slots, ")");
+      o->backend = "gpu";
+      o->make_sequence = [backend](const strata::Model& m, int ctx) { return strata::cli::make_sequence(m, ctx, *backend); };
+    }
     strata::cli::set_exit_code(strata::serve::run_server(*o));
   });
 }

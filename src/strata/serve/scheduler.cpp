@@ -1,5 +1,7 @@
 #include "strata/serve/scheduler.h"
 
+#include "strata/engine/session.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -32,7 +34,9 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
   if (config_.queue_limit < 0) fail("--queue must be >= 0, got ", config_.queue_limit);
   if (config_.ctx < 2) fail("--ctx must be >= 2, got ", config_.ctx);
   slots_.resize(static_cast<size_t>(config_.slots));
-  for (Slot& s : slots_) s.session = std::make_unique<Session>(model_, config_.ctx);
+  for (Slot& s : slots_)
+    s.session = config_.make_sequence ? config_.make_sequence(model_, config_.ctx)
+                                      : std::unique_ptr<Sequence>(std::make_unique<Session>(model_, config_.ctx));
   for (int i = 0; i < config_.slots; ++i) workers_.emplace_back([this, i] { work(i); });
 }
 
@@ -151,7 +155,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     return;
   }
   const RequestParams& p = job.params();
-  Session& session = *slot.session;
+  Sequence& session = *slot.session;
   size_t reuse = uses_penalties(p.sampler) ? 0 : reusable_prefix(slot.held, job.prompt());
   if (reuse == 0 || static_cast<size_t>(session.n_past()) != slot.held.size()) {
     reuse = 0;

@@ -1,4 +1,4 @@
-// A fixed number of sequence slots, each a worker thread owning one Session (its KV cache and
+// A fixed number of sequence slots, each a worker thread owning one Sequence (CPU Session or GPU session) (its KV cache and
 // recurrent state) over the shared read-only Model, and a bounded queue of jobs waiting for a slot.
 // A slot keeps the tokens of its last sequence, so a request that extends it (the next turn of a
 // chat) only runs the new tokens.
@@ -6,13 +6,14 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "strata/engine/model.h"
-#include "strata/engine/session.h"
+#include "strata/engine/sequence.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
 #include "strata/text/tokenizer.h"
@@ -24,6 +25,8 @@ struct SchedulerConfig {
   int queue_limit = 4;       // jobs that may wait beyond the busy slots
   int ctx = 4096;            // tokens per slot
   int threads_per_slot = 1;  // OpenMP threads each slot's forward passes use
+  // Makes each slot's sequence (default: a CPU Session); serve --gpu passes a GPU one.
+  std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
 };
 
 class Scheduler {
@@ -46,7 +49,7 @@ class Scheduler {
 
  private:
   struct Slot {
-    std::unique_ptr<Session> session;
+    std::unique_ptr<Sequence> session;
     std::vector<int32_t> held;  // the tokens the session holds
     std::shared_ptr<Job> running;
   };

@@ -131,9 +131,10 @@ void ApiServer::load() {
     sc.queue_limit = opt_.queue;
     sc.ctx = ctx_;
     sc.threads_per_slot = std::max(1, hw / opt_.slots);
+    sc.make_sequence = opt_.make_sequence;
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, sc, metrics_);
-    std::fprintf(stderr, "strata serve: model '%s' ready (%d slots x %d tokens, queue %d, %d threads per slot)\n",
-                 opt_.model_name.c_str(), sc.slots, sc.ctx, sc.queue_limit, sc.threads_per_slot);
+    std::fprintf(stderr, "strata serve: model '%s' ready on %s (%d slots x %d tokens, queue %d, %d threads per slot)\n",
+                 opt_.model_name.c_str(), opt_.backend.c_str(), sc.slots, sc.ctx, sc.queue_limit, sc.threads_per_slot);
     ready_.store(true);
   } catch (const std::exception& e) {
     load_error_ = e.what();

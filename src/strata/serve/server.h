@@ -2,7 +2,11 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
+
+#include "strata/engine/sequence.h"
 
 namespace strata::serve {
 
@@ -19,6 +23,9 @@ struct ServeOptions {
   size_t max_body_bytes = 1 << 20;
   int timeout_s = 30;       // read/write timeout per connection
   int shutdown_grace_s = 10;  // on SIGINT/SIGTERM, how long running requests may finish before being cancelled
+  // Makes each slot's sequence; empty: the CPU engine. backend names it in the start-up line.
+  std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
+  std::string backend = "cpu";
 };
 
 // Binds, loads the model (answering /health with 503 until it is ready) and serves until SIGINT or
