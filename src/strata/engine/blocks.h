@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "strata/cpu/matmul.h"
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence_state.h"
 #include "strata/model/config.h"
 #include "strata/model/weights.h"
@@ -34,7 +35,9 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
 
 // Mixture of experts: softmax router, top-k (renormalised when c.norm_topk), SwiGLU experts run once per
 // batch on the tokens that chose them, plus the sigmoid-gated shared expert when present.
-void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out);
+// counts (optional): one pick per (token, chosen expert) is added to row `layer`.
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
+               RoutingCounts* counts = nullptr, int layer = 0);
 
 // Final norm and output projection; logits for every row of X ([n x n_vocab]) or for the last only.
 void output_logits(const ModelConfig& c, const ModelWeights& w, const float* X, int n, bool all_positions,

@@ -9,7 +9,7 @@
 namespace strata {
 
 void forward_qwen3moe(const Model& model, SequenceState& state, const int32_t* tokens, int n, float* logits,
-                      bool all_positions) {
+                      bool all_positions, RoutingCounts* counts) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
   const size_t width = static_cast<size_t>(n) * c.n_embd;
@@ -23,7 +23,7 @@ void forward_qwen3moe(const Model& model, SequenceState& state, const int32_t* t
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
 
     rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
-    moe_block(c, L.moe, xn.data(), n, y.data());
+    moe_block(c, L.moe, xn.data(), n, y.data(), counts, il);
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
   }
   output_logits(c, w, x.data(), n, all_positions, logits);

@@ -1,0 +1,231 @@
+// `strata calibrate -m MODEL --corpus FILE... [--holdout FRAC] [--budget PCT,...] [--ctx N] -o PROFILE`:
+// runs text through the CPU engine counting which experts the router picks, writes the routing
+// profile, then reports, for each expert budget, the cold-hit rate (the fraction of expert picks that
+// would be served by the CPU) on the held-out part for three placements: from the profile, uniform
+// (the same experts 0..c-1 in every layer) and by layer (whole layers on the CPU, as llama.cpp's
+// --n-cpu-moe does). Lower is better.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/generation_cli.h"
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/moe/calibration.h"
+#include "strata/moe/routing_profile.h"
+#include "strata/moe/vram_budget.h"
+
+namespace {
+
+struct CalibrateOptions {
+  std::string model;
+  std::vector<std::string> corpus;
+  double holdout = 0.1;
+  std::string budgets = "25,50,75";
+  int ctx = 512;
+  std::string output;
+  std::string heldout_counts;
+  bool json = false;
+  bool holdout_given = false;
+  int threads = 0;
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) strata::fail(path, ": cannot open corpus file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// "calibrate: training 12345/67890 tokens (18%), 1234 tok/s" at most every second; on a terminal it
+// redraws one line, otherwise it writes a line every 10 seconds so logs stay short.
+class TokenProgress {
+ public:
+  TokenProgress(const char* label, uint64_t total)
+      : label_(label), total_(total), tty_(::isatty(2) != 0), start_(std::chrono::steady_clock::now()), last_(start_) {}
+  void update(uint64_t done, bool final_line = false) {
+    const auto now = std::chrono::steady_clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!final_line && since < (tty_ ? 1.0 : 10.0)) return;
+    last_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "%scalibrate: %s %llu/%llu tokens (%.0f%%), %.0f tok/s%s", tty_ ? "\r" : "", label_,
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_),
+                 total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0,
+                 secs > 0 ? static_cast<double>(done) / secs : 0.0, tty_ && !final_line ? "" : "\n");
+  }
+
+ private:
+  const char* label_;
+  uint64_t total_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+void count_part(strata::Session& session, const strata::CorpusPart& part, int ctx, strata::RoutingCounts& counts,
+                const char* label) {
+  TokenProgress progress(label, part.n_tokens());
+  strata::count_routes(session, part, ctx, counts, [&](uint64_t done) { progress.update(done); });
+  progress.update(part.n_tokens(), true);
+}
+
+std::string percent(double rate) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * rate);
+  return buf;
+}
+
+void print_text_report(const strata::ModelIdentity& id, const strata::CorpusSplit& split, const std::string& output,
+                       const std::string& heldout_counts, uint64_t heldout_tokens,
+                       const std::vector<strata::BudgetComparison>& results) {
+  std::printf("model: %s (%s, fingerprint %s), %d layers x %d experts, top-%d\n", id.name.c_str(), id.arch.c_str(),
+              id.fingerprint.c_str(), id.n_layer, id.n_expert, id.n_expert_used);
+  std::printf("training: %zu doc(s), %llu tokens; held-out: ", split.train.docs.size(),
+              static_cast<unsigned long long>(split.train.n_tokens()));
+  if (heldout_counts.empty()) {
+    std::printf("%zu doc(s), %llu tokens\n", split.heldout.docs.size(),
+                static_cast<unsigned long long>(heldout_tokens));
+  } else {
+    std::printf("counts from %s, %llu tokens\n", heldout_counts.c_str(),
+                static_cast<unsigned long long>(heldout_tokens));
+  }
+  std::printf("profile written: %s\n", output.c_str());
+  if (results.empty()) return;
+  std::printf("\ncold-hit rate (fraction of expert picks served by the CPU; lower is better)\n");
+  std::printf("%-18s | %-35s | %s\n", "", "held-out", "training (the profile's own data)");
+  std::printf("%-7s %-10s | %8s %8s %8s %8s | %8s %8s %8s\n", "budget", "bytes", "profile", "uniform", "by-layer",
+              "oracle", "profile", "uniform", "by-layer");
+  for (const auto& b : results) {
+    std::printf("%-7s %-10s | %8s %8s %8s %8s | %8s %8s %8s\n", (strata::cat(b.percent) + "%").c_str(),
+                strata::format_binary_size(b.budget_bytes).c_str(), percent(b.methods[0].heldout_rate).c_str(),
+                percent(b.methods[1].heldout_rate).c_str(), percent(b.methods[2].heldout_rate).c_str(),
+                percent(b.methods[3].heldout_rate).c_str(), percent(b.methods[0].train_rate).c_str(),
+                percent(b.methods[1].train_rate).c_str(), percent(b.methods[2].train_rate).c_str());
+  }
+  std::printf("(oracle: placed from the held-out counts themselves, the best any placement can do on them)\n");
+  std::printf("\nper layer, held-out cold-hit %% (layers 0..%d; by-layer keeps the last layers on the GPU)\n",
+              id.n_layer - 1);
+  for (const auto& b : results) {
+    for (const auto& m : b.methods) {
+      std::string row;
+      for (double r : m.heldout_per_layer) row += strata::cat(" ", static_cast<int>(std::lround(100.0 * r)));
+      std::printf("%5s%% %-9s:%s\n", strata::cat(b.percent).c_str(), m.name.c_str(), row.c_str());
+    }
+  }
+}
+
+void print_json_report(const strata::ModelIdentity& id, const strata::CorpusSplit& split, const std::string& output,
+                       const std::string& heldout_counts, uint64_t heldout_tokens,
+                       const std::vector<strata::BudgetComparison>& results) {
+  nlohmann::json j;
+  j["model"] = {{"name", id.name},         {"arch", id.arch},         {"fingerprint", id.fingerprint},
+                {"n_layer", id.n_layer},   {"n_expert", id.n_expert}, {"n_expert_used", id.n_expert_used}};
+  j["profile"] = output;
+  j["train"] = {{"docs", split.train.names}, {"tokens", split.train.n_tokens()}};
+  j["heldout"] = {{"docs", split.heldout.names}, {"tokens", heldout_tokens}};
+  if (!heldout_counts.empty()) j["heldout"]["counts_file"] = heldout_counts;
+  j["budgets"] = nlohmann::json::array();
+  for (const auto& b : results) {
+    nlohmann::json jb = {{"percent", b.percent}, {"bytes", b.budget_bytes}};
+    for (const auto& m : b.methods)
+      jb[m.name] = {{"heldout_cold_hit_rate", m.heldout_rate},
+                    {"train_cold_hit_rate", m.train_rate},
+                    {"heldout_per_layer", m.heldout_per_layer},
+                    {"hot_per_layer", m.plan.n_hot},
+                    {"bytes_used", m.plan.bytes_used}};
+    j["budgets"].push_back(jb);
+  }
+  std::printf("%s\n", j.dump(1).c_str());
+}
+
+void run_calibrate(const CalibrateOptions& o) {
+  if (o.corpus.empty()) strata::fail("calibrate: give at least one --corpus FILE");
+  if (o.output.empty()) strata::fail("calibrate: give the profile to write with -o PROFILE");
+  if (o.ctx <= 0) strata::fail("--ctx must be > 0, got ", o.ctx);
+  const std::vector<double> percents = strata::parse_percent_list(o.budgets, "--budget");
+
+  auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
+  strata::cli::set_threads_for_model(o.threads, *model);
+  auto tokenizer = strata::cli::load_tokenizer_for_cli(*model);
+  const strata::ModelIdentity id = strata::model_identity(*model);
+
+  // Tokenize each file as a document (special-token text in the corpus stays plain text).
+  std::vector<std::vector<int32_t>> docs;
+  std::vector<std::string> names;
+  for (const std::string& path : o.corpus) {
+    std::vector<int32_t> ids;
+    if (tokenizer->vocab().add_bos && tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());
+    const std::vector<int32_t> body = tokenizer->encode(read_all(path), false);
+    ids.insert(ids.end(), body.begin(), body.end());
+    docs.push_back(std::move(ids));
+    names.push_back(base_name(path));
+  }
+  if (!o.heldout_counts.empty() && o.holdout_given && o.holdout > 0)
+    strata::fail("give either --holdout or --heldout-counts, not both");
+  const double holdout = o.heldout_counts.empty() ? o.holdout : 0.0;
+  const strata::CorpusSplit split = strata::split_corpus(docs, names, holdout);
+
+  strata::Session session(*model, o.ctx);
+  strata::RoutingCounts train, heldout;
+  count_part(session, split.train, o.ctx, train, "training");
+  strata::save_profile_atomic(o.output, id, train);
+  if (!o.heldout_counts.empty()) {
+    heldout = strata::read_heldout_counts(o.heldout_counts, id);
+  } else if (!split.heldout.docs.empty()) {
+    count_part(session, split.heldout, o.ctx, heldout, "held-out");
+  }
+
+  std::vector<strata::BudgetComparison> results;
+  if (heldout.n_tokens > 0) {
+    const strata::ModelFootprint fp = strata::model_footprint(*model, o.ctx, 1);
+    results = strata::compare_placements(fp.expert_bytes, train, heldout, id.n_expert_used, percents);
+  }
+  if (o.json) {
+    print_json_report(id, split, o.output, o.heldout_counts, heldout.n_tokens, results);
+  } else {
+    print_text_report(id, split, o.output, o.heldout_counts, heldout.n_tokens, results);
+  }
+}
+
+void setup_calibrate(CLI::App& sub) {
+  auto o = std::make_shared<CalibrateOptions>();
+  sub.add_option("-m,--model", o->model, "GGUF model file (default: the bundled model)");
+  sub.add_option("--corpus", o->corpus, "text files to run through the model (each file is one document)")
+      ->expected(1, -1);
+  sub.add_option("--holdout", o->holdout,
+                 "fraction held out for the report: the last files in the order given, or with one file its last "
+                 "tokens (default 0.1; 0: no report)");
+  sub.add_option("--budget", o->budgets, "expert budgets to report, percent of all expert bytes (default 25,50,75)");
+  sub.add_option("--ctx", o->ctx, "tokens per forward chunk, each from an empty context (default 512)");
+  sub.add_option("-o,--output", o->output, "routing profile to write (JSON)");
+  sub.add_option("--heldout-counts", o->heldout_counts,
+                 "report on these counts instead of held-out text: a routing profile of this model, or a "
+                 "train_tiny routing_counts.json (e.g. models/routing_counts.json)");
+  sub.add_flag("--json", o->json, "print the report as JSON");
+  sub.add_option("--threads", o->threads, "CPU threads (default: as strata run)");
+  sub.callback([o, &sub] {
+    o->holdout_given = sub.get_option("--holdout")->count() > 0;
+    run_calibrate(*o);
+  });
+}
+
+const bool registered = strata::cli::register_command(
+    "calibrate", "Count expert routing over a corpus, write a routing profile, report placement quality",
+    setup_calibrate);
+
+}  // namespace

@@ -1,0 +1,195 @@
+// The VRAM budget receipt (moe/vram_budget.h): size parsing, the budget arithmetic, the refusal when
+// the core does not fit, and the model footprint checked against the engine's own buffers.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/moe/placement.h"
+#include "strata/moe/vram_budget.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParseSize, BinaryUnitsWithOrWithoutB) {
+  EXPECT_EQ(parse_size("24G"), 24 * GiB);
+  EXPECT_EQ(parse_size("24GiB"), 24 * GiB);
+  EXPECT_EQ(parse_size("24gb"), 24 * GiB);
+  EXPECT_EQ(parse_size("512M"), 512 * MiB);
+  EXPECT_EQ(parse_size("512 MiB"), 512 * MiB);
+  EXPECT_EQ(parse_size("1.5GB"), 3 * GiB / 2);
+  EXPECT_EQ(parse_size("2T"), 2048 * GiB);
+  EXPECT_EQ(parse_size("4k"), 4 * KiB);
+  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size("4096B"), 4096u);
+  EXPECT_EQ(parse_size(".5K"), 512u);
+  for (const char* bad : {"", "G", "-1G", "1.2.3G", "12X", "1e9", "1.5", "24 GiBs", "abc", "99999999999T"}) {
+    const std::string msg = error_of([&] { parse_size(bad, "--gpu-mem"); });
+    EXPECT_NE(msg.find("--gpu-mem"), std::string::npos) << "'" << bad << "' -> " << msg;
+  }
+}
+
+TEST(ParseExpertBudget, PercentOrSize) {
+  ExpertBudgetSpec s = parse_expert_budget("60%");
+  EXPECT_TRUE(s.is_percent);
+  EXPECT_DOUBLE_EQ(s.percent, 60.0);
+  s = parse_expert_budget("12.5 %");
+  EXPECT_DOUBLE_EQ(s.percent, 12.5);
+  s = parse_expert_budget("10G");
+  EXPECT_FALSE(s.is_percent);
+  EXPECT_EQ(s.bytes, 10 * GiB);
+  EXPECT_THROW(parse_expert_budget("101%"), Error);
+  EXPECT_THROW(parse_expert_budget("-5%"), Error);
+  EXPECT_THROW(parse_expert_budget("%"), Error);
+}
+
+VramInputs example_inputs() {
+  VramInputs in;
+  in.gpu_total = 80 * GiB;
+  in.gpu_free = 79 * GiB;
+  in.model.core_weight_bytes = 3 * GiB;
+  in.model.kv_cache_bytes = 1 * GiB;
+  in.model.recurrent_state_bytes = 64 * MiB;
+  in.model.ctx = 4096;
+  in.model.slots = 1;
+  for (int l = 0; l < 4; ++l) in.model.expert_bytes.emplace_back(8, 256 * MiB);
+  in.model.all_expert_bytes = 4 * 8 * 256 * MiB;  // 8 GiB
+  in.workspace_bytes = 100 * MiB;
+  return in;
+}
+
+TEST(VramReceipt, ArithmeticOfEveryLine) {
+  VramInputs in = example_inputs();
+  in.gpu_mem = 10 * GiB;
+  const VramReceipt r = compute_vram_receipt(in);
+  EXPECT_EQ(r.limit, 10 * GiB);
+  EXPECT_EQ(r.reserve, 512 * MiB) << "2% of 10 GiB is below the 512 MiB floor";
+  const uint64_t core = 512 * MiB + 3 * GiB + 1 * GiB + 64 * MiB + 100 * MiB;
+  EXPECT_EQ(r.core_total, core);
+  EXPECT_EQ(r.available_for_experts, static_cast<int64_t>(10 * GiB - core));
+  EXPECT_TRUE(r.core_fits);
+  EXPECT_EQ(r.expert_budget, 10 * GiB - core) << "no --expert-budget: what is left";
+  EXPECT_NO_THROW(require_core_fits(r));
+
+  // A large card: the reserve is 2% of the limit.
+  VramInputs big = example_inputs();
+  const VramReceipt rb = compute_vram_receipt(big);
+  EXPECT_EQ(rb.reserve, 79 * GiB / 50);
+  EXPECT_EQ(rb.expert_budget, 8 * GiB) << "never more than all experts";
+}
+
+TEST(VramReceipt, ExplicitExpertBudget) {
+  VramInputs in = example_inputs();
+  in.expert_budget = parse_expert_budget("25%");
+  VramReceipt r = compute_vram_receipt(in);
+  EXPECT_EQ(r.expert_budget, 2 * GiB);
+  EXPECT_TRUE(r.budget_fits);
+  in.expert_budget = parse_expert_budget("3G");
+  r = compute_vram_receipt(in);
+  EXPECT_EQ(r.expert_budget, 3 * GiB);
+
+  in.gpu_mem = 6 * GiB;  // about 1.3 GiB left for experts
+  r = compute_vram_receipt(in);
+  EXPECT_TRUE(r.core_fits);
+  EXPECT_FALSE(r.budget_fits);
+  const std::string msg = error_of([&] { require_core_fits(r); });
+  EXPECT_NE(msg.find("--expert-budget 3G"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: lower --expert-budget"), std::string::npos) << msg;
+}
+
+TEST(VramReceipt, CoreThatDoesNotFitFailsWithReceiptAndHint) {
+  VramInputs in = example_inputs();
+  in.gpu_mem = 4 * GiB;
+  const VramReceipt r = compute_vram_receipt(in);
+  EXPECT_FALSE(r.core_fits);
+  EXPECT_EQ(r.expert_budget, 0u);
+  EXPECT_LT(r.available_for_experts, 0);
+  const std::string msg = error_of([&] { require_core_fits(r); });
+  EXPECT_NE(msg.find("does not fit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("core weights"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3.00 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lower --ctx / use a smaller quant / raise --gpu-mem"), std::string::npos) << msg;
+
+  in.gpu_mem = 79 * GiB + 1;  // more than is free
+  EXPECT_THROW(require_core_fits(compute_vram_receipt(in)), Error);
+  in.gpu_mem = 81 * GiB;  // more than the card has
+  EXPECT_THROW(compute_vram_receipt(in), Error);
+}
+
+TEST(VramReceipt, FormatShowsHotColdPerLayerCompactly) {
+  VramInputs in = example_inputs();
+  in.expert_budget = parse_expert_budget("50%");
+  const VramReceipt r = compute_vram_receipt(in);
+  PlacementInput p{in.model.expert_bytes, uniform_hotness(in.model.expert_bytes, 2), r.expert_budget};
+  const ExpertPlan plan = uniform_placement(p);
+  const std::string text = format_receipt(r, &plan);
+  EXPECT_NE(text.find("hot experts: 16 of 32 (4.00 GiB in VRAM), cold: 16 (4.00 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("0-3"), std::string::npos) << "identical layers share a row:\n" << text;
+  EXPECT_NE(text.find("4/8"), std::string::npos) << text;
+  EXPECT_NE(text.find("50.0% of 8.00 GiB"), std::string::npos) << text;
+}
+
+TEST(ModelFootprint, MatchesTheEngineBuffersAndTheFile) {
+  const auto path = std::filesystem::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf";
+  auto model = Model::load(path.string());
+  const ModelConfig& c = model->config();
+  const int ctx = 96;
+  const ModelFootprint f = model_footprint(*model, ctx, 2);
+
+  // Independent: the CPU engine's own sequence state for the same context, twice (two slots).
+  Session s(*model, ctx);
+  uint64_t kv = 0, rec = 0;
+  for (const LayerState& l : s.state().layers) {
+    kv += (l.k.size() + l.v.size()) * sizeof(float);
+    rec += (l.conv.size() + l.ssm.size()) * sizeof(float);
+  }
+  EXPECT_EQ(f.kv_cache_bytes, 2 * kv);
+  EXPECT_EQ(f.recurrent_state_bytes, 2 * rec);
+
+  // Independent: routed-expert tensors by name; everything else is core.
+  uint64_t experts = 0, other = 0;
+  for (const auto& t : model->file().tensors())
+    (t.name.find("_exps") != std::string::npos ? experts : other) += t.nbytes;
+  EXPECT_EQ(f.all_expert_bytes, experts);
+  EXPECT_EQ(f.core_weight_bytes, other);
+  ASSERT_EQ(static_cast<int>(f.expert_bytes.size()), c.n_layer);
+  EXPECT_EQ(total_expert_bytes(f.expert_bytes), experts);
+  // One expert: gate + up ([n_embd x n_ff]) + down ([n_ff x n_embd]) in BF16.
+  for (const auto& row : f.expert_bytes) {
+    ASSERT_EQ(static_cast<int>(row.size()), c.n_expert);
+    EXPECT_EQ(row[0], 3u * c.n_embd * c.n_ff_exp * 2u);
+  }
+  EXPECT_THROW(model_footprint(*model, 0, 1), Error);
+
+  // The placement problem built from it: uniform without counts, counts / tokens with them.
+  PlacementInput u = placement_input(f, nullptr, c.n_expert_used, 1000);
+  EXPECT_EQ(u.budget_bytes, 1000u);
+  EXPECT_DOUBLE_EQ(u.hotness[2][5], static_cast<double>(c.n_expert_used) / c.n_expert);
+  RoutingCounts counts;
+  counts.reset(c.n_layer, c.n_expert);
+  counts.add(2, 5, 30);
+  counts.n_tokens = 10;
+  PlacementInput h = placement_input(f, &counts, c.n_expert_used, 1000);
+  EXPECT_DOUBLE_EQ(h.hotness[2][5], 3.0);
+  EXPECT_DOUBLE_EQ(h.hotness[2][4], 0.0);
+  counts.reset(c.n_layer + 1, c.n_expert);
+  counts.n_tokens = 1;
+  EXPECT_THROW(placement_input(f, &counts, c.n_expert_used, 1000), Error);
+}
+
+}  // namespace
+}  // namespace strata
