@@ -1,4 +1,4 @@
-// `strata synth --preset NAME [--quant T] [--skew zipf:S] [--seed N] [--threads N] -o FILE.gguf`:
+// `strata synth --preset NAME [--quant T] [--skew zipf:S] [--layers N] [--seed N] [--threads N] -o FILE.gguf`:
 // a random-weight model with a real model's shapes, for benchmarks (`strata bench`, llama-bench).
 // `strata synth --list` prints the presets.
 #include <cstdio>
@@ -40,15 +40,20 @@ void setup_synth(CLI::App& sub) {
   sub.add_option("--quant", a->opt.quant,
                  "weight type: " + strata::convert::supported_type_names() + " (default q4_k_m)");
   sub.add_option("--skew", a->opt.skew, "routing skew: none or zipf:S (router rows scaled by 1/rank^S; default none)");
+  auto* layers = sub.add_option("--layers", a->opt.layers,
+                 "keep only the first N layers of the preset (same shapes and layer pattern; default: all)");
   sub.add_option("--seed", a->opt.seed, "random seed (default 42)");
   sub.add_option("--threads", a->opt.threads, "threads (default: all cores)");
   sub.add_option("-o,--output", a->opt.out_path, "output GGUF file");
-  sub.callback([a] {
+  sub.callback([a, layers] {
     if (a->list) {
       print_presets();
       return;
     }
     if (a->opt.preset.empty()) strata::fail("synth: --preset is required (or --list)");
+    // In SynthOptions 0 means "all layers"; on the command line an explicit N must be >= 1.
+    if (layers->count() > 0 && a->opt.layers < 1)
+      strata::fail("synth: --layers ", a->opt.layers, " must be >= 1 (leave it out for all layers)");
     a->opt.on_note = [](const std::string& s) { std::fprintf(stderr, "note: %s\n", s.c_str()); };
     a->opt.on_tensor = [](const strata::convert::SynthProgress& p) {
       std::printf("[%4zu/%4zu] %5.1f%% %-34s %-20s %-5s %10.2f MiB %6.2fs\n", p.index, p.total,
@@ -58,9 +63,9 @@ void setup_synth(CLI::App& sub) {
       std::fflush(stdout);
     };
     const auto sum = strata::convert::synth_model(a->opt);
-    std::printf("wrote %s: %s, arch %s, %zu tensors, %.3f B params, %.2f GiB of tensor data\n", a->opt.out_path.c_str(),
-                a->opt.preset.c_str(), sum.arch.c_str(), sum.n_tensors, sum.n_params / 1e9,
-                sum.tensor_bytes / 1073741824.0);
+    std::printf("wrote %s: %s, arch %s, %d of %d layers, %zu tensors, %.3f B params, %.2f GiB of tensor data\n",
+                a->opt.out_path.c_str(), a->opt.preset.c_str(), sum.arch.c_str(), sum.n_layer, sum.preset_n_layer,
+                sum.n_tensors, sum.n_params / 1e9, sum.tensor_bytes / 1073741824.0);
     std::printf("types:");
     for (const auto& [type, n] : sum.tensors_by_type) std::printf(" %s x%zu", type.c_str(), n);
     std::printf("\n");

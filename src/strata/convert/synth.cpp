@@ -11,6 +11,7 @@
 
 #include "strata/base/error.h"
 #include "strata/convert/gguf_metadata.h"
+#include "strata/convert/synth_blocks.h"
 #include "strata/convert/synth_presets.h"
 #include "strata/convert/synth_tensors.h"
 #include "strata/convert/synth_vocab.h"
@@ -43,16 +44,23 @@ void fill_synth_tensor(const SynthTensor& t, GgmlType type, uint64_t seed, uint8
   const size_t rb = row_bytes(type, n);
   if (rb * static_cast<size_t>(rows) != nbytes)
     fail("internal: synth ", t.meta.name, ": writer asks for ", nbytes, " bytes, rows need ", rb * rows);
+  // Block types straight from the RNG (synth_blocks.h); floats (and f16/bf16) through synth_row.
+  const bool direct = synth_quant_direct(t, type);
   std::exception_ptr error;
   std::mutex error_mutex;
 #pragma omp parallel
   {
-    std::vector<float> row(static_cast<size_t>(n));
+    std::vector<float> row(direct ? 0 : static_cast<size_t>(n));
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; ++r) {
       try {
-        synth_row(t, seed, r, row.data());
-        quantize_row(type, row.data(), dst + static_cast<size_t>(r) * rb, n);
+        uint8_t* out = dst + static_cast<size_t>(r) * rb;
+        if (direct) {
+          synth_quant_row(t, type, seed, r, out);
+        } else {
+          synth_row(t, seed, r, row.data());
+          quantize_row(type, row.data(), out, n);
+        }
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -64,25 +72,44 @@ void fill_synth_tensor(const SynthTensor& t, GgmlType type, uint64_t seed, uint8
 
 }  // namespace
 
+HfConfig synth_config(const SynthPreset& preset, int layers) {
+  HfConfig cfg = preset.config;
+  if (layers == 0) return cfg;
+  if (layers < 1 || layers > cfg.n_layer)
+    fail("synth: --layers ", layers, " is out of range for preset '", preset.name, "' (1..", cfg.n_layer, ")");
+  cfg.n_layer = layers;
+  // The first N layers of the real model: is_full_attention is per layer, so the prefix keeps the
+  // DeltaNet / full-attention pattern (full attention at layers interval-1, 2*interval-1, ...).
+  if (cfg.is_full_attention.size() > static_cast<size_t>(layers))
+    cfg.is_full_attention.resize(static_cast<size_t>(layers));
+  return cfg;
+}
+
 SynthSummary synth_model(const SynthOptions& opt) {
   if (opt.out_path.empty()) fail("synth: no output file (-o FILE.gguf)");
   if (opt.threads < 0) fail("synth: --threads must be >= 0");
   const SynthPreset& preset = find_synth_preset(opt.preset);
   const TypeRequest req = parse_type_request(opt.quant);
   const double skew = parse_skew(opt.skew);
+  const HfConfig cfg = synth_config(preset, opt.layers);
   if (opt.threads > 0) omp_set_num_threads(opt.threads);
-  const HfConfig& cfg = preset.config;
 
   GgufWriter writer;
+  // Generation is cheap next to writing ~20 GB: let the next tensor be generated while one is written.
+  writer.set_overlap_fill(true);
   write_model_metadata(cfg, "synth-" + preset.name, req.file_type, writer);
   // Provenance, so a benchmark result can say what it ran on (llama.cpp ignores unknown keys).
   writer.set("strata.synth.preset", GgufValue::str(preset.name));
   writer.set("strata.synth.seed", GgufValue::u64(opt.seed));
   writer.set("strata.synth.skew", GgufValue::str(opt.skew));
+  writer.set("strata.synth.layers", GgufValue::u32(static_cast<uint32_t>(cfg.n_layer)));
+  writer.set("strata.synth.preset_layers", GgufValue::u32(static_cast<uint32_t>(preset.config.n_layer)));
   write_vocab_to_gguf(make_synth_vocab(cfg.n_vocab, cfg.arch == HfArch::Qwen35Moe ? "qwen35" : "qwen2"), writer);
 
   SynthSummary sum;
   sum.arch = gguf_arch_name(cfg.arch);
+  sum.n_layer = cfg.n_layer;
+  sum.preset_n_layer = preset.config.n_layer;
   // Shared so the Fill callbacks (run later, inside writer.write) can refer to them.
   auto tensors = std::make_shared<std::vector<SynthTensor>>(plan_synth_tensors(cfg, skew, opt.seed));
   std::vector<size_t> sizes;

@@ -27,6 +27,11 @@ class GgufWriter {
   // Adds a tensor whose bytes are produced by `fill` while the file is written.
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, Fill fill);
 
+  // Opt-in (default off): fill the next tensor while the previous one's bytes are written on a
+  // helper thread. Fill callbacks then run concurrently with file writes (never with each other);
+  // memory use is two buffers of the largest filled tensor. Same bytes either way.
+  void set_overlap_fill(bool on) { overlap_fill_ = on; }
+
   // Writes the file (to a temporary name, then renamed, so a failed write leaves no partial file).
   void write(const std::string& path) const;
 
@@ -40,6 +45,7 @@ class GgufWriter {
     Fill fill;
   };
   uint32_t alignment_;
+  bool overlap_fill_ = false;
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<Pending> tensors_;
 };
