@@ -1,26 +1,189 @@
 #include "cli/backend_cli.h"
 
+#include <cstdio>
+
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
+#include "strata/moe/gpu_expert_plan.h"
+#include "strata/moe/vram_budget.h"
 
 #ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/gpu_memory.h"
 #include "strata/cuda/gpu_session.h"
+#include "strata/cuda/hybrid_types.h"
 #endif
 
 namespace strata::cli {
 
 void add_backend_options(CLI::App& sub, BackendOptions& o) {
-  sub.add_flag("--gpu", o.gpu, "run the whole model on the GPU (CUDA build)");
+  sub.add_flag("--gpu", o.gpu, "run the model on the GPU (CUDA build); experts that do not fit run on the CPU");
+  sub.add_option("--gpu-mem", o.gpu_mem, "with --gpu: the most GPU memory strata may use, e.g. 20G (default: what is free)");
+  sub.add_option("--expert-budget", o.expert_budget,
+                 "with --gpu: GPU memory for routed experts, a size (12G) or a percent of all expert bytes (50%) "
+                 "(default: what is left after the core); the others run on the CPU");
+  sub.add_option("--profile", o.profile,
+                 "routing profile FILE: guides which experts stay on the GPU, and is updated with what this run routes "
+                 "(created when missing; refused when it belongs to another model)");
+  sub.add_flag("--telemetry", o.telemetry, "with --gpu: the hybrid per-token breakdown (run, chat: on stderr at the end; serve: on /metrics)");
+  sub.add_option("--hybrid-mode", o.hybrid_mode, "with --gpu: how cold experts reach the CPU, sync or doorbell (default)");
+  sub.add_option("--cpu-threads", o.cpu_threads, "with --gpu: CPU threads for cold experts (default: from the core count)");
 }
 
-std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o) {
+void check_backend_options(const BackendOptions& o) {
+  if (!o.gpu) {
+    if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
+    if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
+    if (o.telemetry) fail("--telemetry needs --gpu");
+    if (!o.hybrid_mode.empty()) fail("--hybrid-mode needs --gpu");
+    if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
+    return;
+  }
+  if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, "--gpu-mem");
+  if (!o.expert_budget.empty()) parse_expert_budget(o.expert_budget);
+  if (!o.hybrid_mode.empty() && o.hybrid_mode != "sync" && o.hybrid_mode != "doorbell")
+    fail("--hybrid-mode '", o.hybrid_mode, "': expected sync or doorbell");
+  if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
+}
+
+std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o) {
+  if (o.profile.empty()) return nullptr;
+  return std::make_unique<ProfileStore>(o.profile, model);
+}
+
+#ifdef STRATA_HAVE_CUDA
+namespace {
+
+// The receipt, the placement and the session options for --gpu.
+cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, const BackendOptions& o,
+                                         const ProfileStore* profile) {
+  const cuda::GpuMemoryInfo mem = cuda::gpu_memory_info();
+  cuda::GpuSessionOptions so;
+  if (!o.hybrid_mode.empty()) so.hybrid_mode = cuda::parse_hybrid_mode(o.hybrid_mode);
+  so.cpu_threads = o.cpu_threads;
+  GpuPlanRequest req;
+  req.gpu_total = mem.total_bytes;
+  req.gpu_free = mem.free_bytes;
+  if (!o.gpu_mem.empty()) req.gpu_mem = parse_size(o.gpu_mem, "--gpu-mem");
+  if (!o.expert_budget.empty()) req.expert_budget = parse_expert_budget(o.expert_budget);
+  req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, so.prefill_chunk);
+  RoutingCounts counts;
+  if (profile) {
+    counts = profile->snapshot();
+    req.hotness = &counts;
+    req.hotness_source = counts.n_tokens > 0 ? cat("profile ", profile->path(), " (", counts.n_tokens, " tokens)")
+                                             : cat("uniform (profile ", profile->path(), " has no tokens yet)");
+  }
+  const GpuExpertPlan plan =
+      plan_gpu_experts(model_footprint(model, max_ctx, 1), model.config().n_expert_used, req);
+  std::fputs(plan.text.c_str(), stderr);
+  so.expert_slots = plan.expert_slots;
+  return so;
+}
+
+}  // namespace
+#endif
+
+std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
+                                        const ProfileStore* profile) {
+  check_backend_options(o);
+  // A command that offers --profile opens the store (open_profile) and passes it; one that does not
+  // would otherwise ignore the flag.
+  if (!o.profile.empty() && !profile) fail("--profile: this command does not record routing profiles");
   if (!o.gpu) return std::make_unique<Session>(model, max_ctx);
 #ifdef STRATA_HAVE_CUDA
   if (!cuda::device_available()) fail("--gpu: ", cuda::device_description());
-  return cuda::make_gpu_session(model, max_ctx);
+  try {
+    return cuda::make_gpu_session(model, max_ctx, plan_gpu_session(model, max_ctx, o, profile));
+  } catch (const Error& e) {
+    fail("--gpu: ", e.what());
+  }
 #else
+  (void)profile;
   fail("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
 #endif
+}
+
+ProfileRecorder::ProfileRecorder(ProfileStore* store, Sequence& sequence) : store_(store), sequence_(sequence) {
+  if (store_) sequence_.set_routing_counts(&counts_);
+}
+
+ProfileRecorder::~ProfileRecorder() {
+  if (store_) sequence_.set_routing_counts(nullptr);
+}
+
+void ProfileRecorder::save() {
+  if (!store_) return;
+  store_->add_and_save(counts_);
+  const ModelConfig& c = sequence_.model().config();
+  counts_.reset(c.n_layer, c.n_expert);  // what was saved is not added again
+}
+
+std::string telemetry_text(const Sequence& sequence) {
+#ifdef STRATA_HAVE_CUDA
+  const auto* gpu = dynamic_cast<const cuda::GpuSession*>(&sequence);
+  if (!gpu || !gpu->hybrid()) return "";
+  const cuda::HybridTelemetry t = gpu->hybrid_telemetry();
+  const double n = t.tokens > 0 ? static_cast<double>(t.tokens) : 1.0;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "telemetry: hybrid (%s, %d CPU threads), %llu tokens through the MoE: %.2f cold picks/token of %.2f, "
+                "cold-hit %.3f; CPU cold work %.3f ms/token (overlaps the GPU), GPU wait for the CPU %.3f ms/token, "
+                "%.2f layers/token reached the CPU\n",
+                t.mode.c_str(), t.cpu_threads, static_cast<unsigned long long>(t.tokens),
+                static_cast<double>(t.cold_picks) / n, static_cast<double>(t.picks) / n, t.cold_hit_rate(),
+                t.cpu_cold_ms / n, t.gpu_wait_ms / n, static_cast<double>(t.cpu_jobs) / n);
+  std::string s = buf;
+  s += "telemetry: cold picks per layer per token:";
+  for (uint64_t v : t.cold_picks_per_layer) {
+    std::snprintf(buf, sizeof buf, " %.2f", static_cast<double>(v) / n);
+    s += buf;
+  }
+  s += "\n";
+  return s;
+#else
+  (void)sequence;
+  return "";
+#endif
+}
+
+std::string telemetry_metrics(const Sequence& sequence) {
+#ifdef STRATA_HAVE_CUDA
+  const auto* gpu = dynamic_cast<const cuda::GpuSession*>(&sequence);
+  if (!gpu || !gpu->hybrid()) return "";
+  const cuda::HybridTelemetry t = gpu->hybrid_telemetry();
+  std::string s;
+  auto counter = [&s](const char* name, const char* help, const std::string& value) {
+    s += cat("# HELP strata_hybrid_", name, " ", help, "\n# TYPE strata_hybrid_", name, " counter\nstrata_hybrid_", name,
+             " ", value, "\n");
+  };
+  char buf[64];
+  counter("tokens_total", "Tokens through the hybrid MoE (prefill and decode).", cat(t.tokens));
+  counter("picks_total", "Routed expert picks.", cat(t.picks));
+  counter("cold_picks_total", "Routed expert picks computed on the CPU.", cat(t.cold_picks));
+  counter("cpu_jobs_total", "Layer passes that had cold picks.", cat(t.cpu_jobs));
+  std::snprintf(buf, sizeof buf, "%.6f", t.cpu_cold_ms / 1e3);
+  counter("cpu_cold_seconds_total", "CPU time computing cold experts.", buf);
+  std::snprintf(buf, sizeof buf, "%.6f", t.gpu_wait_ms / 1e3);
+  counter("gpu_wait_seconds_total", "GPU time waiting for cold experts.", buf);
+  s += "# HELP strata_hybrid_layer_cold_picks_total Cold picks per layer.\n"
+       "# TYPE strata_hybrid_layer_cold_picks_total counter\n";
+  for (size_t l = 0; l < t.cold_picks_per_layer.size(); ++l)
+    s += cat("strata_hybrid_layer_cold_picks_total{layer=\"", l, "\"} ", t.cold_picks_per_layer[l], "\n");
+  return s;
+#else
+  (void)sequence;
+  return "";
+#endif
+}
+
+void print_telemetry(const Sequence& sequence, const BackendOptions& o, std::FILE* out) {
+  if (!o.telemetry) return;
+  const std::string s = telemetry_text(sequence);
+  if (s.empty()) {
+    std::fputs("telemetry: all-GPU session, every routed expert is on the GPU (no cold path to report)\n", out);
+    return;
+  }
+  std::fputs(s.c_str(), out);
 }
 
 }  // namespace strata::cli

@@ -1,26 +1,81 @@
-// Where a front end (run, chat, logits) runs the model: the CPU engine by default, the GPU with --gpu
-// (CUDA builds). One flag set and one factory, so every command offers the same choice and a build
-// without CUDA refuses --gpu with one clear line instead of silently using the CPU.
+// Where a front end (run, chat, logits, serve) runs the model: the CPU engine by default, the GPU with
+// --gpu (CUDA builds), and the issue-8 options around it: a VRAM budget (--gpu-mem, --expert-budget)
+// that decides which routed experts live on the GPU and which are computed on the CPU (hybrid), a
+// routing profile (--profile) that both guides that placement and records what the model routes,
+// and --telemetry for the hybrid per-token breakdown. One flag set and one factory, so every command
+// offers the same choice, and a build or machine without a GPU refuses --gpu with one clear line
+// instead of silently using the CPU.
 #pragma once
 
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "strata/engine/model.h"
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
+#include "strata/moe/profile_store.h"
 
 namespace strata::cli {
 
 struct BackendOptions {
   bool gpu = false;
+  std::string gpu_mem;        // --gpu-mem SIZE: the most strata may use on the GPU ("": what is free)
+  std::string expert_budget;  // --expert-budget SIZE|PCT ("": what is left after the core)
+  std::string profile;        // --profile FILE
+  bool telemetry = false;     // --telemetry
+  std::string hybrid_mode;    // --hybrid-mode sync|doorbell ("": doorbell)
+  int cpu_threads = 0;        // --cpu-threads N for cold experts (0: a default from the core count)
 };
 
-// --gpu.
+// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --hybrid-mode, --cpu-threads.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
-// A sequence of max_ctx tokens on the chosen backend. Throws strata::Error for --gpu in a build
-// without CUDA or on a machine without a GPU.
-std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o);
+// Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
+// (sizes, percentages, the hybrid mode, a negative thread count), before any model is loaded.
+// make_sequence calls it too.
+void check_backend_options(const BackendOptions& o);
+
+// --profile FILE: the store (loads the file when it exists, refusing another model's profile);
+// nullptr without --profile.
+std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o);
+
+// A sequence of max_ctx tokens on the chosen backend. With --gpu: prints the VRAM receipt and the
+// expert placement on stderr (placement from the profile's hotness when `profile` has counts,
+// uniform otherwise) and makes an all-GPU or a hybrid session; fails with the receipt when the core
+// does not fit. Throws strata::Error for --gpu in a build without CUDA or on a machine without a GPU.
+std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
+                                        const ProfileStore* profile = nullptr);
+
+// Counts a sequence's routes for a profile while it lives: attaches a RoutingCounts to the sequence
+// (Sequence::set_routing_counts); save() adds what was counted since the last save to the store and
+// rewrites the file atomically. With a null store it does nothing (no --profile). Detaches on
+// destruction, so it must not outlive the sequence.
+class ProfileRecorder {
+ public:
+  ProfileRecorder(ProfileStore* store, Sequence& sequence);
+  ~ProfileRecorder();
+  ProfileRecorder(const ProfileRecorder&) = delete;
+  ProfileRecorder& operator=(const ProfileRecorder&) = delete;
+  void save();
+  const RoutingCounts& pending() const { return counts_; }
+
+ private:
+  ProfileStore* store_;
+  Sequence& sequence_;
+  RoutingCounts counts_;
+};
+
+// --telemetry: the hybrid session's per-token breakdown (tokens through the MoE, cold picks per
+// token and per layer, cold-hit rate, CPU time, GPU wait) as lines on `out`; for an all-GPU session
+// a line saying there is no cold path. Nothing without --telemetry.
+void print_telemetry(const Sequence& sequence, const BackendOptions& o, std::FILE* out);
+// The same breakdown as text ("" when the sequence is not a hybrid GPU session).
+std::string telemetry_text(const Sequence& sequence);
+// The same counters as Prometheus lines (strata_hybrid_*_total, totals since the session started) for
+// serve's /metrics; "" when the sequence is not a hybrid GPU session.
+std::string telemetry_metrics(const Sequence& sequence);
 
 }  // namespace strata::cli

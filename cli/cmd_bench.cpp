@@ -1,12 +1,17 @@
 // `strata bench -m FILE [-p 512] [-n 128] [-r 5] [--threads N] [--json]`: prefill and decode tok/s
 // and time to first token (median and spread over repetitions), like llama-bench, with the host
 // DRAM bandwidth floor printed beside each figure.
+// With `--gpu --expert-budget SIZE|PCT [--profile FILE] [--hybrid-mode sync|doorbell] [--cpu-threads N]`
+// the GPU holds only the experts the placement picks for that budget (issue 8); the cold ones run on
+// the CPU, and the report adds the cold-hit rate, CPU/wait time per token and the hybrid floor.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/command.h"
@@ -17,6 +22,7 @@
 #include "strata/engine/model.h"
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/bench_gpu.h"
+#include "strata/cuda/hybrid_bench.h"
 #endif
 
 namespace {
@@ -28,6 +34,10 @@ struct BenchArgs {
   bool json = false;
   size_t triad_mib = 256;
   bool gpu = false;
+  std::string expert_budget;  // hybrid hot/cold experts (with --gpu)
+  std::string profile;
+  std::string hybrid_mode = "doorbell";
+  int cpu_threads = 0;
 };
 
 // The exact command line, from /proc/self/cmdline (NUL-separated), for the record.
@@ -58,6 +68,12 @@ void setup_bench(CLI::App& sub) {
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
   sub.add_flag("--json", a->json, "print JSON instead of the table");
   sub.add_flag("--gpu", a->gpu, "run the whole model on the GPU (CUDA build); floors then use GPU memory bandwidth");
+  sub.add_option("--expert-budget", a->expert_budget,
+                 "with --gpu: VRAM for routed experts, a size (24G) or a percent of all expert bytes (50%); "
+                 "the other experts run on the CPU");
+  sub.add_option("--profile", a->profile, "routing profile (strata calibrate) the expert placement is made from");
+  sub.add_option("--hybrid-mode", a->hybrid_mode, "how cold experts reach the CPU: doorbell (default) or sync");
+  sub.add_option("--cpu-threads", a->cpu_threads, "CPU threads for cold experts (default: all but two)");
   sub.callback([a] {
     strata::set_cpu_threads(a->threads);
     strata::BenchReport r;
@@ -79,11 +95,24 @@ void setup_bench(CLI::App& sub) {
     r.active = strata::count_active_bytes(file, model->config());
     const int max_ctx = a->params.n_prompt + a->params.n_gen + 1;
     std::unique_ptr<strata::BenchBackend> backend;
+    const bool hybrid = !a->expert_budget.empty();
+    if (hybrid && !a->gpu) strata::fail("--expert-budget needs --gpu (it splits experts between GPU and CPU)");
+    if (!hybrid && !a->profile.empty()) strata::fail("--profile needs --expert-budget");
+#ifdef STRATA_HAVE_CUDA
+    strata::cuda::HybridBenchPlan plan;
+    strata::BandwidthResult host_bw;
+#endif
     if (a->gpu) {
 #ifdef STRATA_HAVE_CUDA
       if (!a->json) std::fprintf(stderr, "measuring GPU memory bandwidth (device copy)...\n");
       r.bandwidth = strata::cuda::measure_gpu_copy_bandwidth();
-      backend = strata::cuda::make_gpu_bench_backend(*model, max_ctx);
+      if (hybrid) {
+        if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad) for the cold experts...\n");
+        host_bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
+        plan = strata::cuda::plan_hybrid_bench(*model, max_ctx, a->expert_budget, a->profile,
+                                               strata::cuda::parse_hybrid_mode(a->hybrid_mode), a->cpu_threads);
+      }
+      backend = strata::cuda::make_gpu_bench_backend(*model, max_ctx, plan.options);
 #else
       throw strata::Error("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
 #endif
@@ -96,11 +125,65 @@ void setup_bench(CLI::App& sub) {
     if (!a->json) std::fprintf(stderr, "running %d repetitions (+1 warm-up)...\n", a->params.reps);
     r.run = strata::run_bench(*backend, a->params);
     r.vram_by_tier = backend->vram_by_tier();
+    std::string hybrid_text;
+    nlohmann::json hybrid_json;
+#ifdef STRATA_HAVE_CUDA
+    if (hybrid) {
+      const auto n = strata::cuda::hybrid_bench_numbers(strata::cuda::gpu_bench_hybrid_telemetry(*backend), plan,
+                                                        r.active, r.bandwidth.triad_gbs, host_bw.triad_gbs);
+      hybrid_text = strata::cuda::format_hybrid_bench(plan, n);
+      if (!a->json) std::fprintf(stderr, "timing plain decode steps for the hybrid breakdown...\n");
+      const int n_steps = std::min(64, std::max(1, a->params.n_gen));
+      const auto dec = strata::cuda::measure_hybrid_decode(*backend, std::min(16, a->params.n_prompt), n_steps,
+                                                           a->params.seed + 7);
+      hybrid_text += strata::cuda::format_hybrid_decode(dec);
+      const auto& t = n.telemetry;
+      hybrid_json = {{"expert_budget", plan.budget_text},
+                     {"budget_bytes", plan.budget_bytes},
+                     {"hot_bytes", plan.hot_bytes},
+                     {"all_expert_bytes", plan.all_expert_bytes},
+                     {"hot_experts", plan.hot_experts},
+                     {"all_experts", plan.all_experts},
+                     {"placement_from", plan.hotness_source},
+                     {"expected_cold_hit_rate", plan.expected_cold_hit},
+                     {"mode", t.mode},
+                     {"cpu_threads", t.cpu_threads},
+                     {"tokens", t.tokens},
+                     {"picks", t.picks},
+                     {"cold_picks", t.cold_picks},
+                     {"cold_hit_rate", t.cold_hit_rate()},
+                     {"cold_picks_per_layer", t.cold_picks_per_layer},
+                     {"cpu_jobs", t.cpu_jobs},
+                     {"cpu_cold_ms_per_token", n.cpu_ms_per_token},
+                     {"gpu_wait_ms_per_token", n.wait_ms_per_token},
+                     {"gpu_bytes_per_token", n.gpu_bytes_per_token},
+                     {"cold_bytes_per_token", n.cold_bytes_per_token},
+                     {"gpu_gbs", n.gpu_gbs},
+                     {"host_gbs", n.cpu_gbs},
+                     {"floor_tps", n.floor_tps},
+                     {"decode_breakdown",
+                      {{"tokens", dec.tokens},
+                       {"wall_ms_per_token", dec.wall_ms_per_token},
+                       {"gpu_ms_per_token", dec.gpu_ms_per_token},
+                       {"wait_ms_per_token", dec.wait_ms_per_token},
+                       {"cpu_cold_ms_per_token", dec.cpu_ms_per_token},
+                       {"cold_picks_per_token", dec.cold_picks_per_token},
+                       {"cold_hit_rate", dec.cold_hit_rate},
+                       {"cold_picks_per_layer", dec.cold_picks_per_layer}}}};
+    }
+#endif
 
     if (a->json) {
-      std::printf("%s\n", strata::format_bench_json(r).c_str());
+      if (hybrid) {
+        nlohmann::json doc = nlohmann::json::parse(strata::format_bench_json(r));
+        doc["hybrid"] = hybrid_json;
+        std::printf("%s\n", doc.dump(2).c_str());
+      } else {
+        std::printf("%s\n", strata::format_bench_json(r).c_str());
+      }
     } else {
       std::printf("%s", strata::format_bench_table(r).c_str());
+      std::printf("%s", hybrid_text.c_str());
       std::printf("device: %s, %d threads; date %s\ncommand: %s\n", r.cpu_model.c_str(), r.threads, r.date.c_str(),
                   r.command_line.c_str());
     }

@@ -129,8 +129,10 @@ void run_chat(const ChatCliOptions& o) {
 
   const int train_ctx = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
   const int ctx = o.ctx > 0 ? o.ctx : std::min(train_ctx, 4096);
-  auto session_ptr = strata::cli::make_sequence(*model, ctx, o.backend);
+  auto profile = strata::cli::open_profile(*model, o.backend);
+  auto session_ptr = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
   strata::Sequence& session = *session_ptr;
+  strata::cli::ProfileRecorder recorder(profile.get(), session);  // --profile: saved after every reply
 
   strata::ChatOptions render_options;
   if (o.think) render_options.enable_thinking = true;
@@ -233,7 +235,9 @@ void run_chat(const ChatCliOptions& o) {
       print_err(strata::cat("(the context of ", ctx, " tokens is full: /reset the conversation or pass a larger --ctx)"));
     }
     if (!o.no_stats) strata::cli::print_stats_line(r.stats);
+    recorder.save();
   }
+  strata::cli::print_telemetry(session, o.backend, stderr);
 }
 
 void setup_chat(CLI::App& sub) {
@@ -249,7 +253,10 @@ void setup_chat(CLI::App& sub) {
   sub.add_option("--threads", o->threads, "CPU threads (default: 1 for a model under 256 MiB, else all hardware threads)");
   strata::cli::add_sampling_options(sub, o->sampling);
   strata::cli::add_backend_options(sub, o->backend);
-  sub.callback([o] { run_chat(*o); });
+  sub.callback([o] {
+    strata::cli::check_backend_options(o->backend);
+    run_chat(*o);
+  });
 }
 
 const bool registered = strata::cli::register_command("chat", "Chat with a model interactively", setup_chat);

@@ -56,8 +56,12 @@ void run_token_ids(const RunOptions& o) {
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
   const int needed = static_cast<int>(prompt.size()) + o.n_predict;
   const int ctx = o.ctx > 0 ? o.ctx : needed;
-  auto session = strata::cli::make_sequence(*model, ctx, o.backend);
+  auto profile = strata::cli::open_profile(*model, o.backend);
+  auto session = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
+  strata::cli::ProfileRecorder recorder(profile.get(), *session);
   const std::vector<int32_t> ids = strata::generate_greedy(*session, prompt, o.n_predict);
+  recorder.save();
+  strata::cli::print_telemetry(*session, o.backend, stderr);
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) line += strata::cat(i ? "," : "", ids[i]);
   std::printf("%s\n", line.c_str());
@@ -93,7 +97,9 @@ void run_text(const RunOptions& o) {
   const int ctx = o.ctx > 0 ? o.ctx : n_prompt + std::max(o.n_predict, 1);
   if (n_prompt > ctx)
     strata::fail("prompt of ", n_prompt, " tokens exceeds the context of ", ctx, "; pass a larger --ctx");
-  auto session = strata::cli::make_sequence(*model, ctx, o.backend);
+  auto profile = strata::cli::open_profile(*model, o.backend);
+  auto session = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
+  strata::cli::ProfileRecorder recorder(profile.get(), *session);
 
   strata::cli::install_interrupt_handler();
   strata::GenerationParams params;
@@ -113,6 +119,8 @@ void run_text(const RunOptions& o) {
   if (r.stop_reason == strata::StopReason::ContextFull)
     std::fprintf(stderr, "strata: stopped: the context of %d tokens is full; pass a larger --ctx\n", ctx);
   if (!o.no_stats) strata::cli::print_stats_line(r.stats);
+  recorder.save();  // --profile: what this run routed, interrupted or not
+  strata::cli::print_telemetry(*session, o.backend, stderr);
   if (r.stop_reason == strata::StopReason::Cancelled) strata::cli::set_exit_code(130);
 }
 
@@ -133,6 +141,7 @@ void setup_run(CLI::App& sub) {
   sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads; for a text prompt, 1 when the model is under 256 MiB)");
   strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o, &sub] {
+    strata::cli::check_backend_options(o->backend);
     o->temp_given = sub.get_option("--temp")->count() > 0;
     if (!o->prompt_tokens.empty()) {
       if (!o->prompt.empty()) strata::fail("give either a text prompt or --prompt-tokens, not both");

@@ -1,5 +1,8 @@
 // `strata serve [-m MODEL] [--host H] [--port P] [--slots N] [--ctx N] [--api-key K] [--model-name NAME]`:
-// an OpenAI-compatible HTTP server (docs/API.md).
+// an OpenAI-compatible HTTP server (docs/API.md). With --gpu the backend options of backend_cli.h
+// apply (VRAM budget, hybrid experts); --profile keeps a routing profile updated after each request.
+#include <cstdio>
+#include <functional>
 #include <memory>
 
 #include "cli/backend_cli.h"
@@ -28,12 +31,32 @@ void setup_serve(CLI::App& sub) {
   auto backend = std::make_shared<strata::cli::BackendOptions>();
   strata::cli::add_backend_options(sub, *backend);
   sub.callback([o, backend] {
+    strata::cli::check_backend_options(*backend);
+    // --telemetry (needs --gpu): the hybrid counters on /metrics, refreshed after each request.
+    if (backend->telemetry) o->sequence_metrics = strata::cli::telemetry_metrics;
     o->model_path = strata::cli::resolve_model_path(o->model_path);
+    // --profile: one store for all slots (ProfileStore is thread-safe), opened once the model is
+    // loaded; it also gives the GPU placement its hotness.
+    auto profile = std::make_shared<std::unique_ptr<strata::ProfileStore>>();
+    if (!backend->profile.empty()) {
+      o->make_route_recorder = [profile, backend](const strata::Model& m) {
+        *profile = strata::cli::open_profile(m, *backend);
+        strata::ProfileStore* store = profile->get();
+        const strata::RoutingCounts so_far = store->snapshot();
+        std::fprintf(stderr, "strata serve: routing profile %s (%s, %llu tokens so far), updated after each request\n",
+                     store->path().c_str(), store->loaded_existing() ? "loaded" : "new",
+                     static_cast<unsigned long long>(so_far.n_tokens));
+        return std::function<void(const strata::RoutingCounts&)>(
+            [store](const strata::RoutingCounts& counts) { store->add_and_save(counts); });
+      };
+    }
     if (backend->gpu) {
       // Each GPU session uploads its own copy of the weights today, so the GPU serves one slot.
       if (o->slots != 1) strata::fail("serve --gpu runs one slot for now (got --slots ", o->slots, ")");
       o->backend = "gpu";
-      o->make_sequence = [backend](const strata::Model& m, int ctx) { return strata::cli::make_sequence(m, ctx, *backend); };
+      o->make_sequence = [backend, profile](const strata::Model& m, int ctx) {
+        return strata::cli::make_sequence(m, ctx, *backend, profile->get());
+      };
     }
     strata::cli::set_exit_code(strata::serve::run_server(*o));
   });

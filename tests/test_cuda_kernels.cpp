@@ -12,6 +12,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -19,6 +20,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cpu/ops.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/kernels.h"
+#include "strata/cuda/matvec_kernels.h"
 #include "strata/engine/session.h"
 #include "strata/quant/quantize.h"
 
@@ -379,6 +381,403 @@ TEST(CudaKernels, UnsupportedTypeFailsLoudly) {
   m.n_rows = 1;
   m.n_cols = 32;
   EXPECT_THROW(sc::matvec(m, nullptr, nullptr, nullptr), strata::Error);
+}
+
+// ---- fast decode step: batched matvec and fused kernels ----------------------------------------------
+
+// Shapes of the real models (2048/4096 columns, 512-column expert rows) and odd block counts (Q6_K rows of
+// 768 columns start at 2 mod 4 bytes every other row), several jobs with different types in one launch.
+TEST(CudaKernels, GemvBatchMixedTypesAndShapes) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (int64_t cols : {int64_t{512}, int64_t{768}, int64_t{2048}, int64_t{4096}}) {
+    std::vector<GgmlType> types = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0,
+                                   GgmlType::F32,  GgmlType::F16,  GgmlType::BF16};
+    const std::vector<int64_t> rows = {300, 33, 129, 64, 17, 256, 5};
+    const std::vector<float> x = randn(static_cast<size_t>(cols), rng);
+    Dev<float> dx(x);
+    std::vector<std::vector<uint8_t>> w;
+    std::vector<std::unique_ptr<Dev<uint8_t>>> dw;
+    std::vector<std::unique_ptr<Dev<float>>> dy;
+    std::vector<sc::DevMatrix> m(types.size());
+    std::vector<sc::GemvJob> jobs(types.size());
+    for (size_t i = 0; i < types.size(); ++i) {
+      w.push_back(make_weights(types[i], rows[i], cols, rng));
+      dw.push_back(std::make_unique<Dev<uint8_t>>(w.back()));
+      dy.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(rows[i])));
+      m[i] = dev_matrix(types[i], *dw.back(), rows[i], cols);
+      jobs[i].w = &m[i];
+      jobs[i].x = dx.p;
+      jobs[i].y = dy.back()->p;
+    }
+    sc::gemv_batch(jobs.data(), static_cast<int>(jobs.size()), nullptr);
+    for (size_t i = 0; i < types.size(); ++i) {
+      const double e = rel_err(dy[i]->get(), ref_matvec(types[i], w[i].data(), rows[i], cols, x.data()));
+      EXPECT_LE(e, 1e-5) << strata::type_traits(types[i]).name << " cols " << cols;
+    }
+  }
+}
+
+// Large enough that the grid loops over tiles (the lm_head case), with Accumulate into a random y.
+TEST(CudaKernels, GemvAccumulateOverManyTiles) {
+  REQUIRE_GPU();
+  std::mt19937 rng(32);
+  const int64_t rows = 40000, cols = 256;
+  for (GgmlType type : {GgmlType::Q6_K, GgmlType::Q4_K}) {
+    const std::vector<uint8_t> w = make_weights(type, rows, cols, rng);
+    const std::vector<float> x = randn(cols, rng), y0 = randn(rows, rng);
+    Dev<uint8_t> dw(w);
+    Dev<float> dx(x), dy(y0);
+    const sc::DevMatrix m = dev_matrix(type, dw, rows, cols);
+    sc::GemvJob j;
+    j.w = &m, j.x = dx.p, j.y = dy.p, j.mode = sc::GemvMode::Accumulate;
+    sc::gemv_batch(&j, 1, nullptr);
+    std::vector<float> ref = ref_matvec(type, w.data(), rows, cols, x.data());
+    for (int64_t r = 0; r < rows; ++r) ref[r] += y0[r];
+    EXPECT_LE(rel_err(dy.get(), ref), 1e-5) << strata::type_traits(type).name;
+  }
+}
+
+// Routed gate+up+SwiGLU pairs and a routed down projection with per-slot inputs, through a slot map
+// that leaves one picked expert out (its output must be zero) and moves the others.
+TEST(CudaKernels, GemvRoutedPairsThroughSlotMap) {
+  REQUIRE_GPU();
+  std::mt19937 rng(33);
+  const int n_res = 4, ff = 256, d = 512;  // 6 experts, 4 resident
+  const std::vector<int> ids = {4, 1, 5, 3};
+  const std::vector<int> slot_of = {-1, 3, 0, -1, 1, 2};  // expert -> slot; experts 0 and 3 not resident
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+    // Resident stacks: slot s holds expert e with slot_of[e] == s.
+    const std::vector<uint8_t> gate = make_weights(type, int64_t{ff} * n_res, d, rng);
+    const std::vector<uint8_t> up = make_weights(type, int64_t{ff} * n_res, d, rng);
+    const std::vector<uint8_t> down = make_weights(type, int64_t{d} * n_res, ff, rng);
+    const std::vector<float> x = randn(d, rng);
+    Dev<uint8_t> dg(gate), du(up), dd(down);
+    Dev<int> did(ids), dslot(slot_of);
+    Dev<float> dx(x), dh(ids.size() * ff), dy(ids.size() * d);
+    const sc::DevMatrix mg = dev_matrix(type, dg, ff, d, n_res), mu = dev_matrix(type, du, ff, d, n_res),
+                        md = dev_matrix(type, dd, d, ff, n_res);
+    std::vector<sc::GemvJob> pair(ids.size()), dn(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+      pair[j].w = &mg, pair[j].w2 = &mu, pair[j].x = dx.p, pair[j].y = dh.p + j * ff;
+      pair[j].mode = sc::GemvMode::SwigluPair, pair[j].ids = did.p, pair[j].slot = static_cast<int>(j);
+      pair[j].slot_of_expert = dslot.p;
+      dn[j].w = &md, dn[j].x = dh.p + j * ff, dn[j].y = dy.p + j * d, dn[j].ids = did.p;
+      dn[j].slot = static_cast<int>(j), dn[j].slot_of_expert = dslot.p;
+    }
+    sc::gemv_batch(pair.data(), static_cast<int>(pair.size()), nullptr);
+    sc::gemv_batch(dn.data(), static_cast<int>(dn.size()), nullptr);
+    const std::vector<float> h = dh.get(), y = dy.get();
+    const size_t gstride = strata::row_bytes(type, d) * ff, dstride = strata::row_bytes(type, ff) * d;
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const int s = slot_of[ids[j]];
+      std::vector<float> href(ff, 0.0f), yref(d, 0.0f);
+      if (s >= 0) {
+        const std::vector<float> gv = ref_matvec(type, gate.data() + gstride * s, ff, d, x.data());
+        const std::vector<float> uv = ref_matvec(type, up.data() + gstride * s, ff, d, x.data());
+        for (int r = 0; r < ff; ++r) href[r] = strata::siluf(gv[r]) * uv[r];
+        // The down reference reads the GPU's h (the pair stage is checked separately above).
+        yref = ref_matvec(type, down.data() + dstride * s, d, ff, h.data() + j * ff);
+      }
+      const std::vector<float> hg(h.begin() + j * ff, h.begin() + (j + 1) * ff);
+      const std::vector<float> yg(y.begin() + j * d, y.begin() + (j + 1) * d);
+      if (s < 0) {
+        EXPECT_EQ(hg, href) << "non-resident expert must give zeros";
+        EXPECT_EQ(yg, yref) << "non-resident expert must give zeros";
+      } else {
+        EXPECT_LE(rel_err(hg, href), 1e-5) << strata::type_traits(type).name << " slot " << j;
+        EXPECT_LE(rel_err(yg, yref), 1e-5) << strata::type_traits(type).name << " slot " << j;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, AttnPrepEqualsNormRopeAndStore) {
+  REQUIRE_GPU();
+  std::mt19937 rng(34);
+  const int n_head = 4, n_kv = 2, hd = 64, rope_dims = 32, pos = 77, max_ctx = 90;
+  const int q_stride = 2 * hd, kv_width = n_kv * hd;
+  const std::vector<float> q = randn(n_head * q_stride, rng), k = randn(kv_width, rng), v = randn(kv_width, rng),
+                           qn = randn(hd, rng), kn = randn(hd, rng);
+  Dev<float> dq(q), dk(k), dv(v), dqn(qn), dkn(kn), kc(max_ctx * kv_width), vc(max_ctx * kv_width);
+  Dev<int> dpos(std::vector<int>{pos});
+  sc::attn_prep(dq.p, q_stride, dk.p, dv.p, kc.p, vc.p, kv_width, n_head, n_kv, hd, dqn.p, dkn.p, 1e-6f, rope_dims,
+                1e7f, dpos.p, nullptr);
+  std::vector<float> qref(q), kref(kv_width);
+  for (int h = 0; h < n_head; ++h) {
+    strata::rmsnorm(q.data() + h * q_stride, qn.data(), 1e-6f, hd, qref.data() + h * q_stride);
+    strata::rope_neox_inplace(qref.data() + h * q_stride, rope_dims, pos, 1e7f);
+  }
+  for (int h = 0; h < n_kv; ++h) {
+    strata::rmsnorm(k.data() + h * hd, kn.data(), 1e-6f, hd, kref.data() + h * hd);
+    strata::rope_neox_inplace(kref.data() + h * hd, rope_dims, pos, 1e7f);
+  }
+  EXPECT_LE(rel_err(dq.get(), qref), 1e-6);
+  const std::vector<float> kcache = kc.get(), vcache = vc.get();
+  EXPECT_LE(rel_err(std::vector<float>(kcache.begin() + pos * kv_width, kcache.begin() + (pos + 1) * kv_width), kref),
+            1e-6);
+  EXPECT_EQ(std::vector<float>(vcache.begin() + pos * kv_width, vcache.begin() + (pos + 1) * kv_width), v);
+}
+
+// The fused conv + q/k norm and the wide DeltaNet step against the CPU sequence, at the real head sizes
+// (dk = dv = 128) and at small ones, over several steps (state carried).
+TEST(CudaKernels, ConvQkNormAndWideDeltaNetStepMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(35);
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
+  for (const Shape sh : {Shape{2, 4, 128, 128}, Shape{2, 2, 64, 32}, Shape{1, 2, 16, 48}}) {
+    const int nk = sh.nk, nv = sh.nv, dk = sh.dk, dv = sh.dv, K = 4;
+    const int key_dim = nk * dk, channels = 2 * key_dim + nv * dv;
+    const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(dk));
+    std::vector<float> S = randn(static_cast<size_t>(nv) * dk * dv, rng, 0.1f);
+    std::vector<float> conv_state = randn(static_cast<size_t>(K - 1) * channels, rng);
+    const std::vector<float> convw = randn(static_cast<size_t>(channels) * K, rng, 0.5f);
+    std::vector<float> a(nv);
+    for (float& v : a) v = -std::fabs(randn(1, rng)[0]);
+    const std::vector<float> dt_bias = randn(nv, rng), norm_w = randn(dv, rng);
+    Dev<float> dS(S), dcs(conv_state), dcw(convw), da(a), ddt(dt_bias), dnorm(norm_w), dmixed(channels),
+        dout(static_cast<size_t>(nv) * dv);
+    Dev<double> dscratch(sc::deltanet_scratch_doubles(nv, dv));
+    Dev<unsigned int> dcounters(std::vector<unsigned int>(nv, 0u));
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> x = randn(channels, rng), b = randn(nv, rng), alpha = randn(nv, rng, 3.0f),
+                               z = randn(static_cast<size_t>(nv) * dv, rng);
+      Dev<float> dx(x), db(b), dalpha(alpha), dz(z);
+      sc::conv_qk_norm(dx.p, dcw.p, K, dcs.p, dmixed.p, nk, nv, dk, dv, q_scale, nullptr);
+      sc::deltanet_step_fast(dS.p, dmixed.p, db.p, dalpha.p, da.p, ddt.p, dnorm.p, dz.p, eps, nk, nv, dk, dv,
+                             dscratch.p, dcounters.p, dout.p, nullptr);
+      std::vector<float> mixed(channels);
+      strata::conv1d_step(x.data(), convw.data(), K, channels, conv_state.data(), mixed.data());
+      for (float& m : mixed) m = strata::siluf(m);
+      float* q = mixed.data();
+      float* k = mixed.data() + key_dim;
+      for (int h = 0; h < nk; ++h) {
+        strata::l2norm_inplace(q + h * dk, dk, 1e-6f);
+        strata::l2norm_inplace(k + h * dk, dk, 1e-6f);
+        for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+      }
+      EXPECT_LE(rel_err(dmixed.get(), mixed), 1e-6) << "mixed, dk " << dk << " step " << step;
+      EXPECT_EQ(dcs.get(), conv_state) << "conv state, step " << step;
+      std::vector<float> ref(static_cast<size_t>(nv) * dv);
+      for (int h = 0; h < nv; ++h) {
+        const int kh = h % nk;
+        const float beta = strata::sigmoidf(b[h]);
+        const float g = a[h] * strata::softplusf(alpha[h] + dt_bias[h]);
+        float* o = ref.data() + static_cast<size_t>(h) * dv;
+        strata::deltanet_step(S.data() + static_cast<size_t>(h) * dk * dv, q + kh * dk, k + kh * dk,
+                              mixed.data() + 2 * key_dim + h * dv, g, beta, dk, dv, o);
+        strata::rmsnorm(o, norm_w.data(), eps, dv, o);
+        for (int j = 0; j < dv; ++j) o[j] *= strata::siluf(z[static_cast<size_t>(h) * dv + j]);
+      }
+      EXPECT_LE(rel_err(dout.get(), ref), 2e-5) << "output, dk " << dk << " step " << step;
+      EXPECT_LE(rel_err(dS.get(), S), 2e-5) << "state, dk " << dk << " step " << step;
+      EXPECT_EQ(dcounters.get(), std::vector<unsigned int>(nv, 0u)) << "counters must be left at zero";
+    }
+  }
+}
+
+TEST(CudaKernels, MoeCombineAddNormEqualsCombineThenRmsNorm) {
+  REQUIRE_GPU();
+  std::mt19937 rng(36);
+  const int k = 8, d = 2048;
+  const std::vector<float> ye = randn(k * d, rng), ys = randn(d, rng), x = randn(d, rng), nw = randn(d, rng);
+  const std::vector<int> ids = {200, 3, 17, 99, 4, 250, 0, 31};
+  const std::vector<float> wts = randn(k, rng, 0.3f), gate = {-0.4f};
+  Dev<float> dx(x), dye(ye), dys(ys), dw(wts), dg(gate), dnw(nw), dxn(d);
+  Dev<int> dids(ids);
+  sc::moe_combine_add_norm(dx.p, dye.p, dids.p, dw.p, k, d, dys.p, dg.p, dnw.p, 1e-6f, dxn.p, nullptr);
+  std::vector<int> order(k);
+  for (int i = 0; i < k; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+  std::vector<float> want(x), wn(d);
+  for (int j = 0; j < d; ++j) {
+    double acc = 0;
+    for (int s : order) acc += double(wts[s]) * ye[s * d + j];
+    acc += double(strata::sigmoidf(gate[0])) * ys[j];
+    want[j] += static_cast<float>(acc);
+  }
+  strata::rmsnorm(want.data(), nw.data(), 1e-6f, d, wn.data());
+  EXPECT_LE(rel_err(dx.get(), want), 1e-6);
+  EXPECT_LE(rel_err(dxn.get(), wn), 1e-5);
+}
+
+TEST(CudaKernels, ArgmaxWideAndRouteCounts) {
+  REQUIRE_GPU();
+  std::mt19937 rng(37);
+  const int64_t n = 248320;
+  Dev<unsigned long long> part(static_cast<size_t>(sc::argmax_wide_blocks(n)));
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  for (int rep = 0; rep < 3; ++rep) {  // the counter must be left at zero for the next call
+    std::vector<float> x = randn(static_cast<size_t>(n), rng);
+    const float top = *std::max_element(x.begin(), x.end()) + 1.0f;
+    x[n - 3 - rep] = top;
+    x[1000 + rep] = top;  // tie: the lower index wins
+    if (rep == 2) std::fill(x.begin(), x.end(), -1e30f), x[n - 1] = -1e29f;
+    Dev<float> dx(x);
+    Dev<int> out(1);
+    sc::argmax_wide(dx.p, n, part.p, counter.p, out.p, nullptr);
+    EXPECT_EQ(out.get()[0], strata::argmax(x.data(), n)) << rep;
+  }
+
+  const int n_expert = 64, k = 4;
+  std::vector<unsigned long long> counts(n_expert, 0);
+  Dev<unsigned long long> dcounts(counts);
+  for (int t = 0; t < 5; ++t) {
+    const std::vector<float> logits = randn(n_expert, rng);
+    Dev<float> dl(logits), dw(k);
+    Dev<int> dids(k);
+    sc::route_topk(dl.p, n_expert, k, true, dids.p, dw.p, nullptr, dcounts.p);
+    for (int id : dids.get()) ++counts[id];
+  }
+  EXPECT_EQ(dcounts.get(), counts);
+}
+
+// Split attention at a short context (one chunk), a long one (many chunks merged by the last block)
+// and again (the per-head counters must be left at zero), against attend_one_head.
+TEST(CudaKernels, AttentionDecodeSplitMatchesAttendOneHead) {
+  REQUIRE_GPU();
+  std::mt19937 rng(38);
+  for (bool gated : {false, true}) {
+    for (int pos : {5, 2999, 1700}) {
+      const int n_head = 4, n_kv = 2, hd = 256, max_ctx = 3000;
+      const int q_stride = gated ? 2 * hd : hd, kv_width = n_kv * hd;
+      const std::vector<float> q = randn(n_head * q_stride, rng),
+                               k = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),
+                               v = randn(static_cast<size_t>(max_ctx) * kv_width, rng);
+      Dev<float> dq(q), dk(k), dv(v), dout(n_head * hd),
+          scratch(sc::attention_scratch_floats(n_head, hd, max_ctx));
+      Dev<unsigned int> counters(std::vector<unsigned int>(n_head, 0u));
+      Dev<int> dpos(std::vector<int>{pos});
+      const float scale = 1.0f / std::sqrt(float(hd));
+      std::vector<float> ref(n_head * hd), scores(pos + 1);
+      for (int h = 0; h < n_head; ++h) {
+        const int g = h / (n_head / n_kv);
+        float* o = ref.data() + h * hd;
+        strata::attend_one_head(q.data() + h * q_stride, k.data() + g * hd, v.data() + g * hd, kv_width, pos + 1, hd,
+                                scale, scores.data(), o);
+        if (gated)
+          for (int d = 0; d < hd; ++d) o[d] *= strata::sigmoidf(q[h * q_stride + hd + d]);
+      }
+      for (int rep = 0; rep < 2; ++rep) {
+        cudaMemset(dout.p, 0xff, n_head * hd * sizeof(float));
+        sc::attention_decode_split(dq.p, q_stride, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, gated, dpos.p,
+                                   max_ctx, scratch.p, counters.p, dout.p, nullptr);
+        EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << "gated " << gated << " pos " << pos << " rep " << rep;
+      }
+      EXPECT_EQ(counters.get(), std::vector<unsigned int>(n_head, 0u));
+    }
+  }
+}
+
+// The RMSNorm epilogue of a batched launch sees every block's Accumulate output.
+TEST(CudaKernels, GemvNormEpilogueNormalisesTheAccumulatedRow) {
+  REQUIRE_GPU();
+  std::mt19937 rng(39);
+  const int64_t rows = 2048, cols = 4096;
+  const std::vector<uint8_t> w = make_weights(GgmlType::Q4_K, rows, cols, rng);
+  const std::vector<float> o = randn(cols, rng), x0 = randn(rows, rng, 4.0f), nw = randn(rows, rng);
+  Dev<uint8_t> dw(w);
+  Dev<float> dop(o), dx(x0), dnw(nw), dxn(rows);
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  const sc::DevMatrix m = dev_matrix(GgmlType::Q4_K, dw, rows, cols);
+  sc::GemvJob j;
+  j.w = &m, j.x = dop.p, j.y = dx.p, j.mode = sc::GemvMode::Accumulate;
+  sc::GemvNorm nm;
+  nm.x = dx.p, nm.w = dnw.p, nm.out = dxn.p, nm.eps = 1e-6f, nm.n = static_cast<int>(rows), nm.counter = counter.p;
+  sc::gemv_batch(&j, 1, nullptr, &nm);
+  std::vector<float> want = ref_matvec(GgmlType::Q4_K, w.data(), rows, cols, o.data());
+  for (int64_t r = 0; r < rows; ++r) want[r] += x0[r];
+  std::vector<float> wn(rows);
+  strata::rmsnorm(want.data(), nw.data(), 1e-6f, rows, wn.data());
+  EXPECT_LE(rel_err(dx.get(), want), 1e-5);
+  EXPECT_LE(rel_err(dxn.get(), wn), 1e-5);
+  EXPECT_EQ(counter.get()[0], 0u);
+}
+
+// The router epilogue: softmax + top-k of the logits the same launch computed, with counts, next to a
+// second job (the shared expert's gate) in the same launch.
+TEST(CudaKernels, GemvRouteEpilogueMatchesCpuTopK) {
+  REQUIRE_GPU();
+  std::mt19937 rng(40);
+  const int n_expert = 128, k = 8, cols = 1024;
+  const std::vector<uint8_t> w = make_weights(GgmlType::F32, n_expert, cols, rng);
+  const std::vector<uint8_t> w2 = make_weights(GgmlType::Q4_K, 300, cols, rng);
+  Dev<uint8_t> dw(w), dw2(w2);
+  Dev<float> dlog(n_expert), dy2(300), dwts(k);
+  Dev<int> dids(k);
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  Dev<unsigned long long> counts(std::vector<unsigned long long>(n_expert, 0ull));
+  const sc::DevMatrix m = dev_matrix(GgmlType::F32, dw, n_expert, cols), m2 = dev_matrix(GgmlType::Q4_K, dw2, 300, cols);
+  std::vector<unsigned long long> want_counts(n_expert, 0ull);
+  for (bool norm : {true, false}) {
+    const std::vector<float> x = randn(cols, rng);
+    Dev<float> dx(x);
+    sc::GemvJob jobs[2];
+    jobs[0].w = &m, jobs[0].x = dx.p, jobs[0].y = dlog.p;
+    jobs[1].w = &m2, jobs[1].x = dx.p, jobs[1].y = dy2.p;
+    sc::GemvRoute rt;
+    rt.logits = dlog.p, rt.n_expert = n_expert, rt.k = k, rt.norm_topk = norm, rt.ids = dids.p, rt.weights = dwts.p;
+    rt.counts = counts.p, rt.counter = counter.p;
+    sc::gemv_batch(jobs, 2, nullptr, nullptr, &rt);
+    std::vector<float> p = dlog.get();
+    EXPECT_LE(rel_err(p, ref_matvec(GgmlType::F32, w.data(), n_expert, cols, x.data())), 1e-5);
+    strata::softmax_inplace(p.data(), n_expert);
+    std::vector<int> idx(k);
+    strata::top_k(p.data(), n_expert, k, idx.data());
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += p[idx[j]];
+    std::vector<float> wref(k);
+    for (int j = 0; j < k; ++j) wref[j] = norm ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
+    EXPECT_EQ(dids.get(), idx) << norm;
+    EXPECT_LE(rel_err(dwts.get(), wref), 1e-6) << norm;
+    for (int id : idx) ++want_counts[id];
+    EXPECT_EQ(counter.get()[0], 0u);
+  }
+  EXPECT_EQ(counts.get(), want_counts);
+}
+
+// The down projections of k routed experts + the shared expert with the combine + next-norm epilogue.
+TEST(CudaKernels, GemvCombineEpilogueMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const int n_expert = 10, k = 4, ff = 256, d = 512;
+  const std::vector<int> ids = {7, 2, 9, 0};
+  const std::vector<uint8_t> down = make_weights(GgmlType::Q4_K, int64_t{d} * n_expert, ff, rng);
+  const std::vector<uint8_t> sdown = make_weights(GgmlType::Q6_K, d, ff, rng);
+  const std::vector<float> h = randn(static_cast<size_t>(k) * ff, rng), hs = randn(ff, rng), x = randn(d, rng, 2.0f),
+                           nw = randn(d, rng), wts = {0.4f, 0.3f, 0.2f, 0.1f}, gate = {0.3f};
+  Dev<uint8_t> dd(down), dsd(sdown);
+  Dev<float> dh(h), dhs(hs), dx(x), dnw(nw), dw(wts), dg(gate), dye(static_cast<size_t>(k) * d), dys(d), dxn(d);
+  Dev<int> dids(ids);
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  const sc::DevMatrix md = dev_matrix(GgmlType::Q4_K, dd, d, ff, n_expert), ms = dev_matrix(GgmlType::Q6_K, dsd, d, ff);
+  std::vector<sc::GemvJob> jobs(k + 1);
+  for (int j = 0; j < k; ++j) {
+    jobs[j].w = &md, jobs[j].x = dh.p + j * ff, jobs[j].y = dye.p + j * d, jobs[j].ids = dids.p, jobs[j].slot = j;
+  }
+  jobs[k].w = &ms, jobs[k].x = dhs.p, jobs[k].y = dys.p;
+  sc::GemvCombine cb;
+  cb.x = dx.p, cb.ye = dye.p, cb.ids = dids.p, cb.weights = dw.p, cb.k = k, cb.d = d, cb.ys = dys.p;
+  cb.shared_gate = dg.p, cb.norm_w = dnw.p, cb.eps = 1e-6f, cb.xn = dxn.p, cb.counter = counter.p;
+  sc::gemv_batch(jobs.data(), k + 1, nullptr, nullptr, nullptr, &cb);
+  const size_t stride = strata::row_bytes(GgmlType::Q4_K, ff) * d;
+  std::vector<std::vector<float>> ye(k);
+  for (int j = 0; j < k; ++j) ye[j] = ref_matvec(GgmlType::Q4_K, down.data() + stride * ids[j], d, ff, h.data() + j * ff);
+  const std::vector<float> ys = ref_matvec(GgmlType::Q6_K, sdown.data(), d, ff, hs.data());
+  const int order[] = {3, 1, 0, 2};  // slots by ascending expert id
+  std::vector<float> want(x), wn(d);
+  for (int i = 0; i < d; ++i) {
+    double acc = 0;
+    for (int s : order) acc += double(wts[s]) * ye[s][i];
+    acc += double(strata::sigmoidf(gate[0])) * ys[i];
+    want[i] += static_cast<float>(acc);
+  }
+  strata::rmsnorm(want.data(), nw.data(), 1e-6f, d, wn.data());
+  EXPECT_LE(rel_err(dx.get(), want), 1e-5);
+  EXPECT_LE(rel_err(dxn.get(), wn), 1e-5);
+  EXPECT_EQ(counter.get()[0], 0u);
 }
 
 }  // namespace

@@ -161,9 +161,12 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunchesAndResetRestarts) {
   auto model = strata::Model::load(kTiny);
   const int64_t vocab = model->config().n_vocab;
   const std::vector<int32_t> prompt = some_prompt(vocab, 10);
-  sc::GpuSessionOptions direct;
+  // Prompts run token by token here (batched_prefill off): this test is about the decode graph.
+  sc::GpuSessionOptions graph, direct;
+  graph.batched_prefill = false;
+  direct.batched_prefill = false;
   direct.use_graph = false;
-  sc::GpuSession a(*model, 16), b(*model, 16, direct);
+  sc::GpuSession a(*model, 16, graph), b(*model, 16, direct);
   std::vector<float> la(prompt.size() * vocab), lb(la.size()), lc(la.size());
   a.forward(prompt.data(), 10, la.data(), true);
   b.forward(prompt.data(), 10, lb.data(), true);
@@ -193,6 +196,25 @@ TEST(CudaModel, TinyDecodeRate) {
                 graph ? "CUDA graph" : "direct launches", n / sec, 1e3 * sec / n, n);
     EXPECT_EQ(s.n_past(), 8 + n);
   }
+}
+
+TEST(CudaModel, RoutingCountsCountEveryDecodePick) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const strata::ModelConfig& c = model->config();
+  sc::GpuSession s(*model, 32);
+  int32_t t = 1;
+  const int n = 7;
+  for (int i = 0; i < n; ++i) t = s.decode_argmax(t);
+  const std::vector<uint64_t> counts = s.routing_counts();
+  ASSERT_EQ(counts.size(), static_cast<size_t>(c.n_layer) * c.n_expert);
+  for (int il = 0; il < c.n_layer; ++il) {
+    uint64_t sum = 0;
+    for (int e = 0; e < c.n_expert; ++e) sum += counts[static_cast<size_t>(il) * c.n_expert + e];
+    EXPECT_EQ(sum, static_cast<uint64_t>(n) * c.n_expert_used) << "layer " << il;
+  }
+  s.reset_routing_counts();
+  for (uint64_t v : s.routing_counts()) EXPECT_EQ(v, 0u);
 }
 
 TEST(CudaModel, RejectsBadInputsWithoutChangingState) {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/engine/model.h"
@@ -16,7 +17,9 @@ namespace {
 
 class GpuBenchBackend final : public BenchBackend {
  public:
-  GpuBenchBackend(const Model& model, int max_ctx) : session_(make_gpu_session(model, max_ctx)) {}
+  GpuBenchBackend(const Model& model, int max_ctx, GpuSessionOptions options)
+      : session_(make_gpu_session(model, max_ctx, std::move(options))) {}
+  GpuSession& session() const { return *session_; }
   std::string name() const override { return "cuda"; }
   int64_t n_vocab() const override { return session_->model().config().n_vocab; }
   void reset() override { session_->reset(); }
@@ -33,9 +36,23 @@ class GpuBenchBackend final : public BenchBackend {
 
 }  // namespace
 
-std::unique_ptr<BenchBackend> make_gpu_bench_backend(const Model& model, int max_ctx) {
-  return std::make_unique<GpuBenchBackend>(model, max_ctx);
+std::unique_ptr<BenchBackend> make_gpu_bench_backend(const Model& model, int max_ctx, GpuSessionOptions options) {
+  return std::make_unique<GpuBenchBackend>(model, max_ctx, std::move(options));
 }
+
+namespace {
+GpuSession& gpu_session_of(const BenchBackend& backend) {
+  const auto* b = dynamic_cast<const GpuBenchBackend*>(&backend);
+  if (b == nullptr) fail("hybrid telemetry: the bench backend is not a GPU session");
+  return b->session();
+}
+}  // namespace
+
+HybridTelemetry gpu_bench_hybrid_telemetry(const BenchBackend& backend) {
+  return gpu_session_of(backend).hybrid_telemetry();
+}
+
+void gpu_bench_reset_hybrid_telemetry(BenchBackend& backend) { gpu_session_of(backend).reset_hybrid_telemetry(); }
 
 BandwidthResult measure_gpu_copy_bandwidth(size_t bytes, int passes) {
   void* a = nullptr;

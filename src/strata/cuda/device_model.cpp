@@ -34,7 +34,7 @@ DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer
   return d;
 }
 
-DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer) {
+DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots) {
   const WeightMatrix& w = s.first;
   if (!supported_type(w.type))
     fail("CUDA backend: tensor blk.", layer, ".", what, " has type ", type_traits(w.type).name,
@@ -44,12 +44,22 @@ DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer)
   d.n_rows = w.n_rows;
   d.n_cols = w.n_cols;
   d.row_bytes = row_bytes(w.type, w.n_cols);
-  d.n_expert = s.n_expert;
   d.expert_stride = d.row_bytes * static_cast<size_t>(w.n_rows);
-  uint8_t* dst = static_cast<uint8_t*>(alloc(d.expert_stride * static_cast<size_t>(s.n_expert)));
+  // With a slot map only the hot experts are uploaded, expert e to slot (*slots)[e].
+  int n_hot = s.n_expert;
+  if (slots) {
+    n_hot = 0;
+    for (int slot : *slots) n_hot += slot >= 0 ? 1 : 0;
+  }
+  d.n_expert = n_hot;
+  const size_t total = d.expert_stride * static_cast<size_t>(n_hot);
+  uint8_t* dst = static_cast<uint8_t*>(alloc(total));
+  expert_bytes_ += total;
   for (int e = 0; e < s.n_expert; ++e) {
+    const int slot = slots ? (*slots)[static_cast<size_t>(e)] : e;
+    if (slot < 0) continue;
     const WeightMatrix we = s.expert(e);
-    check_cuda(cudaMemcpy2D(dst + static_cast<size_t>(e) * d.expert_stride, d.row_bytes, we.data, we.row_stride,
+    check_cuda(cudaMemcpy2D(dst + static_cast<size_t>(slot) * d.expert_stride, d.row_bytes, we.data, we.row_stride,
                             d.row_bytes, static_cast<size_t>(w.n_rows), cudaMemcpyHostToDevice),
                what);
   }
@@ -63,8 +73,34 @@ const float* DeviceModel::upload(const std::vector<float>& v) {
   return dst;
 }
 
-DeviceModel::DeviceModel(const Model& model) : config_(model.config()) {
+std::vector<int> validate_expert_slots(const Model& model, const std::vector<std::vector<int>>& expert_slots) {
   const ModelWeights& w = model.weights();
+  if (expert_slots.size() != w.layers.size())
+    fail("expert slot map: ", expert_slots.size(), " layers given, the model has ", w.layers.size());
+  std::vector<int> n_hot(w.layers.size(), 0);
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::vector<int>& row = expert_slots[il];
+    const int n_exp = w.layers[il].moe.gate.n_expert;
+    if (static_cast<int>(row.size()) != n_exp)
+      fail("expert slot map: layer ", il, " has ", row.size(), " entries, the layer has ", n_exp, " experts");
+    int next = 0;
+    for (int e = 0; e < n_exp; ++e) {
+      const int slot = row[static_cast<size_t>(e)];
+      if (slot == -1) continue;
+      if (slot != next)
+        fail("expert slot map: layer ", il, " expert ", e, " has slot ", slot, ", expected ", next,
+             " (hot experts take slots 0, 1, ... in ascending expert id; cold ones -1)");
+      ++next;
+    }
+    n_hot[il] = next;
+  }
+  return n_hot;
+}
+
+DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots)
+    : config_(model.config()), expert_slots_(expert_slots) {
+  const ModelWeights& w = model.weights();
+  if (!expert_slots_.empty()) validate_expert_slots(model, expert_slots_);
   try {
     token_embd = upload(w.token_embd, "token_embd.weight", -1);
     output = w.tied_output ? token_embd : upload(w.output, "output.weight", -1);
@@ -96,9 +132,10 @@ DeviceModel::DeviceModel(const Model& model) : config_(model.config()) {
         D.deltanet.norm = upload(L.deltanet.norm);
       }
       D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
-      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l);
-      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l);
-      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l);
+      const std::vector<int>* slots = expert_slots_.empty() ? nullptr : &expert_slots_[il];
+      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots);
+      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots);
+      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots);
       D.moe.has_shared = L.moe.has_shared;
       if (L.moe.has_shared) {
         D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);

@@ -41,7 +41,12 @@ class DeviceModel {
  public:
   // Uploads every weight; fails (strata::Error) on a weight type the CUDA kernels do not support,
   // naming the tensor, or when the GPU runs out of memory.
-  explicit DeviceModel(const Model& model);
+  // expert_slots (issue 8): empty = every routed expert resident. Otherwise [layer][expert] -> slot in
+  // that layer's GPU expert stacks, slots 0..n_hot-1 given in ascending expert id, or -1 = cold: the
+  // layer's gate/up/down stacks then hold only the hot experts in slot order (n_expert = n_hot) and
+  // cold experts are never uploaded (the CPU reads them from the mapped GGUF). A malformed map fails
+  // with a message naming the layer and expert.
+  explicit DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots = {});
   ~DeviceModel();
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
@@ -51,16 +56,27 @@ class DeviceModel {
   const float* output_norm = nullptr;
   std::vector<DevLayer> layers;
   size_t bytes() const { return bytes_; }
+  // The slot map the model was built with (empty: all experts resident).
+  const std::vector<std::vector<int>>& expert_slots() const { return expert_slots_; }
+  bool hybrid() const { return !expert_slots_.empty(); }
+  size_t expert_bytes() const { return expert_bytes_; }  // bytes of routed-expert stacks uploaded
 
  private:
   void* alloc(size_t n);
   DevMatrix upload(const WeightMatrix& w, const char* what, int layer);
-  DevMatrix upload(const ExpertStack& s, const char* what, int layer);
+  DevMatrix upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots);
   const float* upload(const std::vector<float>& v);
 
   ModelConfig config_;
   std::vector<void*> allocations_;
   size_t bytes_ = 0;
+  size_t expert_bytes_ = 0;
+  std::vector<std::vector<int>> expert_slots_;
 };
+
+// Checks a slot map against the model (one row per layer, one entry per expert, hot slots numbered
+// 0..n_hot-1 in ascending expert id, everything else -1); fails naming the layer and expert.
+// Returns the hot count per layer.
+std::vector<int> validate_expert_slots(const Model& model, const std::vector<std::vector<int>>& expert_slots);
 
 }  // namespace strata::cuda

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,7 +14,10 @@
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/hybrid_moe.h"
+#include "strata/cuda/decode_profile.h"
 #include "strata/cuda/kernels.h"
+#include "strata/cuda/matvec_kernels.h"
+#include "strata/cuda/prefill.h"
 
 namespace strata::cuda {
 
@@ -49,6 +53,7 @@ struct GpuSession::Impl {
   cudaStream_t stream = nullptr;
   cudaGraphExec_t graph = nullptr;
   std::unique_ptr<HybridMoe> hybrid;  // set when opt.expert_slots is not empty
+  std::unique_ptr<GpuPrefill> prefill;  // batched prefill (opt.batched_prefill), made on first use
 
   std::vector<void*> allocs;
   size_t state_bytes = 0;
@@ -58,14 +63,25 @@ struct GpuSession::Impl {
   int* d_argmax = nullptr;
   float *x, *xn, *y, *q, *kk, *vv, *o, *scores;
   float *qkv, *mixed, *z, *b, *alpha, *o2;
-  float *router, *wts, *g, *u, *ye, *sg, *gs, *us, *ys;
+  float *router, *wts, *g, *u, *ye, *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
   int* ids;
   float* logits;
+  float* h_logits = nullptr;                  // pinned staging for logits copies (pageable copies are ~8x slower)
+  unsigned long long* argmax_part = nullptr;  // argmax_wide scratch
+  unsigned int* argmax_counter = nullptr;
+  unsigned long long* route_counts = nullptr;  // [n_layer x n_expert] router selections (decode steps)
+  float* attn_scratch = nullptr;               // attention_decode_split partials
+  unsigned int* attn_counters = nullptr;
+  unsigned int* norm_counter = nullptr;        // GemvNorm epilogues (one launch at a time on the stream)
+  double* dn_scratch = nullptr;                // deltanet_step_fast per-slice sums of squares
+  unsigned int* dn_counters = nullptr;
+  DecodeProfile prof;                           // STRATA_GPU_PROFILE=1: per-operation times, direct launches
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
-      : model(m), c(m.config()), dm(m), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
+      : model(m), c(m.config()), dm(m, o.expert_slots), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
     try {
       allocate();
+      if (!opt.expert_slots.empty()) hybrid = make_hybrid_moe(model, dm, opt);  // issue 8
     } catch (...) {
       release();
       throw;
@@ -99,6 +115,32 @@ struct GpuSession::Impl {
     x = dalloc<float>(d);
     xn = dalloc<float>(d);
     y = dalloc<float>(d);
+    if (c.n_full_attention_layers() > 0) {
+      q = dalloc<float>(static_cast<size_t>(c.n_head) * q_stride_head());
+      kk = dalloc<float>(kv_width());
+      vv = dalloc<float>(kv_width());
+      o = dalloc<float>(static_cast<size_t>(c.n_head) * c.head_dim);
+      scores = dalloc<float>(static_cast<size_t>(c.n_head) * max_ctx);
+      attn_scratch = dalloc<float>(attention_scratch_floats(c.n_head, c.head_dim, max_ctx));
+      attn_counters = dalloc<unsigned int>(static_cast<size_t>(c.n_head));
+    }
+    if (c.n_deltanet_layers() > 0) {
+      const size_t ch = static_cast<size_t>(c.ssm_conv_channels());
+      const size_t vdim = static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_v;
+      qkv = dalloc<float>(ch);
+      mixed = dalloc<float>(ch);
+      z = dalloc<float>(vdim);
+      b = dalloc<float>(c.ssm_v_heads);
+      alpha = dalloc<float>(c.ssm_v_heads);
+      o2 = dalloc<float>(vdim);
+      dn_scratch = dalloc<double>(deltanet_scratch_doubles(c.ssm_v_heads, c.ssm_head_v));
+      dn_counters = dalloc<unsigned int>(static_cast<size_t>(c.ssm_v_heads));
+    }
+    argmax_part = dalloc<unsigned long long>(static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
+    argmax_counter = dalloc<unsigned int>(1);
+    route_counts = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
+    norm_counter = dalloc<unsigned int>(1);
+    check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
     const size_t k = static_cast<size_t>(c.n_expert_used);
     router = dalloc<float>(c.n_expert);
     ids = dalloc<int>(k);
@@ -123,78 +165,150 @@ struct GpuSession::Impl {
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
     h_io = nullptr;
+    if (h_logits) cudaFreeHost(h_logits);
+    h_logits = nullptr;
+    prof.release();
     if (stream) cudaStreamDestroy(stream);
     stream = nullptr;
   }
 
+  // Each layer's mixer ends by adding its output projection into x (GemvMode::Accumulate) and leaving
+  // xn = rmsnorm(x) * ffn_norm for the MoE FFN.
   void attention(const DevLayer& D, DeviceLayerState& L) {
     const DevAttention& w = D.attn;
     const int hd = c.head_dim;
     const int* pos = d_io + 1;
-    matvec(w.q, xn, q, stream);
-    matvec(w.k, xn, kk, stream);
-    matvec(w.v, xn, vv, stream);
-    norm_rope_heads(q, q_stride_head(), q, q_stride_head(), 0, c.n_head, hd, w.q_norm, c.rms_eps, c.rope_dims,
-                    c.rope_freq_base, pos, stream);
-    norm_rope_heads(kk, hd, L.k, hd, kv_width(), c.n_head_kv, hd, w.k_norm, c.rms_eps, c.rope_dims, c.rope_freq_base,
-                    pos, stream);
-    store_row_at_pos(vv, L.v, kv_width(), pos, stream);
+    GemvJob jobs[3];
+    jobs[0].w = &w.q, jobs[0].x = xn, jobs[0].y = q;
+    jobs[1].w = &w.k, jobs[1].x = xn, jobs[1].y = kk;
+    jobs[2].w = &w.v, jobs[2].x = xn, jobs[2].y = vv;
+    gemv_batch(jobs, 3, stream);
+    prof.mark("attn q/k/v gemv", stream);
+    attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
+              c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream);
+    prof.mark("attn norm+rope", stream);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    attention_decode(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale, c.attn_output_gate,
-                     pos, max_ctx, scores, o, stream);
-    matvec(w.o, o, y, stream);
+    attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale,
+                           c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream);
+    prof.mark("attn decode", stream);
+    GemvJob out;
+    out.w = &w.o, out.x = o, out.y = x, out.mode = GemvMode::Accumulate;
+    const GemvNorm nm = ffn_norm(D);
+    gemv_batch(&out, 1, stream, &nm);
+    prof.mark("attn out gemv+norm", stream);
+  }
+
+  // xn = rmsnorm(x) * ffn_norm, run at the end of the mixer's output projection (GemvNorm epilogue).
+  GemvNorm ffn_norm(const DevLayer& D) const {
+    GemvNorm nm;
+    nm.x = x, nm.w = D.ffn_norm, nm.out = xn, nm.eps = c.rms_eps, nm.n = c.n_embd, nm.counter = norm_counter;
+    return nm;
   }
 
   void deltanet(const DevLayer& D, DeviceLayerState& L) {
     const DevDeltaNet& w = D.deltanet;
-    matvec(w.qkv, xn, qkv, stream);
-    matvec(w.gate, xn, z, stream);
-    matvec(w.beta, xn, b, stream);
-    matvec(w.alpha, xn, alpha, stream);
-    conv1d_silu_step(qkv, w.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, mixed, stream);
-    deltanet_qk_norm(mixed, c.ssm_k_heads, c.ssm_head_k, 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), stream);
-    deltanet_step_gated(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
-                        c.ssm_head_k, c.ssm_head_v, o2, stream);
-    matvec(w.out, o2, y, stream);
+    GemvJob jobs[4];
+    jobs[0].w = &w.qkv, jobs[0].x = xn, jobs[0].y = qkv;
+    jobs[1].w = &w.gate, jobs[1].x = xn, jobs[1].y = z;
+    jobs[2].w = &w.beta, jobs[2].x = xn, jobs[2].y = b;
+    jobs[3].w = &w.alpha, jobs[3].x = xn, jobs[3].y = alpha;
+    gemv_batch(jobs, 4, stream);
+    prof.mark("dn in gemv", stream);
+    conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
+                 c.ssm_head_v, 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), stream);
+    prof.mark("dn conv+qknorm", stream);
+    deltanet_step_fast(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
+                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream);
+    prof.mark("dn step", stream);
+    GemvJob out;
+    out.w = &w.out, out.x = o2, out.y = x, out.mode = GemvMode::Accumulate;
+    const GemvNorm nm = ffn_norm(D);
+    gemv_batch(&out, 1, stream, &nm);
+    prof.mark("dn out gemv+norm", stream);
   }
 
-  void moe(int il, const DevMoe& w) {
-    if (hybrid) return hybrid->enqueue_decode(il, xn, x, stream);  // issue 8: hot/cold experts
-    const int k = c.n_expert_used;
-    matvec(w.router, xn, router, stream);
-    route_topk(router, c.n_expert, k, c.norm_topk, ids, wts, stream);
-    matvec_routed(w.gate, ids, k, xn, 0, g, stream);
-    matvec_routed(w.up, ids, k, xn, 0, u, stream);
-    swiglu(g, u, static_cast<int64_t>(k) * c.n_ff_exp, g, stream);
-    matvec_routed(w.down, ids, k, g, c.n_ff_exp, ye, stream);
-    if (w.has_shared) {
-      matvec(w.shared_gate_inp, xn, sg, stream);
-      matvec(w.shared_gate, xn, gs, stream);
-      matvec(w.shared_up, xn, us, stream);
-      swiglu(gs, us, c.n_ff_shexp, gs, stream);
-      matvec(w.shared_down, gs, ys, stream);
+  // Runs jobs in launches of at most kMaxGemvJobs.
+  void gemv_chunks(const std::vector<GemvJob>& jobs, const char* what) {
+    for (size_t i = 0; i < jobs.size(); i += kMaxGemvJobs)
+      gemv_batch(jobs.data() + i, static_cast<int>(std::min<size_t>(kMaxGemvJobs, jobs.size() - i)), stream);
+    prof.mark(what, stream);
+  }
+
+  // The MoE FFN: x += experts(xn), then xn = rmsnorm(x) * next_norm (the next layer's input norm).
+  // Launches: router + top-k (+ shared gate/up), routed gate+up+SwiGLU, routed + shared down + combine.
+  void moe(int il, const DevMoe& w, const float* next_norm) {
+    if (hybrid) {  // issue 8: hot/cold experts
+      hybrid->enqueue_decode(il, xn, x, stream);
+      prof.mark("hybrid moe", stream);
+      rmsnorm_rows(x, next_norm, c.rms_eps, 1, c.n_embd, xn, stream);
+      prof.mark("rmsnorm", stream);
+      return;
     }
-    moe_combine_add(x, ye, ids, wts, k, c.n_embd, w.has_shared ? ys : nullptr, sg, stream);
+    const int k = c.n_expert_used;
+    const int64_t d = c.n_embd;
+    std::vector<GemvJob> first(1);
+    first[0].w = &w.router, first[0].x = xn, first[0].y = router;
+    if (w.has_shared) {
+      GemvJob gate_inp, pair;
+      gate_inp.w = &w.shared_gate_inp, gate_inp.x = xn, gate_inp.y = sg;
+      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.x = xn, pair.y = gs, pair.mode = GemvMode::SwigluPair;
+      first.push_back(gate_inp);
+      first.push_back(pair);
+    }
+    GemvRoute rt;  // softmax + top-k by the launch's last block
+    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
+    rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    gemv_batch(first.data(), static_cast<int>(first.size()), stream, nullptr, &rt);
+    prof.mark("moe router+top-k+shared gate/up", stream);
+    std::vector<GemvJob> up(static_cast<size_t>(k)), down(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) {
+      GemvJob& a = up[j];
+      a.w = &w.gate, a.w2 = &w.up, a.x = xn, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
+      a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
+      GemvJob& e = down[j];
+      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
+    }
+    gemv_chunks(up, "moe experts gate+up");
+    if (w.has_shared) {
+      GemvJob sd;
+      sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
+      down.push_back(sd);
+    }
+    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine + next norm by the launch's last block
+      GemvCombine cb;
+      cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+      cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = next_norm, cb.eps = c.rms_eps, cb.xn = xn;
+      cb.counter = norm_counter;
+      gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
+      prof.mark("moe experts+shared down+combine", stream);
+    } else {
+      gemv_chunks(down, "moe experts+shared down");
+      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, w.has_shared ? ys : nullptr, sg, next_norm, c.rms_eps, xn,
+                           stream);
+      prof.mark("moe combine+norm", stream);
+    }
   }
 
   // Every kernel of one decode step, reading the token and position from d_io.
   void enqueue_step() {
+    prof.mark(nullptr, stream);  // step start
     embed_row(dm.token_embd, d_io, x, stream);
+    prof.mark("embed", stream);
+    rmsnorm_rows(x, dm.layers[0].attn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
+    prof.mark("rmsnorm", stream);
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
-      rmsnorm_rows(x, D.attn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
       if (D.kind == LayerKind::FullAttention) {
         attention(D, st.layers[il]);
       } else {
         deltanet(D, st.layers[il]);
       }
-      add_inplace(x, y, c.n_embd, stream);
-      rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-      moe(il, D.moe);
+      moe(il, D.moe, il + 1 < c.n_layer ? dm.layers[il + 1].attn_norm : dm.output_norm);
     }
-    rmsnorm_rows(x, dm.output_norm, c.rms_eps, 1, c.n_embd, xn, stream);
     matvec(dm.output, xn, logits, stream);
-    argmax(logits, c.n_vocab, d_argmax, stream);
+    prof.mark("lm_head gemv", stream);
+    argmax_wide(logits, c.n_vocab, argmax_part, argmax_counter, d_argmax, stream);
+    prof.mark("argmax", stream);
   }
 
   // Runs one token at position n_past; leaves logits and arg-max on the device (stream not synchronised).
@@ -203,11 +317,13 @@ struct GpuSession::Impl {
     h_io[0] = token;
     h_io[1] = n_past;
     check_cuda(cudaMemcpyAsync(d_io, h_io, 2 * sizeof(int), cudaMemcpyHostToDevice, stream), "copy token");
-    if (!opt.use_graph) {
+    if (!opt.use_graph || prof.on) {
       enqueue_step();
     } else {
       if (!graph) capture();
+      prof.mark_graph(nullptr, stream);
       check_cuda(cudaGraphLaunch(graph, stream), "cudaGraphLaunch");
+      prof.mark_graph("decode step (graph)", stream);
     }
     ++n_past;
   }
@@ -228,7 +344,10 @@ struct GpuSession::Impl {
     check_cuda(st, "cudaGraphInstantiate");
   }
 
-  void sync() { check_cuda(cudaStreamSynchronize(stream), "decode step"); }
+  void sync() {
+    check_cuda(cudaStreamSynchronize(stream), "decode step");
+    prof.collect();
+  }
 
   void validate(const int32_t* tokens, int n) const {
     if (n <= 0) fail("forward needs at least one token");
@@ -247,15 +366,29 @@ GpuSession::~GpuSession() = default;
 void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   Impl& m = *impl_;
   m.validate(tokens, n);
+  if (n > 1 && m.opt.batched_prefill) {
+    if (!m.prefill) {
+      PrefillOptions po;
+      po.math = m.opt.prefill_math;
+      po.max_chunk = m.opt.prefill_chunk;
+      m.prefill = std::make_unique<GpuPrefill>(m.dm, po);
+    }
+    m.prefill->run(m.st, tokens, n, logits_out, all_positions, m.stream, m.hybrid.get(), m.route_counts);
+    if (route_sink_) collect_routing_counts();  // issue 8: --profile
+    return;
+  }
   const size_t vocab = static_cast<size_t>(m.c.n_vocab);
   for (int t = 0; t < n; ++t) {
     m.step(tokens[t]);
-    if (all_positions || t == n - 1) {
-      float* dst = logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0);
-      check_cuda(cudaMemcpyAsync(dst, m.logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, m.stream), "copy logits");
-    }
+    const bool copy = all_positions || t == n - 1;
+    if (copy)
+      check_cuda(cudaMemcpyAsync(m.h_logits, m.logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
+                 "copy logits");
     m.sync();
+    if (copy)
+      std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), m.h_logits, vocab * sizeof(float));
   }
+  if (route_sink_) collect_routing_counts();  // issue 8: --profile
 }
 
 int32_t GpuSession::decode_argmax(int32_t token) {
@@ -273,11 +406,37 @@ void GpuSession::reset() {
   m.sync();
 }
 
+std::vector<uint64_t> GpuSession::routing_counts() const {
+  Impl& m = *impl_;
+  const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
+  std::vector<unsigned long long> raw(n);
+  check_cuda(cudaMemcpyAsync(raw.data(), m.route_counts, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                             m.stream),
+             "copy routing counts");
+  check_cuda(cudaStreamSynchronize(m.stream), "copy routing counts");
+  return std::vector<uint64_t>(raw.begin(), raw.end());
+}
+
+void GpuSession::reset_routing_counts() {
+  Impl& m = *impl_;
+  const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
+  check_cuda(cudaMemsetAsync(m.route_counts, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
+  m.sync();
+}
+
 int GpuSession::n_past() const { return impl_->n_past; }
 int GpuSession::max_ctx() const { return impl_->max_ctx; }
 const Model& GpuSession::model() const { return impl_->model; }
 size_t GpuSession::weight_bytes() const { return impl_->dm.bytes(); }
 size_t GpuSession::state_bytes() const { return impl_->state_bytes + impl_->st.bytes(); }
+bool GpuSession::hybrid() const { return impl_->hybrid != nullptr; }
+HybridTelemetry GpuSession::hybrid_telemetry() const {
+  if (!impl_->hybrid) fail("hybrid telemetry: this GPU session has every expert resident (no expert slot map)");
+  return impl_->hybrid->telemetry();
+}
+void GpuSession::reset_hybrid_telemetry() {
+  if (impl_->hybrid) impl_->hybrid->reset_telemetry();
+}
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options) {
   return std::make_unique<GpuSession>(model, max_ctx, options);
@@ -290,7 +449,13 @@ std::vector<int32_t> generate_greedy(GpuSession& session, const std::vector<int3
   if (session.n_past() + static_cast<int>(prompt.size()) + n_new - 1 > session.max_ctx())
     fail("prompt of ", prompt.size(), " tokens plus ", n_new, " new ones exceeds the context of ", session.max_ctx());
   // Prefill all but the last prompt token without copying logits; the last one yields the first pick.
-  for (size_t i = 0; i + 1 < prompt.size(); ++i) session.decode_argmax(prompt[i]);
+  if (prompt.size() > 2) {
+    // All but the last prompt token in one forward (the batched prefill when the session uses it).
+    std::vector<float> discard(static_cast<size_t>(session.model().config().n_vocab));
+    session.forward(prompt.data(), static_cast<int>(prompt.size()) - 1, discard.data(), false);
+  } else {
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) session.decode_argmax(prompt[i]);
+  }
   int32_t next = session.decode_argmax(prompt.back());
   for (int i = 0; i < n_new; ++i) {
     out.push_back(next);

@@ -4,8 +4,8 @@
 // Decode (one token) is one CUDA graph, captured on the first step and replayed for every later token:
 // the token id and position are copied into device memory before each replay, and every buffer
 // (activations, KV cache, DeltaNet state, scratch) is allocated once at construction, so a decode step
-// allocates nothing. Prefill currently runs the prompt token by token through the same decode graph
-// (a batched prefill path is future work); its results equal the CPU engine's to float rounding.
+// allocates nothing. A prompt (forward with n > 1) runs through the batched prefill (prefill.h) unless
+// GpuSessionOptions::batched_prefill is false, then token by token through the decode graph.
 // Plain C++ header: include it only where STRATA_HAVE_CUDA is defined (the library exists then).
 #pragma once
 
@@ -17,6 +17,8 @@
 
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
+#include "strata/cuda/hybrid_types.h"
+#include "strata/cuda/prefill_math.h"
 
 namespace strata::cuda {
 
@@ -32,6 +34,13 @@ struct GpuSessionOptions {
   // computed on the CPU from the mapped GGUF and never uploaded.
   std::vector<std::vector<int>> expert_slots;
   int cpu_threads = 0;  // CPU workers for cold experts (0: a default from the core count)
+  HybridMode hybrid_mode = HybridMode::Doorbell;  // how cold picks reach the CPU (hybrid_types.h)
+  // Prompts (forward with n > 1) run through the batched prefill (prefill.h: chunks of prefill_chunk
+  // tokens, matrix-matrix products) in the arithmetic prefill_math names (prefill_math.h); false: token
+  // by token through the decode step.
+  bool batched_prefill = true;
+  PrefillMath prefill_math = PrefillMath::Fast;
+  int prefill_chunk = 512;
 };
 
 class GpuSession : public Sequence {
@@ -58,9 +67,31 @@ class GpuSession : public Sequence {
   size_t weight_bytes() const;    // bytes of weights in GPU memory
   size_t state_bytes() const;     // KV cache, DeltaNet state and workspaces
 
+  // Router selections counted by the all-GPU decode step: [n_layer x n_expert] (row-major), summed
+  // since construction or the last reset_routing_counts(). Counting is always on (one atomic add per
+  // pick). Hybrid sessions route in HybridMoe and batched prefill in its own kernels: not counted here.
+  std::vector<uint64_t> routing_counts() const;
+  void reset_routing_counts();
+  // Hybrid hot/cold experts (issue 8): whether expert_slots was given, and the counters of the cold
+  // path (tokens, picks, cold picks per layer, CPU time, GPU wait). telemetry fails when not hybrid.
+  bool hybrid() const;
+  HybridTelemetry hybrid_telemetry() const;
+  void reset_hybrid_telemetry();
+
+  // Sequence::set_routing_counts: after every forward, the selections counted since the last one
+  // (routing_counts() of the all-GPU step, reset after reading; the hybrid MoE's expert_picks, read as
+  // a difference so --telemetry keeps its totals) are added to *counts. Its n_tokens grows by the
+  // tokens whose routes were counted: the all-GPU batched prefill does not count routes yet, so there
+  // a prompt adds nothing and the profile holds the decode steps (hotness stays counts / n_tokens).
+  // Costs one small device-to-host copy per forward while set. Implemented in gpu_session_routing.cpp.
+  void set_routing_counts(RoutingCounts* counts) override;
+
  private:
+  void collect_routing_counts();
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  RoutingCounts* route_sink_ = nullptr;
+  std::vector<uint64_t> hybrid_picks_seen_;  // expert_picks at the last collection (hybrid sessions)
 };
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options = {});

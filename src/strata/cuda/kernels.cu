@@ -2,22 +2,18 @@
 // graph-capturable, one simple kernel per operation; fusion and bandwidth tuning come later.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/decode_combine.cuh"
+#include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/kernels.h"
+#include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
@@ -63,62 +59,10 @@ __device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)
 
 int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 
-// ---- matvec ---------------------------------------------------------------------------------------
-// One warp per row; float types read element-strided (coalesced), quantised types one 32-weight chunk
-// per lane.
-template <GgmlType T>
-__global__ void matvec_kernel(const uint8_t* w, size_t row_bytes, size_t expert_stride, int64_t n_rows,
-                              int64_t n_cols, const int* ids, const float* x, int64_t x_slot_stride, float* y) {
-  const int slot = blockIdx.y;
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= n_rows) return;
-  const size_t expert = ids ? static_cast<size_t>(ids[slot]) : 0;
-  const uint8_t* r = w + expert * expert_stride + static_cast<size_t>(row) * row_bytes;
-  const float* xs = x + slot * x_slot_stride;
-  float acc = 0.0f;
-  if constexpr (is_float_type<T>()) {
-    for (int64_t i = lane; i < n_cols; i += 32) acc += float_elem<T>(r, i) * xs[i];
-  } else {
-    const int64_t n_chunks = n_cols / 32;
-    float wv[32];
-    for (int64_t c = lane; c < n_chunks; c += 32) {
-      decode_chunk<T>(r, c, wv);
-      const float* xc = xs + c * 32;
-#pragma unroll
-      for (int l = 0; l < 32; ++l) acc += wv[l] * xc[l];
-    }
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) y[slot * n_rows + row] = acc;
-}
-
-template <GgmlType T>
-void launch_matvec_t(const DevMatrix& w, const int* ids, int n_slots, const float* x, int64_t x_slot_stride, float* y,
-                     cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((w.n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock), static_cast<unsigned>(n_slots));
-  matvec_kernel<T><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_bytes, w.expert_stride, w.n_rows, w.n_cols, ids,
-                                                         x, x_slot_stride, y);
-  check_launch("matvec");
-}
-
-void launch_matvec(const DevMatrix& w, const int* ids, int n_slots, const float* x, int64_t x_slot_stride, float* y,
-                   cudaStream_t s) {
-  switch (w.type) {
-    case GgmlType::F32: return launch_matvec_t<GgmlType::F32>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::F16: return launch_matvec_t<GgmlType::F16>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::BF16: return launch_matvec_t<GgmlType::BF16>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::Q8_0: return launch_matvec_t<GgmlType::Q8_0>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::Q4_K: return launch_matvec_t<GgmlType::Q4_K>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::Q5_K: return launch_matvec_t<GgmlType::Q5_K>(w, ids, n_slots, x, x_slot_stride, y, s);
-    case GgmlType::Q6_K: return launch_matvec_t<GgmlType::Q6_K>(w, ids, n_slots, x, x_slot_stride, y, s);
-    default: fail_unsupported_type("matvec", w.type);
-  }
-}
-
 // ---- embedding row --------------------------------------------------------------------------------
 template <GgmlType T>
 __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, int64_t n_cols, const int* token, float* x) {
+  pdl_enter();
   const uint8_t* r = table + static_cast<size_t>(*token) * row_bytes;
   if constexpr (is_float_type<T>()) {
     for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_cols; i += gridDim.x * blockDim.x)
@@ -135,12 +79,13 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, int64_t n_c
 
 template <GgmlType T>
 void launch_embed_t(const DevMatrix& t, const int* token, float* x, cudaStream_t s) {
-  embed_kernel<T><<<blocks_for(t.n_cols, 256), 256, 0, s>>>(t.data, t.row_bytes, t.n_cols, token, x);
-  check_launch("embed_row");
+  launch_pdl("embed_row", embed_kernel<T>, dim3(blocks_for(t.n_cols, 256)), dim3(256), 0, s, t.data, t.row_bytes,
+             t.n_cols, token, x);
 }
 
 // ---- norms, rotary, attention ---------------------------------------------------------------------
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int d, float* out) {
+  pdl_enter();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
   float* o = out + static_cast<int64_t>(blockIdx.x) * d;
   double ss = 0.0;
@@ -313,11 +258,12 @@ __global__ void deltanet_step_kernel(float* S_all, const float* mixed, const flo
 }
 
 // ---- MoE --------------------------------------------------------------------------------------------
-// One block of 1024 threads at most; the probabilities live in shared memory.
-__global__ void route_kernel(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights) {
+// One block of 1024 threads at most; the probabilities live in shared memory. Top-k by rank: the expert
+// whose probability is beaten by r others (ties: lower id first) is pick r, so every thread finds its
+// own place in one pass (no k rounds of block-wide arg-max).
+__global__ void route_kernel(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
+                             unsigned long long* counts) {
   __shared__ float p[1024];
-  __shared__ float best_val[32];
-  __shared__ int best_idx[32];
   __shared__ int chosen[64];
   const int t = threadIdx.x;
   float mx = -INFINITY;
@@ -335,48 +281,16 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
   const float inv = static_cast<float>(1.0 / sum);
   for (int i = t; i < n_expert; i += blockDim.x) p[i] *= inv;
   __syncthreads();
-  // Top-k by repeated arg-max (ties: lower index), as cpu top_k.
-  for (int r = 0; r < k; ++r) {
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = t; i < n_expert; i += blockDim.x) {
-      bool used = false;
-      for (int q = 0; q < r; ++q) used |= chosen[q] == i;
-      if (used) continue;
-      if (bi < 0 || p[i] > bv) {
-        bv = p[i];
-        bi = i;
-      }
+  for (int i = t; i < n_expert; i += blockDim.x) {
+    const float v = p[i];
+    int rank = 0;
+    for (int j = 0; j < n_expert; ++j) {
+      const float o = p[j];
+      rank += (o > v) || (o == v && j < i);
     }
-    // Warp then block reduction of (value, index), preferring larger value then lower index.
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if ((t & 31) == 0) {
-      best_val[t >> 5] = bv;
-      best_idx[t >> 5] = bi;
-    }
-    __syncthreads();
-    if (t == 0) {
-      float v0 = best_val[0];
-      int i0 = best_idx[0];
-      for (int w = 1; w < static_cast<int>((blockDim.x + 31) >> 5); ++w) {
-        const float ov = best_val[w];
-        const int oi = best_idx[w];
-        if (oi >= 0 && (i0 < 0 || ov > v0 || (ov == v0 && oi < i0))) {
-          v0 = ov;
-          i0 = oi;
-        }
-      }
-      chosen[r] = i0;
-    }
-    __syncthreads();
+    if (rank < k) chosen[rank] = i;
   }
+  __syncthreads();
   if (t == 0) {
     double s = 0.0;
     for (int j = 0; j < k; ++j) s += p[chosen[j]];
@@ -385,6 +299,7 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
       weights[j] = norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
     }
   }
+  if (counts && t < k) atomicAdd(counts + chosen[t], 1ull);
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -447,6 +362,329 @@ __global__ void argmax_kernel(const float* x, int64_t n, int* out) {
   }
 }
 
+// ---- fused kernels of the fast decode step ------------------------------------------------------------
+// Attention inputs in one launch: blocks [0, n_head) normalise + rotate the query heads in place,
+// [n_head, n_head + n_kv) the key heads into the cache row at *pos, the last block copies the value row.
+__global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache,
+                                 float* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
+                                 const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr) {
+  extern __shared__ float buf[];  // head_dim
+  const int bid = blockIdx.x;
+  pdl_enter();
+  const int64_t pos = *pos_ptr;
+  if (bid == n_head + n_kv) {
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) v_cache[pos * kv_width + i] = vv[i];
+    return;
+  }
+  const bool is_q = bid < n_head;
+  const int h = is_q ? bid : bid - n_head;
+  const float* x = is_q ? q + static_cast<int64_t>(h) * q_head_stride : kk + static_cast<int64_t>(h) * head_dim;
+  float* o = is_q ? q + static_cast<int64_t>(h) * q_head_stride : k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim;
+  const float* w = is_q ? q_norm : k_norm;
+  const int i = threadIdx.x;
+  const float xi = i < head_dim ? x[i] : 0.0f;
+  const double ss = block_sum_d(static_cast<double>(xi) * xi);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(head_dim) + eps));
+  if (i < head_dim) buf[i] = xi * inv * w[i];
+  __syncthreads();
+  const int half = rope_dims / 2;
+  if (i < half) {
+    // As norm_rope_kernel (and rope_neox_inplace): float inverse frequency and angle, double cos/sin.
+    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
+    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+    const float c = static_cast<float>(cos(angle));
+    const float sn = static_cast<float>(sin(angle));
+    const float a = buf[i], b = buf[i + half];
+    o[i] = a * c - b * sn;
+    o[i + half] = b * c + a * sn;
+  } else if (i >= rope_dims && i < head_dim) {
+    o[i] = buf[i];
+  }
+}
+
+// Conv1d step + SiLU + the q/k L2 norms in one launch: block b < n_k: query head b, < 2 n_k: key head,
+// else value head (no norm). Same per-channel arithmetic as conv1d_silu_kernel and qk_l2norm_kernel.
+__global__ void conv_qk_norm_kernel(const float* x, const float* weight, int K, int channels, float* state, float* out,
+                                    int n_k, int dk, int dv, float q_scale) {
+  pdl_enter();
+  extern __shared__ float vals[];  // max(dk, dv)
+  const int bid = blockIdx.x;
+  const bool is_q = bid < n_k, is_k = !is_q && bid < 2 * n_k;
+  const int c0 = bid < 2 * n_k ? bid * dk : 2 * n_k * dk + (bid - 2 * n_k) * dv;
+  const int width = bid < 2 * n_k ? dk : dv;
+  double ss = 0.0;
+  for (int t = threadIdx.x; t < width; t += blockDim.x) {
+    const int c = c0 + t;
+    const float* w = weight + static_cast<int64_t>(c) * K;
+    float acc = w[K - 1] * x[c];
+    for (int j = 0; j < K - 1; ++j) acc += w[j] * state[static_cast<int64_t>(j) * channels + c];
+    const float v = silu_dev(acc);
+    vals[t] = v;
+    ss += static_cast<double>(v) * v;
+    if (K > 1) {
+      for (int j = 0; j < K - 2; ++j)
+        state[static_cast<int64_t>(j) * channels + c] = state[static_cast<int64_t>(j + 1) * channels + c];
+      state[static_cast<int64_t>(K - 2) * channels + c] = x[c];
+    }
+  }
+  if (is_q || is_k) {
+    ss = block_sum_d(ss);
+    const float inv = static_cast<float>(1.0 / sqrt(ss + 1e-6f));
+    for (int t = threadIdx.x; t < width; t += blockDim.x) {
+      float v = vals[t] * inv;
+      if (is_q) v *= q_scale;
+      out[c0 + t] = v;
+    }
+  } else {
+    for (int t = threadIdx.x; t < width; t += blockDim.x) out[c0 + t] = vals[t];
+  }
+}
+
+// Gated delta rule with the state spread over the whole GPU: block (h, slice) owns the 32 value columns
+// slice*32 .. +31 of head h (one warp's lanes) and all dk rows, cut into groups of RPW rows (one warp
+// each, held in registers); the per-column sums over rows meet in shared memory in group order. The
+// gated RMSNorm needs the whole head: each block leaves its raw outputs and its sum of squares (double)
+// in scratch, and the last block of the head to finish applies the norm (slices summed in order, so
+// the result does not depend on timing).
+template <int RPW>
+__global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, const float* b, const float* alpha,
+                                           const float* a, const float* dt_bias, const float* norm_w, const float* z,
+                                           float eps, int n_k_heads, int dk, int dv, double* ss_part,
+                                           unsigned int* counters, float* out) {
+  pdl_launch_dependents();
+  extern __shared__ float sh[];  // q[dk], k[dk], part[R * 32]
+  __shared__ double wss[32];
+  __shared__ bool last;
+  const int h = blockIdx.x, slice = blockIdx.y, nsl = gridDim.y;
+  const int kh = h % n_k_heads;
+  const int rg = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int R = static_cast<int>(blockDim.x >> 5);
+  const int j = slice * 32 + lane;
+  const int i0 = rg * RPW;
+  float* sq = sh;
+  float* sk = sh + dk;
+  float* part = sh + 2 * dk;
+  const int64_t key_dim = static_cast<int64_t>(n_k_heads) * dk;
+  const float* q = mixed + static_cast<int64_t>(kh) * dk;
+  const float* k = mixed + key_dim + static_cast<int64_t>(kh) * dk;
+  const float* v = mixed + 2 * key_dim + static_cast<int64_t>(h) * dv;
+  // The state is read before waiting on the previous kernel: only this kernel writes it, and its last
+  // writer (this layer's step of the previous token) has completed.
+  const bool col = j < dv;
+  float* S = S_all + static_cast<int64_t>(h) * dk * dv;
+  float r[RPW];
+  if (col) {
+#pragma unroll
+    for (int ii = 0; ii < RPW; ++ii) r[ii] = S[static_cast<int64_t>(i0 + ii) * dv + j];
+  }
+  pdl_wait();
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    sq[i] = q[i];
+    sk[i] = k[i];
+  }
+  __syncthreads();
+  const float beta = sigmoid_dev(b[h]);
+  const float xa = alpha[h] + dt_bias[h];
+  const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+  const float decay = expf(a[h] * sp);
+  float acc = 0.0f;
+  if (col) {
+#pragma unroll
+    for (int ii = 0; ii < RPW; ++ii) {
+      r[ii] *= decay;
+      acc += r[ii] * sk[i0 + ii];
+    }
+  }
+  part[rg * 32 + lane] = acc;
+  __syncthreads();
+  float o = 0.0f;
+  if (col) {
+    float mem = 0.0f;
+    for (int g = 0; g < R; ++g) mem += part[g * 32 + lane];
+    const float delta = beta * (v[j] - mem);
+#pragma unroll
+    for (int ii = 0; ii < RPW; ++ii) {
+      r[ii] += sk[i0 + ii] * delta;
+      S[static_cast<int64_t>(i0 + ii) * dv + j] = r[ii];
+      o += r[ii] * sq[i0 + ii];
+    }
+  }
+  __syncthreads();  // every column has read part[]
+  part[rg * 32 + lane] = o;
+  __syncthreads();
+  if (rg == 0) {
+    float ot = 0.0f;
+    for (int g = 0; g < R; ++g) ot += part[g * 32 + lane];
+    double sq2 = col ? static_cast<double>(ot) * ot : 0.0;
+    for (int off = 16; off > 0; off >>= 1) sq2 += __shfl_xor_sync(0xffffffffu, sq2, off);
+    if (col) out[static_cast<int64_t>(h) * dv + j] = ot;  // raw; normalised by the head's last block
+    if (lane == 0) ss_part[static_cast<int64_t>(h) * nsl + slice] = sq2;
+    __threadfence();  // every lane's writes are visible device-wide before the block is counted
+    __syncwarp();
+    if (lane == 0) last = atomicAdd(counters + h, 1u) == static_cast<unsigned>(nsl - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    double ss = 0.0;
+    for (int sl = 0; sl < nsl; ++sl) ss += __ldcg(ss_part + static_cast<int64_t>(h) * nsl + sl);
+    wss[0] = ss;
+    counters[h] = 0;
+  }
+  __syncthreads();
+  const float inv = static_cast<float>(1.0 / sqrt(wss[0] / static_cast<double>(dv) + eps));
+  for (int jj = threadIdx.x; jj < dv; jj += blockDim.x) {
+    const int64_t idx = static_cast<int64_t>(h) * dv + jj;
+    float res = __ldcg(out + idx) * inv * norm_w[jj];
+    res *= silu_dev(z[idx]);
+    out[idx] = res;
+  }
+}
+
+// x += routed experts (ascending expert id) + gated shared expert, then xn = rmsnorm(x) * norm_w.
+// One block: the whole row is reduced for the norm.
+__global__ void moe_combine_norm_kernel(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
+                                        const float* ys, const float* shared_gate, const float* norm_w, float eps,
+                                        float* xn) {
+  pdl_enter();
+  moe_combine_norm_block(x, ye, ids, weights, k, d, ys, shared_gate, norm_w, eps, xn);
+}
+
+// Arg-max over many blocks: each block's best as an orderable key (value bits, then ~index so that the
+// lower index wins ties) in partial[blockIdx.x]; the last block to finish reduces them (counter reset
+// for the next launch).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(i));
+}
+
+__global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter,
+                                   int* out) {
+  __shared__ unsigned long long best[32];
+  pdl_enter();
+  __shared__ bool last;
+  unsigned long long k = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    k = max(k, argmax_key(x[i], i));
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+  if ((threadIdx.x & 31) == 0) best[threadIdx.x >> 5] = k;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) k = max(k, best[w]);
+    partial[blockIdx.x] = k;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  unsigned long long m = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) m = max(m, __ldcg(partial + b));
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __syncthreads();  // best[] of the first pass has been read
+  if ((threadIdx.x & 31) == 0) best[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = max(m, best[w]);
+    *out = m == 0 ? 0 : static_cast<int>(~static_cast<uint32_t>(m & 0xffffffffull));
+    *counter = 0;
+  }
+}
+
+// Decode attention split over the cache (flash-decoding): block (h, c) takes chunk c of the n_ctx
+// positions (gridDim.y chunks at most, sized from n_ctx so every active block has work): scores with a
+// warp per position (lanes along head_dim, coalesced key rows), softmax statistics of the chunk, and the
+// unnormalised value sum with a thread per dim. One active chunk writes the output; otherwise each
+// block leaves (max, sum, partial output) in scratch and the last block of the head merges them in
+// chunk order (a deterministic result).
+__global__ void attn_split_kernel(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+                                  int64_t kv_stride, int group, int head_dim, float scale, bool gated,
+                                  const int* pos_ptr, float* scratch, unsigned int* counters, float* out) {
+  pdl_enter();
+  extern __shared__ float sm[];  // q[head_dim], scores[chunk]
+  __shared__ bool last;
+  const int h = blockIdx.x, c = blockIdx.y, S = gridDim.y;
+  const int g = h / group;
+  const int n_ctx = *pos_ptr + 1;
+  const int per = (n_ctx + S - 1) / S;
+  const int n_act = (n_ctx + per - 1) / per;
+  if (c >= n_act) return;  // block-uniform
+  const int p0 = c * per, p1 = min(n_ctx, p0 + per);
+  float* sq = sm;
+  float* sc = sm + head_dim;
+  const float* qh = q + static_cast<int64_t>(h) * q_head_stride;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) sq[d] = qh[d];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int p = p0 + warp; p < p1; p += nw) {
+    const float* k = k_cache + static_cast<int64_t>(p) * kv_stride + static_cast<int64_t>(g) * head_dim;
+    float dot = 0.0f;
+    for (int d = lane; d < head_dim; d += 32) dot += sq[d] * k[d];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) sc[p - p0] = dot * scale;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < p1 - p0; i += blockDim.x) mx = fmaxf(mx, sc[i]);
+  mx = block_max(mx);
+  double l = 0.0;
+  for (int i = threadIdx.x; i < p1 - p0; i += blockDim.x) {
+    const float e = expf(sc[i] - mx);
+    sc[i] = e;
+    l += e;
+  }
+  l = block_sum_d(l);
+  __syncthreads();
+  const int64_t voff = static_cast<int64_t>(g) * head_dim;
+  float* part = scratch + (static_cast<int64_t>(h) * S + c) * (head_dim + 2);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int p = p0; p < p1; ++p) acc += sc[p - p0] * v_cache[static_cast<int64_t>(p) * kv_stride + voff + d];
+    if (n_act == 1) {
+      float r = acc * static_cast<float>(1.0 / l);
+      if (gated) r *= sigmoid_dev(qh[head_dim + d]);
+      out[static_cast<int64_t>(h) * head_dim + d] = r;
+    } else {
+      part[2 + d] = acc;
+    }
+  }
+  if (n_act == 1) return;
+  if (threadIdx.x == 0) {
+    part[0] = mx;
+    part[1] = static_cast<float>(l);
+  }
+  __threadfence();  // every thread's partial outputs are visible device-wide before the block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == static_cast<unsigned>(n_act - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* base = scratch + static_cast<int64_t>(h) * S * (head_dim + 2);
+  float M = -INFINITY;
+  for (int i = 0; i < n_act; ++i) M = fmaxf(M, __ldcg(base + static_cast<int64_t>(i) * (head_dim + 2)));
+  double L = 0.0;
+  for (int i = 0; i < n_act; ++i) {
+    const float* pi = base + static_cast<int64_t>(i) * (head_dim + 2);
+    L += static_cast<double>(__ldcg(pi + 1)) * exp(static_cast<double>(__ldcg(pi)) - M);
+  }
+  const float invL = static_cast<float>(1.0 / L);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < n_act; ++i) {
+      const float* pi = base + static_cast<int64_t>(i) * (head_dim + 2);
+      acc += __ldcg(pi + 2 + d) * expf(__ldcg(pi) - M);
+    }
+    float r = acc * invL;
+    if (gated) r *= sigmoid_dev(qh[head_dim + d]);
+    out[static_cast<int64_t>(h) * head_dim + d] = r;
+  }
+  if (threadIdx.x == 0) counters[h] = 0;
+}
+
 int warp_round(int n) { return ((n + 31) / 32) * 32; }
 
 }  // namespace
@@ -466,11 +704,30 @@ bool supported_type(GgmlType type) {
 
 const char* supported_type_names() { return "f32, f16, bf16, q8_0, q4_k, q5_k, q6_k"; }
 
-void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s) { launch_matvec(w, nullptr, 1, x, 0, y, s); }
+void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s) {
+  GemvJob j;
+  j.w = &w;
+  j.x = x;
+  j.y = y;
+  gemv_batch(&j, 1, s);
+}
 
 void matvec_routed(const DevMatrix& stack, const int* ids, int n_slots, const float* x, int64_t x_slot_stride,
-                   float* y, cudaStream_t s) {
-  launch_matvec(stack, ids, n_slots, x, x_slot_stride, y, s);
+                   float* y, cudaStream_t s, const int* slot_of_expert) {
+  GemvJob jobs[kMaxGemvJobs];
+  for (int first = 0; first < n_slots; first += kMaxGemvJobs) {
+    const int n = std::min(kMaxGemvJobs, n_slots - first);
+    for (int i = 0; i < n; ++i) {
+      GemvJob& j = jobs[i];
+      j.w = &stack;
+      j.x = x + static_cast<int64_t>(first + i) * x_slot_stride;
+      j.y = y + static_cast<int64_t>(first + i) * stack.n_rows;
+      j.ids = ids;
+      j.slot = first + i;
+      j.slot_of_expert = slot_of_expert;
+    }
+    gemv_batch(jobs, n, s);
+  }
 }
 
 void embed_row(const DevMatrix& t, const int* token, float* x, cudaStream_t s) {
@@ -487,8 +744,7 @@ void embed_row(const DevMatrix& t, const int* token, float* x, cudaStream_t s) {
 }
 
 void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, float* out, cudaStream_t s) {
-  rmsnorm_kernel<<<n_rows, 256, 0, s>>>(x, w, eps, d, out);
-  check_launch("rmsnorm_rows");
+  launch_pdl("rmsnorm_rows", rmsnorm_kernel, dim3(n_rows), dim3(256), 0, s, x, w, eps, d, out);
 }
 
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
@@ -541,9 +797,11 @@ void deltanet_step_gated(float* S, const float* mixed, const float* b, const flo
   check_launch("deltanet_step_gated");
 }
 
-void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s) {
+void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s,
+                unsigned long long* counts) {
   check_arg(n_expert <= 1024 && k <= 64 && k <= n_expert, "route_topk: n_expert <= 1024 and k <= 64");
-  route_kernel<<<1, 256, 0, s>>>(logits, n_expert, k, norm_topk, ids, weights);
+  route_kernel<<<1, std::min(1024, warp_round(n_expert)), 0, s>>>(logits, n_expert, k, norm_topk, ids, weights,
+                                                                    counts);
   check_launch("route_topk");
 }
 
@@ -562,6 +820,95 @@ void moe_combine_add(float* x, const float* ye, const int* ids, const float* wei
 void argmax(const float* x, int64_t n, int* out, cudaStream_t s) {
   argmax_kernel<<<1, 1024, 0, s>>>(x, n, out);
   check_launch("argmax");
+}
+
+void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
+               int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s) {
+  check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
+  launch_pdl("attn_prep", attn_prep_kernel, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
+             head_dim * sizeof(float), s, q, q_head_stride, kk, vv, k_cache, v_cache, kv_width, n_head, n_kv, head_dim,
+             q_norm, k_norm, eps, rope_dims, freq_base, pos);
+}
+
+void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
+                  int dk, int dv, float q_scale, cudaStream_t s) {
+  const int channels = 2 * n_k_heads * dk + n_v_heads * dv;
+  launch_pdl("conv_qk_norm", conv_qk_norm_kernel, dim3(2 * n_k_heads + n_v_heads), dim3(128),
+             std::max(dk, dv) * sizeof(float), s, x, weight, K, channels, state, out, n_k_heads, dk, dv, q_scale);
+}
+
+size_t deltanet_scratch_doubles(int n_v_heads, int dv) { return static_cast<size_t>(n_v_heads) * ((dv + 31) / 32); }
+
+void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
+                        const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
+                        int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
+                        cudaStream_t s) {
+  const int nsl = (dv + 31) / 32;
+  int rpw = 0;
+  for (int cand : {32, 16, 8})
+    if (dk % cand == 0 && dk / cand <= 32) {
+      rpw = cand;
+      break;
+    }
+  if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel
+    deltanet_step_gated(S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk, dv, out, s);
+    return;
+  }
+  const dim3 grid(n_v_heads, nsl), block((dk / rpw) * 32);
+  const size_t smem = (2 * static_cast<size_t>(dk) + static_cast<size_t>(dk / rpw) * 32) * sizeof(float);
+  switch (rpw) {
+    case 32:
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S, mixed, b, alpha, a,
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+      break;
+    case 16:
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S, mixed, b, alpha, a,
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+      break;
+    default:
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S, mixed, b, alpha, a,
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+      break;
+  }
+}
+
+void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
+                          const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn,
+                          cudaStream_t s) {
+  check_arg(k <= 64, "moe_combine_add_norm: k <= 64");
+  launch_pdl("moe_combine_add_norm", moe_combine_norm_kernel, dim3(1), dim3(1024), 0, s, x, ye, ids, weights, k, d, ys,
+             shared_gate, norm_w, eps, xn);
+}
+
+int argmax_wide_blocks(int64_t n) { return static_cast<int>(std::min<int64_t>(264, std::max<int64_t>(1, (n + 1023) / 1024))); }
+
+void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
+                 cudaStream_t s) {
+  launch_pdl("argmax_wide", argmax_wide_kernel, dim3(argmax_wide_blocks(n)), dim3(256), 0, s, x, n, partial, counter,
+             out);
+}
+
+int attention_splits(int max_ctx) {
+  const int by_len = (max_ctx + 255) / 256;  // chunks of about 256 positions at full context
+  const int by_smem = (max_ctx + 8191) / 8192;  // at most 8192 scores of shared memory per block
+  return std::max(1, std::max(std::min(16, by_len), by_smem));
+}
+
+size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
+  return static_cast<size_t>(n_head) * attention_splits(max_ctx) * (head_dim + 2);
+}
+
+void attention_decode_split(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
+                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
+                            cudaStream_t s) {
+  check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
+  const int S = attention_splits(max_ctx);
+  const int chunk = (max_ctx + S - 1) / S;
+  const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
+  launch_pdl("attention_decode_split", attn_split_kernel, dim3(n_head, S), dim3(256), smem, s, q, q_head_stride,
+             k_cache, v_cache, kv_stride, n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
 }
 
 }  // namespace strata::cuda

@@ -38,8 +38,10 @@ void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s);
 
 // Routed experts: for slot j < n_slots, expert ids[j] (device memory) of the stack:
 // y[j * n_rows + r] = dot(W_ids[j][r], x + j * x_slot_stride). x_slot_stride 0 shares one input.
+// slot_of_expert (device, may be null = identity): expert id -> row block of the stack, -1 = not
+// resident (that slot's y is zeroed).
 void matvec_routed(const DevMatrix& stack, const int* ids, int n_slots, const float* x, int64_t x_slot_stride,
-                   float* y, cudaStream_t s);
+                   float* y, cudaStream_t s, const int* slot_of_expert = nullptr);
 
 // x[0..n_cols) = row *token (device memory) of the table, decoded to float.
 void embed_row(const DevMatrix& table, const int* token, float* x, cudaStream_t s);
@@ -87,7 +89,9 @@ void deltanet_step_gated(float* S, const float* mixed, const float* b, const flo
 
 // Router: softmax over n_expert logits, the k largest (ties: lower id), weights renormalised to sum 1
 // when norm_topk. ids[k], weights[k] in descending probability order. n_expert <= 1024.
-void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s);
+// counts (device, n_expert entries, may be null): counts[id] += 1 for every chosen expert.
+void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s,
+                unsigned long long* counts = nullptr);
 
 // out[i] = silu(gate[i]) * up[i].
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
@@ -99,5 +103,51 @@ void moe_combine_add(float* x, const float* ye, const int* ids, const float* wei
 
 // *out = index of the largest of x[0..n) (lowest index among equals).
 void argmax(const float* x, int64_t n, int* out, cudaStream_t s);
+
+// ---- fused operations of the fast decode step (gpu_session.cpp) --------------------------------------
+
+// attention inputs: norm_rope_heads of the n_head query heads in place (q, q_head_stride) and of the
+// n_kv key heads (kk, packed) into k_cache row *pos, and vv (kv_width floats) into v_cache row *pos.
+void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
+               int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s);
+
+// conv1d_silu_step over the 2*n_k*dk + n_v*dv channels followed by deltanet_qk_norm, in one launch.
+void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
+                  int dk, int dv, float q_scale, cudaStream_t s);
+
+// deltanet_step_gated with each head's state spread over ceil(dv / 32) blocks (32 value columns each,
+// rows over warps). scratch: deltanet_scratch_doubles(n_v_heads, dv) doubles; counters: n_v_heads
+// unsigned ints, zero before the first call (each call leaves them zero). The state S is read before
+// the kernel waits on the previous kernel of the stream (programmatic dependent launch): the step that
+// last wrote S must have completed (a synchronisation or graph boundary between two steps on one state,
+// as every decode step has), not merely have been launched earlier on the stream.
+size_t deltanet_scratch_doubles(int n_v_heads, int dv);
+void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
+                        const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
+                        int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
+                        cudaStream_t s);
+
+// moe_combine_add followed by xn = rmsnorm(x) * norm_w (the next layer's input norm), one launch.
+void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
+                          const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn,
+                          cudaStream_t s);
+
+// argmax over many blocks. partial: argmax_wide_blocks(n) entries of scratch; counter: one unsigned
+// int, zero before the first call (each call leaves it zero again).
+int argmax_wide_blocks(int64_t n);
+void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
+                 cudaStream_t s);
+
+// attention_decode split over the cache positions (flash-decoding) so long contexts use the whole GPU:
+// up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least
+// attention_scratch_floats(n_head, head_dim, max_ctx) floats; counters: n_head unsigned ints, zero before
+// the first call (each call leaves them zero).
+int attention_splits(int max_ctx);
+size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
+void attention_decode_split(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
+                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
+                            cudaStream_t s);
 
 }  // namespace strata::cuda

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 
+#include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/engine/routing_counts.h"
 
 namespace strata {
 
@@ -21,6 +23,13 @@ class Sequence {
   virtual int n_past() const = 0;
   virtual int max_ctx() const = 0;
   virtual const Model& model() const = 0;
+  // Routing statistics (issue 8): while counts is set, every forward adds its router selections and
+  // its token count into *counts (an empty table is sized to the model; another shape fails).
+  // nullptr turns counting off. The caller owns *counts and reads it between forwards.
+  // Backends that cannot count say so instead of leaving the table silently empty.
+  virtual void set_routing_counts(RoutingCounts* counts) {
+    if (counts) fail("this backend does not count routes (routing statistics / --profile are not available on it)");
+  }
 };
 
 }  // namespace strata

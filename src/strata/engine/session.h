@@ -32,7 +32,7 @@ class Session : public Sequence {
   // Routing statistics (issue 8): while set, every forward adds one pick per (token, chosen expert) and
   // n tokens to *counts. nullptr (the default) turns counting off at no cost. An empty table is sized to
   // the model; a table of another shape is refused. The caller owns it and must keep it alive while set.
-  void set_routing_counts(RoutingCounts* counts);
+  void set_routing_counts(RoutingCounts* counts) override;
   RoutingCounts* routing_counts() const { return routing_counts_; }
 
  private:

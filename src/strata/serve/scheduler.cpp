@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 #include "strata/base/error.h"
@@ -37,6 +38,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
   for (Slot& s : slots_)
     s.session = config_.make_sequence ? config_.make_sequence(model_, config_.ctx)
                                       : std::unique_ptr<Sequence>(std::make_unique<Session>(model_, config_.ctx));
+  if (config_.record_routes)
+    for (Slot& s : slots_) s.session->set_routing_counts(&s.routes);  // fails on a backend that cannot count
   for (int i = 0; i < config_.slots; ++i) workers_.emplace_back([this, i] { work(i); });
 }
 
@@ -190,7 +193,36 @@ void Scheduler::run(Slot& slot, Job& job) {
     out.kind = JobOutcome::Kind::Failed;
     out.error = e.what();
   }
+  record_routes(slot);
+  if (config_.sequence_metrics) {
+    std::string text;
+    try {
+      text = config_.sequence_metrics(session);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "strata serve: sequence metrics: %s\n", e.what());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot.metrics = std::move(text);
+  }
   job.finish(std::move(out));
+}
+
+std::string Scheduler::sequence_metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string s;
+  for (const Slot& slot : slots_) s += slot.metrics;
+  return s;
+}
+
+void Scheduler::record_routes(Slot& slot) {
+  if (!config_.record_routes) return;
+  try {
+    config_.record_routes(slot.routes);
+  } catch (const std::exception& e) {
+    // The answer is fine; the profile is not: say so on the console without failing the request.
+    std::fprintf(stderr, "strata serve: --profile: %s\n", e.what());
+  }
+  slot.routes.reset(slot.routes.n_layer, slot.routes.n_expert);
 }
 
 }  // namespace strata::serve

@@ -9,10 +9,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "strata/engine/model.h"
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
@@ -27,6 +29,13 @@ struct SchedulerConfig {
   int threads_per_slot = 1;  // OpenMP threads each slot's forward passes use
   // Makes each slot's sequence (default: a CPU Session); serve --gpu passes a GPU one.
   std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
+  // --profile: when set, every slot's sequence counts its routes, and after each request the slot
+  // hands what that request counted to this function (from its own worker thread: concurrent calls
+  // from several slots must be safe) before the client gets the end of its answer.
+  std::function<void(const RoutingCounts&)> record_routes;
+  // When set, called with the slot's sequence after each request (in the worker thread, between
+  // forwards); the text it returns (Prometheus lines) is kept and shown on /metrics (sequence_metrics()).
+  std::function<std::string(const Sequence&)> sequence_metrics;
 };
 
 class Scheduler {
@@ -46,13 +55,18 @@ class Scheduler {
   bool idle() const;
   SchedulerGauges gauges();  // also drops queued jobs whose clients left
   const SchedulerConfig& config() const { return config_; }
+  // Every slot's latest SchedulerConfig::sequence_metrics text, concatenated ("" when not set).
+  std::string sequence_metrics() const;
 
  private:
   struct Slot {
     std::unique_ptr<Sequence> session;
     std::vector<int32_t> held;  // the tokens the session holds
     std::shared_ptr<Job> running;
+    RoutingCounts routes;  // counted since the last request ended (record_routes)
+    std::string metrics;   // sequence_metrics after the slot's last request (under mutex_)
   };
+  void record_routes(Slot& slot);
   void work(int index);
   void drop_cancelled_locked();
   void run(Slot& slot, Job& job);

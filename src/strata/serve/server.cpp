@@ -132,6 +132,8 @@ void ApiServer::load() {
     sc.ctx = ctx_;
     sc.threads_per_slot = std::max(1, hw / opt_.slots);
     sc.make_sequence = opt_.make_sequence;
+    if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
+    sc.sequence_metrics = opt_.sequence_metrics;
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, sc, metrics_);
     std::fprintf(stderr, "strata serve: model '%s' ready on %s (%d slots x %d tokens, queue %d, %d threads per slot)\n",
                  opt_.model_name.c_str(), opt_.backend.c_str(), sc.slots, sc.ctx, sc.queue_limit, sc.threads_per_slot);
@@ -460,7 +462,8 @@ void ApiServer::install_routes() {
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const SchedulerGauges g = ready_.load() ? scheduler_->gauges() : SchedulerGauges{};
-    res.set_content(metrics_.render(g, ready_.load()), "text/plain; version=0.0.4; charset=utf-8");
+    const std::string extra = ready_.load() ? scheduler_->sequence_metrics() : std::string();
+    res.set_content(metrics_.render(g, ready_.load()) + extra, "text/plain; version=0.0.4; charset=utf-8");
   });
   http_.Get("/v1/models", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
   http_.Get(R"(/v1/models/(.+))", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
 
 namespace strata::serve {
@@ -26,6 +27,12 @@ struct ServeOptions {
   // Makes each slot's sequence; empty: the CPU engine. backend names it in the start-up line.
   std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
   std::string backend = "cpu";
+  // --profile: called once with the loaded model (before the slots' sequences are made); returns what
+  // each finished request's routing counts are handed to (SchedulerConfig::record_routes). Empty: off.
+  std::function<std::function<void(const RoutingCounts&)>(const Model&)> make_route_recorder;
+  // Extra /metrics lines from a slot's sequence after each request (serve --gpu --telemetry: the
+  // hybrid counters). Empty: none.
+  std::function<std::string(const Sequence&)> sequence_metrics;
 };
 
 // Binds, loads the model (answering /health with 503 until it is ready) and serves until SIGINT or

@@ -1,0 +1,61 @@
+// The MoE output combine of the decode step as a block-level device function, shared by the
+// standalone kernel (kernels.cu: moe_combine_add_norm) and the epilogue of the down-projection launch
+// (matvec_kernels.cu: GemvCombine), so both compute exactly the same thing:
+//   x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
+//           (+ sigmoid(*shared_gate) * ys[j] when ys is not null),
+//   then, when norm_w is not null, xn = rmsnorm(x) * norm_w (mean of squares accumulated in double).
+// ye and ys are read through L2 (__ldcg): in the epilogue other blocks of the same launch wrote them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+__device__ __forceinline__ double combine_block_sum_d(double v) {
+  __shared__ double part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double t = 0.0;
+  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) t += part[i];
+  return t;
+}
+
+// k <= 64; blockDim.x a multiple of 32 and >= k.
+__device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye, const int* ids, const float* weights,
+                                                       int k, int d, const float* ys, const float* shared_gate,
+                                                       const float* norm_w, float eps, float* xn) {
+  __shared__ int order[64], sid[64];
+  __shared__ float sw[64];
+  // Slots in ascending expert id: each slot finds its place by counting, in parallel (ids are distinct;
+  // equal ones would keep slot order).
+  if (static_cast<int>(threadIdx.x) < k) sid[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int t = static_cast<int>(threadIdx.x), me = sid[t];
+    int r = 0;
+    for (int u = 0; u < k; ++u) r += sid[u] < me || (sid[u] == me && u < t);
+    order[r] = t;
+    sw[r] = weights[t];
+  }
+  __syncthreads();
+  const float sg = ys ? 1.0f / (1.0f + expf(-*shared_gate)) : 0.0f;
+  double ss = 0.0;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < k; ++s) acc += sw[s] * __ldcg(ye + static_cast<int64_t>(order[s]) * d + j);
+    if (ys) acc += sg * __ldcg(ys + j);
+    const float nx = x[j] + acc;
+    x[j] = nx;
+    ss += static_cast<double>(nx) * nx;
+  }
+  if (!norm_w) return;  // uniform
+  ss = combine_block_sum_d(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+  for (int j = threadIdx.x; j < d; j += blockDim.x) xn[j] = x[j] * inv * norm_w[j];
+}
+
+}  // namespace strata::cuda

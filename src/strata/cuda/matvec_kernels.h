@@ -1,0 +1,93 @@
+// Batched matrix-vector products of the decode step: one launch computes several "jobs" (a matrix, or
+// a routed expert picked on the GPU, times a vector), so the projections that read the same input
+// (DeltaNet qkv/z/beta/alpha, attention q/k/v, router + shared expert) and all the routed experts of a
+// layer cost one kernel each. Weights are read with coalesced 16-byte loads where the block layout
+// allows it; the input vector is staged in shared memory once per block and the grid loops over row
+// tiles, so even the 248k-row lm_head reads x from L2 only a few hundred times.
+// Arithmetic is float32 on the decoded weights (no int8 activations), the same function the CPU
+// engine's scalar path computes, so GPU and CPU agree to float rounding of the sums.
+// Plain C++ header: tests and the session include it from .cpp files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "strata/cuda/kernels.h"
+
+namespace strata::cuda {
+
+enum class GemvMode : int {
+  Store = 0,       // y[r] = W[r] . x
+  Accumulate = 1,  // y[r] += W[r] . x (a residual add fused into the projection)
+  SwigluPair = 2,  // y[r] = silu(W[r] . x) * (W2[r] . x) (expert gate and up rows in one pass)
+};
+
+// One matrix (or routed expert) times one vector.
+struct GemvJob {
+  const DevMatrix* w = nullptr;   // the matrix, or the expert stack when ids is set
+  const DevMatrix* w2 = nullptr;  // SwigluPair: the up matrix/stack (same rows, cols, stack shape)
+  const float* x = nullptr;       // w->n_cols floats (device)
+  float* y = nullptr;             // w->n_rows floats (device)
+  GemvMode mode = GemvMode::Store;
+  // Routed: expert e = ids[slot] (device); its row block is slot_of_expert[e] (device; nullptr = e
+  // itself). A slot of -1 means the expert is not resident in this stack: y gets zeros (it contributes
+  // nothing to the layer's output).
+  const int* ids = nullptr;
+  int slot = 0;
+  const int* slot_of_expert = nullptr;
+};
+
+constexpr int kMaxGemvJobs = 12;
+
+// An RMSNorm run after every job of the launch has finished (by the last block to finish, so it costs
+// no launch): out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n, mean accumulated in double
+// (rmsnorm_rows' arithmetic). x is typically a job's Accumulate output (the residual stream).
+// counter: one device unsigned int, zero before the first use (each launch leaves it zero).
+struct GemvNorm {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  float* out = nullptr;
+  float eps = 0.0f;
+  int n = 0;
+  unsigned int* counter = nullptr;
+};
+
+// The router's softmax + top-k (route_topk of kernels.h, same arithmetic and tie rule) run by the last
+// block to finish, on logits a job of the launch wrote. counts may be null; counter as in GemvNorm.
+struct GemvRoute {
+  const float* logits = nullptr;
+  int n_expert = 0;  // <= 1024
+  int k = 0;         // <= 64
+  bool norm_topk = false;
+  int* ids = nullptr;
+  float* weights = nullptr;
+  unsigned long long* counts = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+// The MoE combine (moe_combine_add_norm of kernels.h, the same arithmetic) run by the last block to
+// finish, on the expert outputs ye / ys the launch's jobs wrote: x += combine, xn = rmsnorm(x) * norm_w.
+struct GemvCombine {
+  float* x = nullptr;
+  const float* ye = nullptr;  // [k x d]
+  const int* ids = nullptr;
+  const float* weights = nullptr;
+  int k = 0;  // <= 64
+  int d = 0;
+  const float* ys = nullptr;  // shared expert output, or null
+  const float* shared_gate = nullptr;
+  const float* norm_w = nullptr;  // null: no norm
+  float eps = 0.0f;
+  float* xn = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+// Runs n_jobs (<= kMaxGemvJobs) products in one launch. Inputs may differ per job; every x must hold
+// at most max_gemv_cols() floats. Fails (strata::Error) on an unsupported weight type. At most one of
+// norm / route / combine (the epilogue) may be given.
+void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
+                const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr);
+int64_t max_gemv_cols();
+
+}  // namespace strata::cuda

@@ -1,0 +1,348 @@
+// Device-side dot products of one weight row with a vector staged in shared memory, for the fast
+// matvec (matvec_kernels.cu). A row is cut into "units" (the work of one lane per step):
+//   Q4_K, Q5_K: 32 weights = 16 bytes of 4-bit codes (two half sub-blocks of 16) + the block header;
+//   Q6_K: 64 weights = 16 bytes of each of ql (two runs) and qh, 4 scales;
+//   Q8_0: one 34-byte block; F32: 4 floats; F16/BF16: 8 halves (or 1 element when rows are not
+//   16-byte aligned).
+// Codes become floats exactly through the exponent trick: a byte b placed in the low mantissa bits of
+// 2^23 gives the float 2^23 + b, and subtracting 2^23 (+ the code offset) is exact. Block layouts:
+// src/strata/quant/blocks.h (restated in quant_decode.cuh).
+//
+// Shared-memory layout of x: element i at xs[xpad(i)] (4 floats of padding after every 64, so the
+// 16-float runs that the 8 lanes of a quarter-warp read for one Q4_K super-block fall in different
+// banks); s16[c] = sum of x[16c .. 16c+15] (K-quant minimums multiply it).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "strata/cuda/quant_decode.cuh"
+
+namespace strata::cuda::rows {
+
+__device__ __forceinline__ int xpad(int i) { return i + ((i >> 6) << 2); }
+__host__ __device__ constexpr int xpad_size(int n) { return n + ((n + 63) / 64) * 4; }
+
+constexpr float kMagic = 8388608.0f;  // 2^23
+
+// Byte b of w as the float 2^23 + byte.
+template <int B>
+__device__ __forceinline__ float byte_f(uint32_t w) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | B));
+}
+
+// sum_{i<16} (code_i - off) * x[i], codes in the 16 bytes of v (byte 0 of v[0] first), x at xp
+// (16-byte aligned shared memory). off_magic = 2^23 + the code offset.
+__device__ __forceinline__ float dot16(const uint32_t v[4], const float* xp, float off_magic) {
+  float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float4 xv = *reinterpret_cast<const float4*>(xp + 4 * w);
+    a0 = fmaf(byte_f<0>(v[w]) - off_magic, xv.x, a0);
+    a1 = fmaf(byte_f<1>(v[w]) - off_magic, xv.y, a1);
+    a0 = fmaf(byte_f<2>(v[w]) - off_magic, xv.z, a0);
+    a1 = fmaf(byte_f<3>(v[w]) - off_magic, xv.w, a1);
+  }
+  return a0 + a1;
+}
+
+__device__ __forceinline__ uint4 ld16_aligned(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// 16 bytes at a 2-byte aligned address: five aligned words, shifted into place (for Q6_K, whose 210-byte
+// blocks put every other block at 2 mod 4). Reads at most 4 bytes past p + 16 (callers stay inside the
+// block).
+__device__ __forceinline__ void ld16_a2(const uint8_t* p, uint32_t out[4]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+  const uint32_t sh = static_cast<uint32_t>(a & 3) * 8;
+  const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3), w4 = __ldg(w + 4);
+  out[0] = __funnelshift_r(w0, w1, sh);
+  out[1] = __funnelshift_r(w1, w2, sh);
+  out[2] = __funnelshift_r(w2, w3, sh);
+  out[3] = __funnelshift_r(w3, w4, sh);
+}
+
+__device__ __forceinline__ float half_lo(uint32_t w) { return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu))); }
+__device__ __forceinline__ float half_hi(uint32_t w) { return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))); }
+
+// Byte k (4..15) of a 16-byte K-quant block header held in registers.
+__device__ __forceinline__ int hdr_byte(const uint4& h, int k) {
+  const uint32_t w = k < 8 ? (k < 4 ? h.x : h.y) : (k < 12 ? h.z : h.w);
+  return static_cast<int>((w >> (8 * (k & 3))) & 0xffu);
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K/Q5_K header (scales at header bytes 4..15), as
+// k4_scale_min_dev in quant_decode.cuh.
+__device__ __forceinline__ void k4_sm(const uint4& h, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = hdr_byte(h, 4 + j) & 63;
+    m = hdr_byte(h, 8 + j) & 63;
+  } else {
+    sc = (hdr_byte(h, 8 + j) & 15) | ((hdr_byte(h, j) >> 6) << 4);
+    m = (hdr_byte(h, 8 + j) >> 4) | ((hdr_byte(h, 4 + j) >> 6) << 4);
+  }
+}
+
+// Each quantised unit is split into a load (global memory into registers) and a compute step, so a lane
+// can issue the loads of two units before it waits for the first (more bytes in flight per warp).
+
+// Q4_K / Q5_K unit u: super-block u/8; within it, half h of the 32-byte code group g covers weights
+// 64g + 16h + [0,16) (low nibbles, sub-block 2g) and 64g + 32 + 16h + [0,16) (high nibbles, 2g+1).
+struct K45Raw {
+  uint4 hd, q, qh;
+};
+
+template <bool kFive>
+__device__ __forceinline__ K45Raw k45_load(const uint8_t* row, int u) {
+  constexpr int kBlock = kFive ? 176 : 144;
+  const int sb = u >> 3, j = u & 7, g = j >> 1, h = j & 1;
+  const uint8_t* b = row + static_cast<size_t>(sb) * kBlock;
+  K45Raw r;
+  r.hd = ld16_aligned(b);
+  r.q = ld16_aligned(b + (kFive ? 48 : 16) + 32 * g + 16 * h);
+  if constexpr (kFive) r.qh = ld16_aligned(b + 16 + 16 * h);
+  return r;
+}
+
+template <bool kFive>
+__device__ __forceinline__ float k45_compute(const K45Raw& r, int u, const float* xs, const float* s16) {
+  const int sb = u >> 3, j = u & 7, g = j >> 1, h = j & 1;
+  const uint4 q = r.q;
+  uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
+  uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                    (q.w >> 4) & 0x0F0F0F0Fu};
+  if constexpr (kFive) {
+    const uint32_t qhw[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      lo[w] |= ((qhw[w] >> (2 * g)) & 0x01010101u) << 4;
+      hi[w] |= ((qhw[w] >> (2 * g + 1)) & 0x01010101u) << 4;
+    }
+  }
+  int sc0, m0, sc1, m1;
+  k4_sm(r.hd, 2 * g, sc0, m0);
+  k4_sm(r.hd, 2 * g + 1, sc1, m1);
+  const float d = half_lo(r.hd.x), dmin = half_hi(r.hd.x);
+  const int x0 = sb * 256 + 64 * g + 16 * h;
+  const float dot0 = dot16(lo, xs + xpad(x0), kMagic);
+  const float dot1 = dot16(hi, xs + xpad(x0 + 32), kMagic);
+  const float dl0 = d * static_cast<float>(sc0), ml0 = dmin * static_cast<float>(m0);
+  const float dl1 = d * static_cast<float>(sc1), ml1 = dmin * static_cast<float>(m1);
+  return (dl0 * dot0 - ml0 * s16[x0 >> 4]) + (dl1 * dot1 - ml1 * s16[(x0 + 32) >> 4]);
+}
+
+// Q6_K unit u: super-block u/4, half n = (u/2)&1 (128 weights), run t = u&1 of 16 within each of the
+// four 32-weight quarters k: weight 128n + 32k + 16t + i has low bits from ql (bytes 64n + 16t + i for
+// k = 0/2, + 32 for k = 1/3; low nibble for k < 2) and 2 high bits (2k) of qh byte 128 + 32n + 16t + i;
+// scale byte 192 + 8n + 2k + t.
+struct Q6Raw {
+  uint32_t l0[4], l1[4], qh[4];
+  int sc[4];
+  float d;
+};
+
+__device__ __forceinline__ Q6Raw q6k_load(const uint8_t* row, int u) {
+  const int sb = u >> 2, n = (u >> 1) & 1, t = u & 1;
+  const uint8_t* b = row + static_cast<size_t>(sb) * 210;
+  Q6Raw r;
+  ld16_a2(b + 64 * n + 16 * t, r.l0);
+  ld16_a2(b + 64 * n + 32 + 16 * t, r.l1);
+  ld16_a2(b + 128 + 32 * n + 16 * t, r.qh);
+  const int8_t* scp = reinterpret_cast<const int8_t*>(b + 192 + 8 * n + t);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r.sc[k] = __ldg(scp + 2 * k);
+  r.d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(b + 208))));
+  return r;
+}
+
+__device__ __forceinline__ float q6k_compute(const Q6Raw& r, int u, const float* xs) {
+  const int sb = u >> 2, n = (u >> 1) & 1, t = u & 1;
+  const int x0 = sb * 256 + 128 * n + 16 * t;
+  constexpr float kOff = kMagic + 32.0f;
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t v[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t low = (k & 1) ? r.l1[w] : r.l0[w];
+      const uint32_t nib = (k < 2) ? (low & 0x0F0F0F0Fu) : ((low >> 4) & 0x0F0F0F0Fu);
+      v[w] = nib | (((r.qh[w] >> (2 * k)) & 0x03030303u) << 4);
+    }
+    const float dot = dot16(v, xs + xpad(x0 + 32 * k), kOff);
+    acc += (r.d * static_cast<float>(r.sc[k])) * dot;
+  }
+  return acc;
+}
+
+// Q8_0 unit u: block u (34 bytes: f16 scale, 32 int8 codes); rows are only 2-byte aligned.
+__device__ __forceinline__ float q80_unit(const uint8_t* row, int u, const float* xs) {
+  const uint8_t* b = row + static_cast<size_t>(u) * 34;
+  const unsigned short* hp = reinterpret_cast<const unsigned short*>(b);
+  const float d = __half2float(__ushort_as_half(__ldg(hp)));
+  uint32_t v[8];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    const uint32_t lo = __ldg(hp + 1 + 2 * w), hi = __ldg(hp + 2 + 2 * w);
+    v[w] = (lo | (hi << 16)) ^ 0x80808080u;  // int8 -> uint8 with offset 128
+  }
+  constexpr float kOff = kMagic + 128.0f;
+  const float dot = dot16(v, xs + xpad(32 * u), kOff) + dot16(v + 4, xs + xpad(32 * u + 16), kOff);
+  return d * dot;
+}
+
+__device__ __forceinline__ float f32_unit4(const uint8_t* row, int u, const float* xs) {
+  const float4 w = __ldg(reinterpret_cast<const float4*>(row) + u);
+  const float4 x = *reinterpret_cast<const float4*>(xs + xpad(4 * u));
+  return fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, w.w * x.w)));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ float h16_unit8(const uint8_t* row, int u, const float* xs) {
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + u);
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+  const float* xp = xs + xpad(8 * u);
+  const float4 xa = *reinterpret_cast<const float4*>(xp);
+  const float4 xb = *reinterpret_cast<const float4*>(xp + 4);
+  const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+  float acc = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    float lo, hi;
+    if constexpr (kBf16) {
+      lo = __uint_as_float(qw[w] << 16);
+      hi = __uint_as_float(qw[w] & 0xffff0000u);
+    } else {
+      lo = half_lo(qw[w]);
+      hi = half_hi(qw[w]);
+    }
+    acc = fmaf(lo, xv[2 * w], acc);
+    acc = fmaf(hi, xv[2 * w + 1], acc);
+  }
+  return acc;
+}
+
+// Units in a row of n_cols weights of type t (the float types use wide units only when every row
+// starts 16-byte aligned).
+__host__ __device__ inline int units_per_row(GgmlType t, int n_cols) {
+  switch (t) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q8_0: return n_cols / 32;
+    case GgmlType::Q6_K: return n_cols / 64;
+    case GgmlType::F32: return n_cols % 4 == 0 ? n_cols / 4 : n_cols;
+    case GgmlType::F16:
+    case GgmlType::BF16: return n_cols % 8 == 0 ? n_cols / 8 : n_cols;
+    default: return 0;
+  }
+}
+
+// This lane's share (units sub, sub + G, ...) of dot(row, x).
+template <GgmlType T>
+__device__ __forceinline__ float row_dot_t(const uint8_t* row, int n_cols, const float* xs, const float* s16, int sub,
+                                           int G) {
+  const int U = units_per_row(T, n_cols);
+  float acc = 0.0f;
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    constexpr bool k5 = T == GgmlType::Q5_K;
+    for (int u = sub; u < U; u += 2 * G) {  // two units' loads in flight before the first use
+      const bool two = u + G < U;
+      const K45Raw r0 = k45_load<k5>(row, u);
+      K45Raw r1 = r0;
+      if (two) r1 = k45_load<k5>(row, u + G);
+      acc += k45_compute<k5>(r0, u, xs, s16);
+      if (two) acc += k45_compute<k5>(r1, u + G, xs, s16);
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    for (int u = sub; u < U; u += 2 * G) {
+      const bool two = u + G < U;
+      const Q6Raw r0 = q6k_load(row, u);
+      Q6Raw r1 = r0;
+      if (two) r1 = q6k_load(row, u + G);
+      acc += q6k_compute(r0, u, xs);
+      if (two) acc += q6k_compute(r1, u + G, xs);
+    }
+  } else if constexpr (T == GgmlType::Q8_0) {
+    for (int u = sub; u < U; u += G) acc += q80_unit(row, u, xs);
+  } else if constexpr (T == GgmlType::F32) {
+    if (n_cols % 4 == 0) {
+      for (int u = sub; u < U; u += G) acc += f32_unit4(row, u, xs);
+    } else {
+      for (int u = sub; u < U; u += G) acc = fmaf(__ldg(reinterpret_cast<const float*>(row) + u), xs[xpad(u)], acc);
+    }
+  } else {
+    constexpr bool kB = T == GgmlType::BF16;
+    if (n_cols % 8 == 0) {
+      for (int u = sub; u < U; u += G) acc += h16_unit8<kB>(row, u, xs);
+    } else {
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(row);
+      for (int u = sub; u < U; u += G) {
+        const unsigned short bits = __ldg(h + u);
+        const float wv = kB ? __uint_as_float(static_cast<uint32_t>(bits) << 16) : __half2float(__ushort_as_half(bits));
+        acc = fmaf(wv, xs[xpad(u)], acc);
+      }
+    }
+  }
+  return acc;
+}
+
+// Two rows of the same type and shape (an expert's gate and up rows) in one pass: the loads of both
+// rows' units are issued before either is used.
+template <GgmlType T>
+__device__ __forceinline__ void row_dot2_t(const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
+                                           const float* s16, int sub, int G, float& oa, float& ob) {
+  const int U = units_per_row(T, n_cols);
+  float a = 0.0f, b = 0.0f;
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    constexpr bool k5 = T == GgmlType::Q5_K;
+    for (int u = sub; u < U; u += G) {
+      const K45Raw x0 = k45_load<k5>(ra, u), y0 = k45_load<k5>(rb, u);
+      a += k45_compute<k5>(x0, u, xs, s16);
+      b += k45_compute<k5>(y0, u, xs, s16);
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    for (int u = sub; u < U; u += G) {
+      const Q6Raw x0 = q6k_load(ra, u), y0 = q6k_load(rb, u);
+      a += q6k_compute(x0, u, xs);
+      b += q6k_compute(y0, u, xs);
+    }
+  } else {
+    a = row_dot_t<T>(ra, n_cols, xs, s16, sub, G);
+    b = row_dot_t<T>(rb, n_cols, xs, s16, sub, G);
+  }
+  oa = a;
+  ob = b;
+}
+
+__device__ __forceinline__ float row_dot(GgmlType t, const uint8_t* row, int n_cols, const float* xs, const float* s16,
+                                         int sub, int G) {
+  switch (t) {
+    case GgmlType::Q4_K: return row_dot_t<GgmlType::Q4_K>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::Q5_K: return row_dot_t<GgmlType::Q5_K>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::Q6_K: return row_dot_t<GgmlType::Q6_K>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::Q8_0: return row_dot_t<GgmlType::Q8_0>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::F32: return row_dot_t<GgmlType::F32>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::F16: return row_dot_t<GgmlType::F16>(row, n_cols, xs, s16, sub, G);
+    case GgmlType::BF16: return row_dot_t<GgmlType::BF16>(row, n_cols, xs, s16, sub, G);
+    default: return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
+  }
+}
+
+__device__ __forceinline__ void row_dot2(GgmlType t, const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
+                                         const float* s16, int sub, int G, float& oa, float& ob) {
+  switch (t) {
+    case GgmlType::Q4_K: return row_dot2_t<GgmlType::Q4_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::Q5_K: return row_dot2_t<GgmlType::Q5_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::Q6_K: return row_dot2_t<GgmlType::Q6_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::Q8_0: return row_dot2_t<GgmlType::Q8_0>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::F32: return row_dot2_t<GgmlType::F32>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::F16: return row_dot2_t<GgmlType::F16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    case GgmlType::BF16: return row_dot2_t<GgmlType::BF16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
+    default: oa = ob = __int_as_float(0x7fc00000);
+  }
+}
+
+}  // namespace strata::cuda::rows

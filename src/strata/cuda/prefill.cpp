@@ -1,0 +1,521 @@
+// GpuPrefill (prefill.h): the layer loop of the batched prefill, written as the CPU forward passes are
+// (forward_qwen3moe.cpp, forward_qwen35moe.cpp and the blocks they call), one launch per operation over
+// a whole chunk of tokens, on the caller's stream.
+#include "strata/cuda/prefill.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/base/error.h"
+#include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_model.h"
+#include "strata/cuda/device_state.h"
+#include "strata/cuda/hybrid_moe.h"
+#include "strata/cuda/kernels.h"
+#include "strata/cuda/prefill_kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error in ", what, ": status ", static_cast<int>(st));
+}
+
+bool env_profile() {
+  const char* v = std::getenv("STRATA_PREFILL_PROFILE");
+  return v && *v && std::string(v) != "0";
+}
+
+enum Piece { kEmbedNormAdd, kProjections, kAttention, kDeltaNet, kRouting, kExperts, kCombine, kLogits, kPieces };
+
+}  // namespace
+
+std::string PrefillProfile::summary() const {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "[prefill] %d tokens in %.3f ms (%.0f tok/s): projections %.3f, attention %.3f, deltanet %.3f, "
+                "routing %.3f, experts %.3f, combine %.3f, embed/norm/add %.3f, logits %.3f ms",
+                tokens, total, total > 0 ? tokens / (total * 1e-3) : 0.0, projections, attention, deltanet, routing,
+                experts, combine, embed_norm_add, logits);
+  return buf;
+}
+
+struct GpuPrefill::Impl {
+  const DeviceModel& dm;
+  const ModelConfig& c;
+  PrefillOptions opt;
+  bool profiling;
+  cublasHandle_t blas = nullptr;
+  cudaStream_t s = nullptr;
+  PrefillProfile prof;
+
+  std::vector<void*> allocs;
+  size_t bytes = 0;
+  int chunk;
+  int64_t wcap = 0;  // elements of the weight scratch
+  int64_t xcap = 0;  // elements of the half input scratch
+
+  int* tokens_d = nullptr;
+  float *x = nullptr, *xn = nullptr, *y = nullptr;
+  float* wscratch = nullptr;  // float weights (exact) or half weights (fast), wcap elements either way
+  __half* xh = nullptr;
+  __half* xe_h = nullptr;  // fast mode: the normed hidden state xn in half, shared by the GEMMs reading it
+  __half* gh = nullptr;    // fast mode: SwiGLU output of the routed experts in half (down projection input)
+  // Fast mode: half copies of the dense matrices (decoded once, on first use; PrefillOptions::cache_dense_f16).
+  std::unordered_map<const uint8_t*, __half*> f16_cache;
+  bool cache_decided = false, cache_on = false;
+  size_t cache_bytes = 0;
+  // attention
+  float *q = nullptr, *kk = nullptr, *o = nullptr;
+  // DeltaNet
+  float *qkv = nullptr, *mixed = nullptr, *z = nullptr, *bb = nullptr, *al = nullptr, *o2 = nullptr;
+  // MoE
+  float *router = nullptr, *wts = nullptr, *g = nullptr, *u = nullptr, *ye = nullptr;
+  int* ids = nullptr;
+  prefill::ExpertGroups groups;
+  int tiles_bound = 0;
+  float *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
+  // logits
+  float* logits = nullptr;
+  float* logits_all = nullptr;  // chunk x vocab, allocated on the first all-positions run
+
+  // Profiling: event pairs per piece, summed after the run.
+  std::vector<cudaEvent_t> events;
+  std::vector<std::pair<int, int>> marks;  // (piece, index of start event)
+  size_t next_event = 0;
+
+  Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
+    if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
+    chunk = opt.max_chunk;
+    try {
+      check_cublas(cublasCreate(&blas), "cublasCreate");
+      allocate();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Impl() { release(); }
+
+  void release() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    events.clear();
+    for (void* p : allocs) cudaFree(p);
+    allocs.clear();
+    if (blas) cublasDestroy(blas);
+    blas = nullptr;
+  }
+
+  template <class T>
+  T* dalloc(int64_t n) {
+    void* p = nullptr;
+    const size_t nb = static_cast<size_t>(n <= 0 ? 1 : n) * sizeof(T);
+    const cudaError_t st = cudaMalloc(&p, nb);
+    if (st != cudaSuccess)
+      fail("CUDA backend: cannot allocate ", nb, " bytes for the prefill workspace (chunk ", chunk, " tokens, ", bytes,
+           " bytes already): ", cudaGetErrorString(st));
+    allocs.push_back(p);
+    bytes += nb;
+    return static_cast<T*>(p);
+  }
+
+  int q_stride_head() const { return c.attn_output_gate ? 2 * c.head_dim : c.head_dim; }
+  int q_width() const { return c.n_head * q_stride_head(); }
+  int kv_width() const { return c.n_head_kv * c.head_dim; }
+  int o_width() const { return c.n_head * c.head_dim; }
+  int v_dim() const { return c.ssm_v_heads * c.ssm_head_v; }
+
+  void allocate() {
+    const int64_t C = chunk, d = c.n_embd;
+    bool has_attn = false, has_dn = false;
+    for (LayerKind k : c.layer_kinds) (k == LayerKind::FullAttention ? has_attn : has_dn) = true;
+    // Largest dense matrix (the output projection is sliced to fit) and widest GEMM input.
+    auto fit = [&](const DevMatrix& m) {
+      wcap = std::max(wcap, m.n_rows * m.n_cols);
+      xcap = std::max(xcap, m.n_cols);
+    };
+    for (const DevLayer& L : dm.layers) {
+      if (L.kind == LayerKind::FullAttention) {
+        for (const DevMatrix* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) fit(*m);
+      } else {
+        for (const DevMatrix* m : {&L.deltanet.qkv, &L.deltanet.gate, &L.deltanet.beta, &L.deltanet.alpha,
+                                   &L.deltanet.out})
+          fit(*m);
+      }
+      fit(L.moe.router);
+      if (L.moe.has_shared)
+        for (const DevMatrix* m : {&L.moe.shared_gate_inp, &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down})
+          fit(*m);
+    }
+    xcap = std::max<int64_t>(xcap, d);
+    wcap = std::max<int64_t>(wcap, std::min<int64_t>(dm.output.n_rows * dm.output.n_cols, int64_t(1) << 24));
+    tokens_d = dalloc<int>(C);
+    x = dalloc<float>(C * d);
+    xn = dalloc<float>(C * d);
+    y = dalloc<float>(C * d);
+    wscratch = dalloc<float>(wcap);
+    xh = dalloc<__half>(C * xcap);
+    if (opt.math == PrefillMath::Fast) xe_h = dalloc<__half>(C * d);
+    if (has_attn) {
+      q = dalloc<float>(C * q_width());
+      kk = dalloc<float>(C * kv_width());
+      o = dalloc<float>(C * o_width());
+    }
+    if (has_dn) {
+      qkv = dalloc<float>(C * c.ssm_conv_channels());
+      mixed = dalloc<float>(C * c.ssm_conv_channels());
+      z = dalloc<float>(C * v_dim());
+      bb = dalloc<float>(C * c.ssm_v_heads);
+      al = dalloc<float>(C * c.ssm_v_heads);
+      o2 = dalloc<float>(C * v_dim());
+    }
+    const int64_t k = c.n_expert_used, pairs = C * k;
+    router = dalloc<float>(C * c.n_expert);
+    ids = dalloc<int>(pairs);
+    wts = dalloc<float>(pairs);
+    g = dalloc<float>(pairs * c.n_ff_exp);
+    u = dalloc<float>(pairs * c.n_ff_exp);
+    ye = dalloc<float>(pairs * d);
+    if (opt.math == PrefillMath::Fast) gh = dalloc<__half>(pairs * c.n_ff_exp);
+    tiles_bound = prefill::max_tiles(static_cast<int>(pairs), c.n_expert, prefill::kGroupTileM);
+    groups.counts = dalloc<int>(c.n_expert);
+    groups.cursor = dalloc<int>(c.n_expert);
+    groups.src_pair = dalloc<int>(pairs);
+    groups.pair_row = dalloc<int>(pairs);
+    groups.tile_expert = dalloc<int>(tiles_bound);
+    groups.tile_row0 = dalloc<int>(tiles_bound);
+    groups.tile_rows = dalloc<int>(tiles_bound);
+    groups.n_tiles = dalloc<int>(1);
+    if (c.n_ff_shexp > 0) {
+      sg = dalloc<float>(C);
+      gs = dalloc<float>(C * c.n_ff_shexp);
+      us = dalloc<float>(C * c.n_ff_shexp);
+      ys = dalloc<float>(C * d);
+    }
+    logits = dalloc<float>(c.n_vocab);
+  }
+
+  // ---- profiling -------------------------------------------------------------------------------------
+  int mark_start(int piece) {
+    if (!profiling) return -1;
+    if (next_event + 2 > events.size()) {
+      for (int i = 0; i < 64; ++i) {
+        cudaEvent_t e;
+        check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+        events.push_back(e);
+      }
+    }
+    const int i = static_cast<int>(next_event);
+    next_event += 2;
+    check_cuda(cudaEventRecord(events[i], s), "cudaEventRecord");
+    marks.push_back({piece, i});
+    return i;
+  }
+  void mark_end(int i) {
+    if (i >= 0) check_cuda(cudaEventRecord(events[i + 1], s), "cudaEventRecord");
+  }
+  struct Timed {
+    Impl& m;
+    int i;
+    Timed(Impl& m_, int piece) : m(m_), i(m_.mark_start(piece)) {}
+    ~Timed() { m.mark_end(i); }
+  };
+
+  // ---- dense projections -----------------------------------------------------------------------------
+  // Y[n x N] = X[n x K] W^T (row-major), W decoded into the scratch in row slices that fit it.
+  // Xh (fast mode, optional): X already in half.
+  void dense(const DevMatrix& w, const float* X, int n, float* Y, bool exact_only = false, const __half* Xh = nullptr) {
+    const int64_t N = w.n_rows, K = w.n_cols;
+    const bool fast = opt.math == PrefillMath::Fast && !exact_only;
+    const int64_t slice = std::max<int64_t>(1, std::min<int64_t>(N, wcap / K));
+    const float one = 1.0f, zero = 0.0f;
+    if (fast && !Xh) {
+      check_arg(K <= xcap, "prefill dense: input wider than the half scratch");
+      prefill::to_half(X, static_cast<int64_t>(n) * K, xh, s);
+      Xh = xh;
+    }
+    if (fast && cache_on) {
+      check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), n, static_cast<int>(K), &one,
+                                cached_f16(w), CUDA_R_16F, static_cast<int>(K), Xh, CUDA_R_16F, static_cast<int>(K),
+                                &zero, Y, CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx");
+      return;
+    }
+    for (int64_t r0 = 0; r0 < N; r0 += slice) {
+      const int64_t R = std::min(slice, N - r0);
+      if (fast) {
+        __half* wh = reinterpret_cast<__half*>(wscratch);
+        prefill::dequant_rows_f16(w, r0, R, wh, s);
+        check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(R), n, static_cast<int>(K), &one, wh,
+                                  CUDA_R_16F, static_cast<int>(K), Xh, CUDA_R_16F, static_cast<int>(K), &zero, Y + r0,
+                                  CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
+      } else {
+        prefill::dequant_rows_f32(w, r0, R, wscratch, s);
+        check_cublas(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(R), n, static_cast<int>(K), &one,
+                                 wscratch, static_cast<int>(K), X, static_cast<int>(K), &zero, Y + r0,
+                                 static_cast<int>(N)),
+                     "cublasSgemm");
+      }
+    }
+  }
+
+  // The half copy of a dense matrix, decoded on first use.
+  const __half* cached_f16(const DevMatrix& w) {
+    const auto it = f16_cache.find(w.data);
+    if (it != f16_cache.end()) return it->second;
+    __half* p = dalloc<__half>(w.n_rows * w.n_cols);
+    cache_bytes += static_cast<size_t>(w.n_rows * w.n_cols) * sizeof(__half);
+    prefill::dequant_rows_f16(w, 0, w.n_rows, p, s);
+    f16_cache.emplace(w.data, p);
+    return p;
+  }
+
+  // Fast mode: whether to keep half copies of the dense matrices (the mixers' projections and the shared
+  // expert; router, shared-expert gate and output stay float32). Off with a HybridMoe (its point is to
+  // save GPU memory) and when the copies would leave less than 1 GiB of the GPU free.
+  void decide_cache(bool hybrid) {
+    if (cache_decided) return;
+    cache_decided = true;
+    if (opt.math != PrefillMath::Fast || !opt.cache_dense_f16 || hybrid) return;
+    size_t need = 0;
+    auto add = [&](const DevMatrix& m) { need += static_cast<size_t>(m.n_rows * m.n_cols) * sizeof(__half); };
+    for (const DevLayer& L : dm.layers) {
+      if (L.kind == LayerKind::FullAttention) {
+        for (const DevMatrix* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) add(*m);
+      } else {
+        for (const DevMatrix* m : {&L.deltanet.qkv, &L.deltanet.gate, &L.deltanet.beta, &L.deltanet.alpha,
+                                   &L.deltanet.out})
+          add(*m);
+      }
+      if (L.moe.has_shared)
+        for (const DevMatrix* m : {&L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down}) add(*m);
+    }
+    size_t free_b = 0, total_b = 0;
+    check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    cache_on = free_b > need + (size_t(1) << 30);
+  }
+
+  // Fast mode: xn in half (once per norm, for every GEMM that reads it); nullptr in exact mode.
+  const __half* xn_half(int m) {
+    if (opt.math != PrefillMath::Fast) return nullptr;
+    prefill::to_half(xn, static_cast<int64_t>(m) * c.n_embd, xe_h, s);
+    return xe_h;
+  }
+
+  // ---- blocks ----------------------------------------------------------------------------------------
+  void attention(const DevLayer& D, DeviceLayerState& L, int m, int pos0) {
+    const DevAttention& w = D.attn;
+    const int hd = c.head_dim, kvw = kv_width();
+    {
+      Timed t(*this, kProjections);
+      const __half* h = xn_half(m);
+      dense(w.q, xn, m, q, false, h);
+      dense(w.k, xn, m, kk, false, h);
+      dense(w.v, xn, m, L.v + static_cast<int64_t>(pos0) * kvw, false, h);  // values go straight into the cache
+    }
+    {
+      Timed t(*this, kAttention);
+      prefill::norm_rope_rows(q, q_width(), q_stride_head(), q, q_width(), q_stride_head(), m, c.n_head, hd, w.q_norm,
+                              c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s);
+      prefill::norm_rope_rows(kk, kvw, hd, L.k + static_cast<int64_t>(pos0) * kvw, kvw, hd, m, c.n_head_kv, hd, w.k_norm,
+                              c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      prefill::attention_prefill(q, q_width(), q_stride_head(), L.k, L.v, kvw, m, c.n_head, c.n_head_kv, hd, scale,
+                                 c.attn_output_gate, pos0, o, s);
+    }
+    Timed t(*this, kProjections);
+    dense(w.o, o, m, y);
+  }
+
+  void deltanet(const DevLayer& D, DeviceLayerState& L, int m) {
+    const DevDeltaNet& w = D.deltanet;
+    const int channels = c.ssm_conv_channels();
+    {
+      Timed t(*this, kProjections);
+      const __half* h = xn_half(m);
+      dense(w.qkv, xn, m, qkv, false, h);
+      dense(w.gate, xn, m, z, false, h);
+      dense(w.beta, xn, m, bb, false, h);
+      dense(w.alpha, xn, m, al, false, h);
+    }
+    {
+      Timed t(*this, kDeltaNet);
+      prefill::conv1d_silu_chunk(qkv, w.conv, c.ssm_conv_kernel, channels, m, L.conv, mixed, s);
+      prefill::deltanet_qk_norm_rows(mixed, channels, m, c.ssm_k_heads, c.ssm_head_k,
+                                     1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), s);
+      prefill::deltanet_scan(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads, c.ssm_v_heads,
+                             c.ssm_head_k, c.ssm_head_v, o2, s);
+      prefill::gated_rmsnorm_rows(o2, z, w.norm, c.rms_eps, m, c.ssm_v_heads, c.ssm_head_v, s);
+    }
+    Timed t(*this, kProjections);
+    dense(w.out, o2, m, y);
+  }
+
+  // The MoE FFN of a chunk: x += experts(xn). With a HybridMoe (hot/cold experts, issue 8) the grouping
+  // uses the layer's slot map so the grouped GEMMs compute only the hot experts (indexed by slot in the
+  // hot-only stacks), while the HybridMoe computes the cold pairs on the CPU (started before the hot
+  // GEMMs are enqueued, waited for after): the combine then sees every pair's row, in the same order and
+  // with the same kernels as the all-GPU path. counts_out (device, [n_expert] of this layer, optional):
+  // += picks per expert (routing statistics).
+  void moe(int il, const DevMoe& w, int m, HybridMoe* hybrid, unsigned long long* counts_out) {
+    const int k = c.n_expert_used;
+    const bool fast = opt.math == PrefillMath::Fast;
+    const int pairs = m * k;
+    const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
+    {
+      Timed t(*this, kRouting);
+      dense(w.router, xn, m, router, /*exact_only=*/true);  // expert choice stays float32 in both modes
+      prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, ids, wts, s);
+      prefill::group_by_expert(ids, pairs, k, c.n_expert, prefill::kGroupTileM, groups, s, slot_of);
+      if (counts_out) prefill::add_counts(groups.counts, c.n_expert, counts_out, s);
+    }
+    if (hybrid) hybrid->cold_batch_begin(il, ids, groups.counts, xn, m, s);
+    const bool any_hot = !hybrid || hybrid->hot_experts(il) > 0;
+    const int bound = prefill::max_tiles(pairs, c.n_expert, prefill::kGroupTileM);
+    const __half* h = fast ? xn_half(m) : nullptr;
+    if (any_hot) {
+      Timed t(*this, kExperts);
+      if (fast) {
+        prefill::grouped_gemm_h(w.gate, h, true, k, groups, bound, g, s);
+        prefill::grouped_gemm_h(w.up, h, true, k, groups, bound, u, s);
+        prefill::swiglu_rows_h(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, gh, s);
+        prefill::grouped_gemm_h(w.down, gh, false, k, groups, bound, ye, s);
+      } else {
+        prefill::grouped_gemm(w.gate, xn, true, k, groups, bound, g, false, s);
+        prefill::grouped_gemm(w.up, xn, true, k, groups, bound, u, false, s);
+        prefill::swiglu_rows(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, g, s);
+        prefill::grouped_gemm(w.down, g, false, k, groups, bound, ye, false, s);
+      }
+    }
+    if (w.has_shared) {
+      Timed t(*this, kProjections);
+      dense(w.shared_gate_inp, xn, m, sg, /*exact_only=*/true);
+      dense(w.shared_gate, xn, m, gs, false, h);
+      dense(w.shared_up, xn, m, us, false, h);
+      prefill::swiglu_rows(gs, us, static_cast<int64_t>(m) * c.n_ff_shexp, gs, s);
+      dense(w.shared_down, gs, m, ys);
+    }
+    if (hybrid) {
+      Timed t(*this, kExperts);
+      hybrid->cold_batch_finish(il, groups.pair_row, ye, m, s);
+    }
+    Timed t(*this, kCombine);
+    prefill::moe_combine_rows(x, ye, ids, wts, groups.pair_row, m, k, c.n_embd, w.has_shared ? ys : nullptr, sg, s);
+  }
+
+  void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
+           HybridMoe* hybrid, unsigned long long* route_counts) {
+    check_cublas(cublasSetStream(blas, s), "cublasSetStream");
+    marks.clear();
+    next_event = 0;
+    cudaEvent_t t_begin = nullptr, t_end = nullptr;
+    if (profiling) {
+      check_cuda(cudaEventCreate(&t_begin), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&t_end), "cudaEventCreate");
+      check_cuda(cudaEventRecord(t_begin, s), "cudaEventRecord");
+    }
+    const int d = c.n_embd;
+    const int64_t vocab = c.n_vocab;
+    decide_cache(hybrid != nullptr);
+    if (all_positions && logits_out && !logits_all) logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+      const int m = std::min(chunk, n - c0);
+      const int pos0 = st.n_past;
+      {
+        Timed t(*this, kEmbedNormAdd);
+        check_cuda(cudaMemcpyAsync(tokens_d, tokens + c0, sizeof(int) * m, cudaMemcpyHostToDevice, s), "copy tokens");
+        prefill::embed_rows(dm.token_embd, tokens_d, m, x, s);
+      }
+      for (int il = 0; il < c.n_layer; ++il) {
+        const DevLayer& D = dm.layers[il];
+        {
+          Timed t(*this, kEmbedNormAdd);
+          rmsnorm_rows(x, D.attn_norm, c.rms_eps, m, d, xn, s);
+        }
+        if (D.kind == LayerKind::FullAttention) {
+          attention(D, st.layers[il], m, pos0);
+        } else {
+          deltanet(D, st.layers[il], m);
+        }
+        {
+          Timed t(*this, kEmbedNormAdd);
+          add_inplace(x, y, static_cast<int64_t>(m) * d, s);
+          rmsnorm_rows(x, D.ffn_norm, c.rms_eps, m, d, xn, s);
+        }
+        unsigned long long* counts_out =
+            route_counts && !hybrid ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
+        moe(il, D.moe, m, hybrid, counts_out);
+      }
+      st.n_past = pos0 + m;
+      if (logits_out) {
+        Timed t(*this, kLogits);
+        if (all_positions) {
+          rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, xn, s);
+          dense(dm.output, xn, m, logits_all, /*exact_only=*/true);
+          check_cuda(cudaMemcpyAsync(logits_out + static_cast<int64_t>(c0) * vocab, logits_all,
+                                     sizeof(float) * static_cast<size_t>(m * vocab), cudaMemcpyDeviceToHost, s),
+                     "copy logits");
+        } else if (c0 + m == n) {
+          const float* last = x + static_cast<int64_t>(m - 1) * d;
+          rmsnorm_rows(last, dm.output_norm, c.rms_eps, 1, d, xn, s);
+          matvec(dm.output, xn, logits, s);
+          check_cuda(cudaMemcpyAsync(logits_out, logits, sizeof(float) * static_cast<size_t>(vocab),
+                                     cudaMemcpyDeviceToHost, s),
+                     "copy logits");
+        }
+      }
+    }
+    if (profiling) check_cuda(cudaEventRecord(t_end, s), "cudaEventRecord");
+    check_cuda(cudaStreamSynchronize(s), "prefill");
+    if (profiling) {
+      double sums[kPieces] = {};
+      for (const auto& [piece, i] : marks) {
+        float ms = 0;
+        check_cuda(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "cudaEventElapsedTime");
+        sums[piece] += ms;
+      }
+      float total = 0;
+      check_cuda(cudaEventElapsedTime(&total, t_begin, t_end), "cudaEventElapsedTime");
+      cudaEventDestroy(t_begin);
+      cudaEventDestroy(t_end);
+      prof = PrefillProfile{};
+      prof.embed_norm_add = sums[kEmbedNormAdd];
+      prof.projections = sums[kProjections];
+      prof.attention = sums[kAttention];
+      prof.deltanet = sums[kDeltaNet];
+      prof.routing = sums[kRouting];
+      prof.experts = sums[kExperts];
+      prof.combine = sums[kCombine];
+      prof.logits = sums[kLogits];
+      prof.total = total;
+      prof.tokens = n;
+      if (env_profile()) std::fprintf(stderr, "%s (%s)\n", prof.summary().c_str(), prefill_math_name(opt.math));
+    }
+  }
+};
+
+GpuPrefill::GpuPrefill(const DeviceModel& dm, PrefillOptions opt) : impl_(std::make_unique<Impl>(dm, opt)) {}
+GpuPrefill::~GpuPrefill() = default;
+
+void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
+                     cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts) {
+  if (n <= 0) fail("prefill needs at least one token");
+  if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
+  impl_->s = s;
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts);
+}
+
+const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }
+const PrefillProfile& GpuPrefill::last_profile() const { return impl_->prof; }
+size_t GpuPrefill::workspace_bytes() const { return impl_->bytes; }
+size_t GpuPrefill::dense_cache_bytes() const { return impl_->cache_bytes; }
+
+}  // namespace strata::cuda

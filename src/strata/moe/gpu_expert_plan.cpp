@@ -1,0 +1,57 @@
+#include "strata/moe/gpu_expert_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "strata/base/error.h"
+#include "strata/model/config.h"
+
+namespace strata {
+
+GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_used, const GpuPlanRequest& request) {
+  VramInputs in;
+  in.gpu_total = request.gpu_total;
+  in.gpu_free = request.gpu_free;
+  in.gpu_mem = request.gpu_mem;
+  in.expert_budget = request.expert_budget;
+  in.workspace_bytes = request.workspace_bytes;
+  in.model = footprint;
+  GpuExpertPlan out;
+  out.receipt = compute_vram_receipt(in);
+  const bool fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
+  if (fits) {
+    out.plan = plan_placement(placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget));
+    // Hybrid only when some expert stays on the CPU: a budget that holds every expert is the all-GPU session.
+    out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
+    if (out.hybrid) out.expert_slots = out.plan.slot_of;
+  }
+  out.text = format_receipt(out.receipt, fits ? &out.plan : nullptr);
+  require_core_fits(out.receipt);  // throws with the receipt and a hint
+  const std::string source = request.hotness_source.empty() ? "uniform (no profile)" : request.hotness_source;
+  if (out.hybrid) {
+    out.text += cat("mode: hybrid, ", out.plan.n_hot_total(), " of ", out.plan.n_expert_total(),
+                    " experts on the GPU, the rest on the CPU; placement from ", source, "\n");
+  } else {
+    out.text += "mode: all-GPU (every routed expert fits the expert budget)\n";
+  }
+  return out;
+}
+
+uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk) {
+  const uint64_t f = sizeof(float);
+  const uint64_t q_width = static_cast<uint64_t>(c.n_head) * c.head_dim * (c.attn_output_gate ? 2 : 1);
+  const uint64_t kv_width = static_cast<uint64_t>(c.n_head_kv) * std::max(c.head_dim, c.head_dim_v);
+  const uint64_t ssm = c.n_deltanet_layers() > 0
+                           ? static_cast<uint64_t>(c.ssm_conv_channels()) * 2 +
+                                 static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_v * 2
+                           : 0;
+  const uint64_t per_token = 8ull * c.n_embd + 2 * q_width + 2 * kv_width + ssm + static_cast<uint64_t>(c.n_expert) +
+                             3ull * c.n_expert_used * c.n_ff_exp + 2ull * c.n_ff_shexp +
+                             static_cast<uint64_t>(c.n_vocab);
+  const uint64_t decode = per_token * f + 2ull * c.n_head * static_cast<uint64_t>(std::max(ctx, 1)) * f;
+  const uint64_t prefill = static_cast<uint64_t>(std::max(prefill_chunk, 1)) * per_token * f;
+  const uint64_t fixed = 64ull << 20;
+  return decode + prefill + fixed;
+}
+
+}  // namespace strata

@@ -1,0 +1,52 @@
+// The start-up decision of a GPU backend (run/chat/serve --gpu): from the GPU's memory, the model's
+// footprint, --gpu-mem / --expert-budget and the routing profile's hotness, the VRAM receipt and
+// where every routed expert lives. When every expert fits the expert budget the session is all-GPU;
+// otherwise it is hybrid, with the optimal placement (plan_placement) as its expert slot map.
+// Pure over plain numbers (the GPU's total/free are inputs), so it is tested without a GPU
+// (tests/test_backend_cli.cpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/engine/routing_counts.h"
+#include "strata/moe/placement.h"
+#include "strata/moe/vram_budget.h"
+
+namespace strata {
+
+struct ModelConfig;
+
+struct GpuPlanRequest {
+  uint64_t gpu_total = 0, gpu_free = 0;            // device 0, read after the CUDA context exists
+  std::optional<uint64_t> gpu_mem;                 // --gpu-mem
+  std::optional<ExpertBudgetSpec> expert_budget;   // --expert-budget (default: what is left)
+  uint64_t workspace_bytes = 0;                    // estimate_gpu_workspace_bytes()
+  const RoutingCounts* hotness = nullptr;          // profile counts; nullptr or no tokens: uniform
+  std::string hotness_source;                      // for the summary line, e.g. "profile p.json (1200 tokens)"
+};
+
+struct GpuExpertPlan {
+  VramReceipt receipt;
+  bool hybrid = false;  // false: every routed expert is resident on the GPU
+  ExpertPlan plan;      // the placement (every expert hot when !hybrid)
+  // GpuSessionOptions::expert_slots: [layer][expert] -> slot, -1 = cold; empty when !hybrid.
+  std::vector<std::vector<int>> expert_slots;
+  std::string text;     // the receipt with the plan, and one line naming the mode (for stderr)
+};
+
+// Fails (strata::Error, from require_core_fits) with the receipt and a hint when the core does not fit
+// the limit or an explicit expert budget exceeds what is available.
+GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_used, const GpuPlanRequest& request);
+
+// GPU activations and scratch a session needs beyond weights, KV cache and recurrent state: the
+// decode step's vectors and attention scores for ctx positions, the batched prefill's buffers for
+// prefill_chunk tokens (hidden states, attention and DeltaNet projections, router scores, the chosen
+// experts' intermediates, one row of logits per token), plus a fixed 64 MiB for cuBLAS workspaces,
+// CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
+// (default_safety_reserve) absorbs the difference.
+uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk);
+
+}  // namespace strata

@@ -1,0 +1,426 @@
+// The backend choices of run/chat/serve (cli/backend_cli.h, moe/gpu_expert_plan.h) on the CPU:
+// the GPU plan from a fake GPU's total/free (all-GPU vs hybrid, the core that does not fit), flag
+// checks without --gpu, and --profile recording routing counts for run and serve.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_runner.h"
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/model/config.h"
+#include "strata/moe/gpu_expert_plan.h"
+#include "strata/moe/routing_profile.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/gpu_session.h"
+#endif
+
+namespace {
+
+using strata::testing_cli::run_cli;
+constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf";
+
+// 4 MoE layers x 8 experts of 256 MiB (8 GiB of experts) and 2 GiB of core, no KV cache.
+strata::ModelFootprint fake_footprint() {
+  strata::ModelFootprint fp;
+  fp.core_weight_bytes = 2 * GiB;
+  for (int l = 0; l < 4; ++l) fp.expert_bytes.emplace_back(8, 256 * MiB);
+  fp.all_expert_bytes = 4 * 8 * 256 * MiB;
+  fp.ctx = 1024, fp.slots = 1;
+  return fp;
+}
+
+TEST(GpuExpertPlan, EverythingFitsIsAllGpu) {
+  strata::GpuPlanRequest req;
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  const strata::GpuExpertPlan p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  EXPECT_FALSE(p.hybrid);
+  EXPECT_TRUE(p.expert_slots.empty());
+  EXPECT_EQ(p.plan.n_hot_total(), 32);
+  EXPECT_NE(p.text.find("all-GPU"), std::string::npos) << p.text;
+}
+
+TEST(GpuExpertPlan, SmallGpuGoesHybridWithinTheBudget) {
+  strata::GpuPlanRequest req;
+  // 8 GiB free: minus the 512 MiB reserve, 2 GiB core and 100 MiB workspaces leaves room for 21
+  // experts of 256 MiB ((8192 - 512 - 2048 - 100) / 256 = 21.6).
+  req.gpu_total = 8 * GiB, req.gpu_free = 8 * GiB;
+  req.workspace_bytes = 100 * MiB;
+  const strata::GpuExpertPlan p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid) << p.text;
+  ASSERT_EQ(p.expert_slots.size(), 4u);
+  int hot = 0;
+  for (const auto& row : p.expert_slots)
+    for (int s : row) hot += s >= 0 ? 1 : 0;
+  EXPECT_EQ(hot, 21);
+  EXPECT_LE(static_cast<uint64_t>(hot) * 256 * MiB, p.receipt.expert_budget);
+  EXPECT_NE(p.text.find("hybrid"), std::string::npos) << p.text;
+  EXPECT_NE(p.text.find("uniform"), std::string::npos) << p.text;
+}
+
+TEST(GpuExpertPlan, ExplicitPercentBudgetKeepsTheHottestExperts) {
+  strata::GpuPlanRequest req;
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  req.expert_budget = strata::parse_expert_budget("25%");  // 8 of 32 experts
+  strata::RoutingCounts counts;
+  counts.reset(4, 8);
+  counts.n_tokens = 100;
+  for (int l = 0; l < 4; ++l) {  // experts 5 and 6 take every pick (k = 2)
+    counts.add(l, 5, 100);
+    counts.add(l, 6, 100);
+  }
+  req.hotness = &counts;
+  req.hotness_source = "profile test (100 tokens)";
+  const strata::GpuExpertPlan p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid);
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_GE(p.expert_slots[l][5], 0) << "layer " << l;
+    EXPECT_GE(p.expert_slots[l][6], 0) << "layer " << l;
+    int hot = 0;
+    for (int s : p.expert_slots[l]) hot += s >= 0 ? 1 : 0;
+    EXPECT_EQ(hot, 2) << "layer " << l;
+  }
+  EXPECT_NE(p.text.find("profile test"), std::string::npos);
+}
+
+TEST(GpuExpertPlan, CoreThatDoesNotFitFails) {
+  strata::GpuPlanRequest req;
+  req.gpu_total = 2 * GiB, req.gpu_free = 2 * GiB;  // the 2 GiB core plus the reserve cannot fit
+  try {
+    strata::plan_gpu_experts(fake_footprint(), 2, req);
+    FAIL() << "expected a failure";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuExpertPlan, WorkspaceEstimateGrowsWithContextAndChunk) {
+  auto model = strata::Model::load(kModel);
+  const strata::ModelConfig& c = model->config();
+  const uint64_t small = strata::estimate_gpu_workspace_bytes(c, 256, 64);
+  EXPECT_GT(small, 64 * MiB);
+  EXPECT_GT(strata::estimate_gpu_workspace_bytes(c, 4096, 64), small);
+  // One more prefill token holds at least its logits row.
+  EXPECT_GE(strata::estimate_gpu_workspace_bytes(c, 256, 65) - small, static_cast<uint64_t>(c.n_vocab) * 4);
+}
+
+TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--expert-budget 50%", "--expert-budget needs --gpu"},
+      {"--gpu-mem 8G", "--gpu-mem needs --gpu"},
+      {"--telemetry", "--telemetry needs --gpu"},
+      {"--hybrid-mode sync", "--hybrid-mode needs --gpu"},
+      {"--cpu-threads 4", "--cpu-threads needs --gpu"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
+TEST(BackendCli, LogitsRefusesProfile) {
+  const std::string path = ::testing::TempDir() + "/wire_logits_profile.json";
+  const auto r = run_cli("logits -m " + kModel + " --tokens 1,2 --out " + path + ".bin --profile " + path);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("does not record routing profiles"), std::string::npos) << r.err;
+}
+
+// Each row of the counts must hold k picks per counted token (every token picks k experts per layer).
+void expect_consistent(const strata::RoutingProfile& p) {
+  for (int l = 0; l < p.counts.n_layer; ++l)
+    EXPECT_EQ(p.counts.layer_total(l), p.counts.n_tokens * static_cast<uint64_t>(p.model.n_expert_used)) << "layer " << l;
+}
+
+TEST(BackendCli, RunRecordsAndAccumulatesAProfile) {
+  const std::string path = ::testing::TempDir() + "/wire_run_profile.json";
+  std::remove(path.c_str());
+  const std::string args = "run -m " + kModel + " --prompt-tokens 1,2,3,4,5 -n 4 --print-token-ids";
+  const auto plain = run_cli(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto first = run_cli(args + " --profile " + path);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.out, plain.out) << "counting routes must not change the output";
+  // 5 prompt tokens and 3 of the 4 new ones go through the model (the last pick is never fed back).
+  const strata::RoutingProfile p1 = strata::read_profile(path);
+  EXPECT_EQ(p1.counts.n_tokens, 8u);
+  expect_consistent(p1);
+  const auto second = run_cli(args + " --profile " + path);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const strata::RoutingProfile p2 = strata::read_profile(path);
+  EXPECT_EQ(p2.counts.n_tokens, 16u);
+  for (size_t i = 0; i < p2.counts.counts.size(); ++i) EXPECT_EQ(p2.counts.counts[i], 2 * p1.counts.counts[i]);
+  std::remove(path.c_str());
+}
+
+// A profile file that claims another model's fingerprint.
+std::string foreign_profile(const std::string& from, const std::string& to) {
+  std::ifstream in(from);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  const size_t at = text.find("\"fingerprint\"");
+  const size_t q = text.find('"', text.find(':', at) + 1);
+  text.replace(q + 1, 16, "0123456789abcdef");
+  std::ofstream(to) << text;
+  return to;
+}
+
+TEST(BackendCli, RunRefusesAnotherModelsProfile) {
+  const std::string path = ::testing::TempDir() + "/wire_run_profile2.json";
+  std::remove(path.c_str());
+  const std::string args = "run -m " + kModel + " --prompt-tokens 1,2,3 -n 2 --print-token-ids";
+  ASSERT_EQ(run_cli(args + " --profile " + path).exit_code, 0);
+  const std::string other = foreign_profile(path, ::testing::TempDir() + "/wire_run_foreign.json");
+  const auto r = run_cli(args + " --profile " + other);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("0123456789abcdef"), std::string::npos) << r.err;
+  std::remove(path.c_str());
+  std::remove(other.c_str());
+}
+
+// --- Sequence::set_routing_counts ------------------------------------------------------------------
+
+// A backend that does not implement counting must refuse it rather than leave the table empty.
+class NonCountingSequence : public strata::Sequence {
+ public:
+  explicit NonCountingSequence(const strata::Model& m) : model_(m) {}
+  void forward(const int32_t*, int, float*, bool) override {}
+  void reset() override {}
+  int n_past() const override { return 0; }
+  int max_ctx() const override { return 1; }
+  const strata::Model& model() const override { return model_; }
+
+ private:
+  const strata::Model& model_;
+};
+
+TEST(SequenceRoutingCounts, ABackendWithoutCountingRefuses) {
+  auto model = strata::Model::load(kModel);
+  NonCountingSequence seq(*model);
+  strata::RoutingCounts counts;
+  try {
+    seq.set_routing_counts(&counts);
+    FAIL() << "expected a failure";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not count routes"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(seq.set_routing_counts(nullptr));
+}
+
+// Counts of a run, one token per forward (every backend counts decode steps).
+strata::RoutingCounts count_tokens(strata::Sequence& seq, const std::vector<int32_t>& ids, bool one_by_one) {
+  strata::RoutingCounts counts;
+  seq.set_routing_counts(&counts);
+  std::vector<float> logits(static_cast<size_t>(seq.model().config().n_vocab));
+  if (one_by_one) {
+    for (int32_t id : ids) seq.forward(&id, 1, logits.data(), false);
+  } else {
+    seq.forward(ids.data(), static_cast<int>(ids.size()), logits.data(), false);
+  }
+  seq.set_routing_counts(nullptr);
+  return counts;
+}
+
+// Picks that differ between two tables (sum of |a - b| / 2).
+uint64_t differing_picks(const strata::RoutingCounts& a, const strata::RoutingCounts& b) {
+  uint64_t d = 0;
+  for (size_t i = 0; i < a.counts.size(); ++i) d += a.counts[i] > b.counts[i] ? a.counts[i] - b.counts[i] : b.counts[i] - a.counts[i];
+  return d / 2;
+}
+
+#ifdef STRATA_HAVE_CUDA
+// On the GPU machine: the GPU sessions' counts against the CPU engine's (routing is computed in
+// float on both sides, so a near-tie may flip a pick: allow 2% of the picks to differ).
+TEST(SequenceRoutingCounts, GpuSessionsCountLikeTheCpuEngine) {
+  if (!strata::cuda::device_available()) GTEST_SKIP() << "no CUDA device: " << strata::cuda::device_description();
+  auto model = strata::Model::load(kModel);
+  const strata::ModelConfig& c = model->config();
+  const std::vector<int32_t> ids = {1, 17, 300, 42, 7, 1000, 5, 99};
+  const int ctx = static_cast<int>(ids.size()) + 1;
+  strata::Session cpu(*model, ctx);
+  const strata::RoutingCounts ref = count_tokens(cpu, ids, true);
+  ASSERT_EQ(ref.n_tokens, ids.size());
+  const uint64_t picks = ids.size() * static_cast<uint64_t>(c.n_expert_used) * static_cast<uint64_t>(c.n_layer);
+
+  strata::cuda::GpuSession all_gpu(*model, ctx);
+  const strata::RoutingCounts g = count_tokens(all_gpu, ids, true);
+  EXPECT_EQ(g.n_tokens, ids.size());
+  EXPECT_LE(differing_picks(g, ref), picks / 50) << "all-GPU";
+
+  // Half of every layer's experts cold; the prompt in one forward (the hybrid MoE counts prefill too).
+  strata::cuda::GpuSessionOptions o;
+  o.expert_slots.assign(static_cast<size_t>(c.n_layer), std::vector<int>(static_cast<size_t>(c.n_expert), -1));
+  for (auto& row : o.expert_slots)
+    for (int e = 0; e < c.n_expert / 2; ++e) row[static_cast<size_t>(e)] = e;
+  o.cpu_threads = 2;
+  strata::cuda::GpuSession hybrid(*model, ctx, o);
+  const strata::RoutingCounts h = count_tokens(hybrid, ids, false);
+  EXPECT_EQ(h.n_tokens, ids.size());
+  for (int l = 0; l < c.n_layer; ++l) EXPECT_EQ(h.layer_total(l), ids.size() * static_cast<uint64_t>(c.n_expert_used));
+  EXPECT_LE(differing_picks(h, ref), picks / 50) << "hybrid";
+}
+#endif
+
+// --- serve --profile over HTTP --------------------------------------------------------------------
+
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// One request on its own connection; returns the status code (0: no answer) and the body.
+std::pair<int, std::string> http_post(int port, const std::string& path, const std::string& body) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(s);
+    return {0, ""};
+  }
+  const std::string req = (body.empty() ? "GET " : "POST ") + path +
+                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  send(s, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string raw;
+  char buf[8192];
+  for (;;) {
+    pollfd p{s, POLLIN, 0};
+    if (poll(&p, 1, 60000) <= 0) break;
+    const ssize_t n = recv(s, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  close(s);
+  const int status = raw.rfind("HTTP/1.1 ", 0) == 0 ? std::atoi(raw.c_str() + 9) : 0;
+  const size_t end = raw.find("\r\n\r\n");
+  return {status, end == std::string::npos ? "" : raw.substr(end + 4)};
+}
+
+// `strata serve` as a child process; killed when it goes out of scope.
+class Server {
+ public:
+  explicit Server(const std::vector<std::string>& extra) : port_(free_port()) {
+    std::vector<std::string> args = {STRATA_CLI, "serve", "-m", kModel, "--port", std::to_string(port_)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    err_path_ = ::testing::TempDir() + "/wire_serve_" + std::to_string(port_) + ".err";
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (FILE* f = std::freopen(err_path_.c_str(), "w", stderr); f == nullptr) _exit(126);
+      std::vector<char*> argv;
+      for (auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Server() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::remove(err_path_.c_str());
+  }
+  // True once /health answers 200; false when the process exits first (exit_code() then says how).
+  bool wait_ready() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (http_post(port_, "/health", "").first == 200) return true;
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  int port() const { return port_; }
+  int exit_code() const { return exit_code_; }
+  std::string stderr_text() const {
+    std::ifstream in(err_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  std::string err_path_;
+};
+
+int completion_tokens(const std::string& body) {
+  const size_t at = body.find("\"completion_tokens\":");
+  return at == std::string::npos ? -1 : std::atoi(body.c_str() + at + 20);
+}
+int prompt_tokens(const std::string& body) {
+  const size_t at = body.find("\"prompt_tokens\":");
+  return at == std::string::npos ? -1 : std::atoi(body.c_str() + at + 16);
+}
+
+TEST(ServeProfile, TwoRequestsOnTwoSlotsUpdateTheProfile) {
+  const std::string path = ::testing::TempDir() + "/wire_serve_profile.json";
+  std::remove(path.c_str());
+  uint64_t tokens_run = 0;
+  {
+    Server server({"--slots", "2", "--ctx", "512", "--profile", path});
+    ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+    std::vector<std::pair<int, std::string>> answers(2);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 2; ++i)
+      clients.emplace_back([&, i] {
+        answers[i] = http_post(server.port(), "/v1/completions",
+                               R"({"prompt":"Once upon a time )" + std::to_string(i) + R"(","max_tokens":5,"temperature":0})");
+      });
+    for (auto& t : clients) t.join();
+    for (const auto& [status, body] : answers) {
+      ASSERT_EQ(status, 200) << body;
+      // The prompt, then every generated token but the last goes through the model.
+      tokens_run += static_cast<uint64_t>(prompt_tokens(body) + completion_tokens(body) - 1);
+    }
+    // Saved before each answer ends, so the file is complete now.
+    const strata::RoutingProfile p = strata::read_profile(path);
+    EXPECT_GE(p.counts.n_tokens, tokens_run);
+    expect_consistent(p);
+  }
+  ASSERT_GT(tokens_run, 2u);
+  // The profile is refused for another model: the server does not start.
+  const std::string other = foreign_profile(path, ::testing::TempDir() + "/wire_serve_foreign.json");
+  Server refused({"--profile", other});
+  EXPECT_FALSE(refused.wait_ready());
+  EXPECT_NE(refused.exit_code(), 0);
+  EXPECT_NE(refused.stderr_text().find("0123456789abcdef"), std::string::npos) << refused.stderr_text();
+  std::remove(path.c_str());
+  std::remove(other.c_str());
+}
+
+}  // namespace
