@@ -139,7 +139,10 @@ int64_t cols_for(GgmlType t, int variant) {
 
 class MatmulLevels : public ::testing::Test {
  protected:
-  void TearDown() override { strata::set_cpu_kernel_level(CpuKernelLevel::Scalar); }
+  void TearDown() override {
+    strata::set_cpu_kernel_level(CpuKernelLevel::Scalar);
+    strata::set_cpu_fused_path(true);
+  }
 };
 
 TEST_F(MatmulLevels, EveryTypeEveryLevelMatchesFloat64Reference) {
@@ -252,6 +255,139 @@ TEST_F(MatmulLevels, MatvecAndNestedParallelAgree) {
 #pragma omp parallel for
   for (int t = 0; t < 5; ++t) strata::matvec(p.w, p.X.data() + t * 512, nested.data() + t * 33);
   EXPECT_EQ(0, std::memcmp(all.data(), nested.data(), all.size() * 4));
+}
+
+// The SIMD activation quantiser must give bitwise the scalar one's numbers (cold experts and the
+// engine may quantise with either and still have to agree).
+TEST_F(MatmulLevels, SimdActivationQuantisationEqualsScalar) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int64_t n = 2048;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = g(rng);
+  for (int i = 64; i < 96; ++i) x[static_cast<size_t>(i)] = 0.0f;   // all-zero block
+  x[200] = -300.0f;                                                  // outlier
+  for (int i = 256; i < 288; ++i) x[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i - 272);  // exact halves
+  for (int i = 288; i < 320; ++i) x[static_cast<size_t>(i)] = 1e-30f * static_cast<float>(i - 300);  // tiny values
+  std::vector<int8_t> q0(static_cast<size_t>(n)), q1(static_cast<size_t>(n));
+  std::vector<float> d0(n / 32), d1(n / 32), s0(n / 16), s1(n / 16);
+  strata::quantize_activations_i8_scalar(x.data(), n, q0.data(), d0.data(), s0.data());
+  int levels = 0;
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level)) continue;
+    strata::set_cpu_kernel_level(level);
+    if (strata::cpu_kernels().quantize_i8 == nullptr) continue;
+    ++levels;
+    std::fill(q1.begin(), q1.end(), int8_t{99});
+    strata::quantize_activations_i8(x.data(), n, q1.data(), d1.data(), s1.data());
+    EXPECT_EQ(0, std::memcmp(q0.data(), q1.data(), q0.size())) << strata::cpu_kernel_level_name(level);
+    EXPECT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * 4)) << strata::cpu_kernel_level_name(level);
+    EXPECT_EQ(0, std::memcmp(s0.data(), s1.data(), s0.size() * 4)) << strata::cpu_kernel_level_name(level);
+  }
+  if (strata::cpu_supports(CpuKernelLevel::Avx2)) {
+    EXPECT_GE(levels, 1);
+  }
+}
+
+// Cold-expert shapes (gate/up 2048 columns, down 512) on the K-quants: the fused path and the
+// unpacking path both stay within the activation-rounding bound of the float64 reference and
+// agree with each other to float rounding; unpack_i8 + dot_rows_i8 (what moe/cold_experts.cpp
+// calls) equals matvec bitwise.
+TEST_F(MatmulLevels, FusedInt8PathMatchesUnpackedAndReference) {
+  int fused_cases = 0;
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level) || level == CpuKernelLevel::Scalar) continue;
+    strata::set_cpu_kernel_level(level);
+    const strata::CpuKernels& k = strata::cpu_kernels();
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+      for (int64_t cols : {2048, 512}) {
+        const Problem p = make_problem(t, 22, cols, 2, 0, 40 + static_cast<uint32_t>(cols));
+        std::vector<double> want, mag, act_err;
+        reference(p, want, mag, act_err);
+        const double tol = 2e-6 * std::sqrt(static_cast<double>(cols)) + 1e-6;
+        std::vector<float> fused(want.size()), unpacked(want.size());
+        strata::set_cpu_fused_path(true);
+        ASSERT_TRUE(k.i8_format(t).fused) << strata::type_traits(t).name;
+        strata::matmul(p.w, p.X.data(), p.n_tok, fused.data());
+        strata::set_cpu_fused_path(false);
+        ASSERT_FALSE(k.i8_format(t).fused);
+        strata::matmul(p.w, p.X.data(), p.n_tok, unpacked.data());
+        strata::set_cpu_fused_path(true);
+        ++fused_cases;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const auto where = [&] {
+            return ::testing::Message() << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name
+                                        << " cols " << cols << " out " << i;
+          };
+          ASSERT_LE(std::fabs(fused[i] - want[i]), tol * mag[i] + 1.001 * act_err[i] + 1e-30) << where();
+          ASSERT_LE(std::fabs(unpacked[i] - want[i]), tol * mag[i] + 1.001 * act_err[i] + 1e-30) << where();
+          // Same integer products, only the float summation order differs.
+          ASSERT_LE(std::fabs(fused[i] - unpacked[i]), 2 * tol * mag[i] + 1e-30) << where();
+        }
+        // unpack_i8 + dot_rows_i8 in 4-row tiles, as the cold-expert pool calls them.
+        const strata::I8Format fmt = k.i8_format(t);
+        const size_t un = static_cast<size_t>(cols);
+        std::vector<int8_t> xq(un);
+        std::vector<float> xd(un / 32), xs(un / 16), y(static_cast<size_t>(p.w.n_rows));
+        std::vector<uint8_t> codes(strata::kMaxDotRows * un);
+        std::vector<float> scales8(strata::kMaxDotRows * un / 4), bias16(strata::kMaxDotRows * un / 16);
+        strata::quantize_activations_i8(p.X.data(), cols, xq.data(), xd.data(), xs.data());
+        const strata::I8Act act{xq.data(), xd.data(), xs.data()};
+        for (int64_t r0 = 0; r0 < p.w.n_rows; r0 += strata::kMaxDotRows) {
+          const int nr = static_cast<int>(std::min<int64_t>(strata::kMaxDotRows, p.w.n_rows - r0));
+          strata::I8Row rows[strata::kMaxDotRows];
+          for (int i = 0; i < nr; ++i) {
+            const size_t ui = static_cast<size_t>(i);
+            rows[i] = {codes.data() + ui * un, scales8.data() + ui * un / 4, bias16.data() + ui * un / 16};
+            k.unpack_i8(t, p.w.data + static_cast<size_t>(r0 + i) * p.w.row_stride, cols, codes.data() + ui * un,
+                        scales8.data() + ui * un / 4, bias16.data() + ui * un / 16);
+          }
+          k.dot_rows_i8(rows, nr, act, cols, fmt, y.data() + r0);
+        }
+        std::vector<float> mv(y.size());
+        strata::matvec(p.w, p.X.data(), mv.data());
+        EXPECT_EQ(0, std::memcmp(mv.data(), y.data(), y.size() * 4)) << strata::type_traits(t).name << " " << cols;
+        for (size_t i = 0; i < mv.size(); ++i) ASSERT_EQ(mv[i], fused[i]) << "matvec vs matmul token 0, row " << i;
+      }
+    }
+  }
+  if (strata::cpu_supports(CpuKernelLevel::Avx2)) {
+    EXPECT_GT(fused_cases, 0);
+  }
+}
+
+// Q8_0 decode skips the float buffer (dot_rows_direct) but must give bitwise what decode_row +
+// dot_rows give (the cold-expert pool computes Q8_0 rows that way and must equal matvec).
+TEST_F(MatmulLevels, Q8_0DirectDotEqualsDecodeThenDot) {
+  int cases = 0;
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level) || level == CpuKernelLevel::Scalar) continue;
+    strata::set_cpu_kernel_level(level);
+    const strata::CpuKernels& k = strata::cpu_kernels();
+    ASSERT_TRUE(k.direct_float != nullptr && k.direct_float(GgmlType::Q8_0));
+    for (int64_t cols : {2048, 512, 96}) {
+      const Problem p = make_problem(GgmlType::Q8_0, 23, cols, 1, 6, 70 + static_cast<uint32_t>(cols));
+      std::vector<float> mv(static_cast<size_t>(p.w.n_rows)), want(mv.size());
+      strata::matvec(p.w, p.X.data(), mv.data());
+      std::vector<float> buf(strata::kMaxDotRows * static_cast<size_t>(cols));
+      for (int64_t r0 = 0; r0 < p.w.n_rows; r0 += strata::kMaxDotRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(strata::kMaxDotRows, p.w.n_rows - r0));
+        const float* rows[strata::kMaxDotRows];
+        for (int i = 0; i < nr; ++i) {
+          float* dst = buf.data() + static_cast<size_t>(i) * static_cast<size_t>(cols);
+          k.decode_row(GgmlType::Q8_0, p.w.data + static_cast<size_t>(r0 + i) * p.w.row_stride, dst, cols);
+          rows[i] = dst;
+        }
+        k.dot_rows(rows, nr, p.X.data(), cols, want.data() + r0);
+      }
+      ++cases;
+      EXPECT_EQ(0, std::memcmp(mv.data(), want.data(), mv.size() * 4))
+          << strata::cpu_kernel_level_name(level) << " cols " << cols;
+    }
+  }
+  if (strata::cpu_supports(CpuKernelLevel::Avx2)) {
+    EXPECT_GT(cases, 0);
+  }
 }
 
 TEST(MatmulErrors, BadShapesFailLoudly) {

@@ -1,12 +1,13 @@
 // Activation quantisation for the int8 dot path: per 32 values, scale d = max|x| / 127 and
-// q = round-to-nearest(x / d), so |x - d*q| <= d/2 (the error bound tests/test_matmul.cpp checks).
+// q = round-to-nearest-even(x * (127 / max|x|)), so |x - d*q| <= d/2 (the error bound
+// tests/test_matmul.cpp checks). The SIMD levels compute the same numbers (kernels_x86_impl.h).
 #include <cmath>
 
 #include "strata/cpu/cpu_kernels.h"
 
 namespace strata {
 
-void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, float* sum16) {
+void quantize_activations_i8_scalar(const float* x, int64_t n, int8_t* q, float* d32, float* sum16) {
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + 32 * b;
     float amax = 0.0f;
@@ -23,6 +24,15 @@ void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, f
     d32[b] = d;
     sum16[2 * b] = d * static_cast<float>(sums[0]);
     sum16[2 * b + 1] = d * static_cast<float>(sums[1]);
+  }
+}
+
+void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, float* sum16) {
+  const CpuKernels& k = cpu_kernels();
+  if (k.quantize_i8 != nullptr && cpu_fused_path()) {
+    k.quantize_i8(x, n, q, d32, sum16);
+  } else {
+    quantize_activations_i8_scalar(x, n, q, d32, sum16);
   }
 }
 

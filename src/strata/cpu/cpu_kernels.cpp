@@ -11,6 +11,7 @@ namespace strata {
 namespace {
 
 std::atomic<int> g_level{-1};
+std::atomic<bool> g_fused{true};
 
 CpuKernelLevel best_supported() {
   if (cpu_supports(CpuKernelLevel::Avx512)) return CpuKernelLevel::Avx512;
@@ -74,6 +75,10 @@ void set_cpu_kernel_level(CpuKernelLevel level) {
   if (!cpu_supports(level)) fail("CPU kernel level ", cpu_kernel_level_name(level), " is not supported by this CPU");
   g_level.store(static_cast<int>(level), std::memory_order_release);
 }
+
+
+void set_cpu_fused_path(bool on) { g_fused.store(on, std::memory_order_relaxed); }
+bool cpu_fused_path() { return g_fused.load(std::memory_order_relaxed); }
 
 void fail_kernel_type(const char* what, GgmlType type) { fail(what, " for ", type_traits(type).name); }
 

@@ -6,6 +6,11 @@
 //   to int8 with a float scale (Q8_0-style), weights are unpacked to small integer codes with
 //   per-16 float scales and biases, and the products are summed in integers. The only extra error
 //   is the activation rounding: at most |w_i| * d_block / 2 per element.
+//   For Q4_K/Q5_K/Q6_K the int8 path is fused (I8Format::fused): the integer dots run straight on
+//   the quantised blocks (nibbles split in registers, sub-block scales applied once per block of
+//   32), with no unpacked copy: dot_rows_fused on the rows themselves. For those types unpack_i8
+//   just copies the raw row into `codes` and dot_rows_i8 runs the fused kernel on it, so callers of
+//   unpack_i8 + dot_rows_i8 (moe/cold_experts.cpp) get bitwise the same results as matvec.
 // tests/test_matmul.cpp checks each level and path against a float64 reference.
 #pragma once
 
@@ -19,6 +24,8 @@ enum class CpuKernelLevel { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 // Maximum rows one dot call handles (the row tile of matmul).
 constexpr int kMaxDotRows = 4;
+// matmul uses dot_rows_direct up to this many tokens (beyond, decoding a tile once is cheaper).
+constexpr int64_t kDirectMaxTokens = 2;
 
 // One weight row unpacked for the int8 path: weight i = scale16(i/16) * code_i + bias16[i/16].
 // codes are unsigned 0..63; scales8 holds each per-16 scale four times in a row (8 floats per 32
@@ -41,6 +48,8 @@ struct I8Act {
 struct I8Format {
   bool supported = false;
   bool has_bias = false;  // bias16 is used (K-quant mins, Q4_0's -8, Q6_K's -32)
+  bool fused = false;     // fused kernels: see the top of this file
+  GgmlType type = GgmlType::F32;
 };
 
 struct CpuKernels {
@@ -50,18 +59,41 @@ struct CpuKernels {
   void (*decode_row)(GgmlType type, const uint8_t* src, float* dst, int64_t n);
   // out[r] = dot(rows[r][0..n), x[0..n)) for r < nr (1 <= nr <= kMaxDotRows).
   void (*dot_rows)(const float* const* rows, int nr, const float* x, int64_t n, float* out);
+  // Float path without the decode buffer, for the types direct_float accepts (Q8_0): out[r] =
+  // dot(row r, x) straight from the quantised rows, bitwise equal to decode_row + dot_rows (same
+  // products, same summation order), so callers of either agree. Both null at the scalar level.
+  bool (*direct_float)(GgmlType type);
+  void (*dot_rows_direct)(GgmlType type, const uint8_t* const* rows, int nr, const float* x, int64_t n, float* out);
   // int8 path; all null at the scalar level.
   I8Format (*i8_format)(GgmlType type);
-  // Unpacks n weights (n % 32 == 0) into codes[n], scales8[n/4], bias16[n/16].
+  // Unpacks n weights (n % 32 == 0) into codes[n], scales8[n/4], bias16[n/16]. For fused formats:
+  // copies the raw row (fewer than n bytes) into codes, leaving scales8 and bias16 alone.
   void (*unpack_i8)(GgmlType type, const uint8_t* src, int64_t n, uint8_t* codes, float* scales8, float* bias16);
   // out[r] = dot(row r, x) for r < nr (1 <= nr <= kMaxDotRows), bias terms included.
   void (*dot_rows_i8)(const I8Row* rows, int nr, const I8Act& x, int64_t n, I8Format fmt, float* out);
+  // Fused int8 path (types with I8Format::fused): out[r] = dot(row r, x) for r < nr
+  // (1 <= nr <= kMaxDotRows), rows[r] pointing at the quantised row itself (any alignment).
+  // Each row's result depends only on that row and x (not on nr or its place in the tile).
+  void (*dot_rows_fused)(GgmlType type, const uint8_t* const* rows, int nr, const I8Act& x, int64_t n, float* out);
+  // SIMD form of quantize_activations_i8 (bitwise the same results); null at the scalar level.
+  void (*quantize_i8)(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 };
+
+// Turns the fused int8 path off or on (on by default), for benchmarks and tests comparing the two.
+// Off is the CPU path as it was before the fused kernels: K-quants unpacked to int8 codes, the
+// activations quantised by the scalar code (same numbers as the SIMD one), Q8_0 decoded to a
+// float buffer before the dot (same numbers as dot_rows_direct). Not while kernels are
+// running: a caller's I8Format and its unpack_i8/dot_rows_i8 calls must see the same setting.
+void set_cpu_fused_path(bool on);
+bool cpu_fused_path();
 
 // Throws strata::Error "<what> for <type name>" (non-template, so ISA-specific kernel files can call it).
 [[noreturn]] void fail_kernel_type(const char* what, GgmlType type);
 
-// Quantises n activations (n % 32 == 0) for the int8 path: d32[n/32], sum16[n/16], q[n].
+// Quantises n activations (n % 32 == 0) for the int8 path: d32[n/32], sum16[n/16], q[n]. Uses the
+// active level's quantize_i8 when it has one and the fused path is on (same results as the scalar
+// code, which is quantize_activations_i8_scalar).
+void quantize_activations_i8_scalar(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 
 // Name as STRATA_CPU_KERNELS spells it: "scalar", "avx2", "avx512".

@@ -1,8 +1,10 @@
 // matmul/matvec: rows are processed in tiles of kMaxDotRows. Each tile's weights are decoded (to
 // float, or to int8 codes on the int8 path; see cpu_kernels.h) once per chunk of tokens and then
 // dotted with every token of the chunk, so unpacked weights are reused across tokens during
-// prefill. F32 rows are used in place when aligned. Token chunks keep the activations a thread
-// re-reads small enough to stay in cache.
+// prefill. K-quants take the fused int8 path instead: dots straight on the quantised blocks; Q8_0
+// decode skips the decode buffer (dot_rows_direct, same results). F32
+// rows are used in place when aligned. Token chunks keep the activations a thread re-reads small
+// enough to stay in cache.
 #include "strata/cpu/matmul.h"
 
 #include <omp.h>
@@ -28,10 +30,64 @@ void check_matrix(const WeightMatrix& w) {
   if (w.n_rows > 0 && w.n_cols > 0 && w.data == nullptr) fail("matmul: weight data is null");
 }
 
-void matmul_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
+// Row tiles of w against every token, unpacking each tile once per chunk of tokens (prefill).
+void matmul_i8_unpacked(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const int8_t* xq,
+                        const float* xd, const float* xs, int64_t n_tok, float* Y) {
   const int64_t n = w.n_cols;
   const size_t un = static_cast<size_t>(n);
   const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
+  std::vector<uint8_t> codes(kMaxDotRows * un);
+  std::vector<float> scales8(kMaxDotRows * un / 4), bias16(kMaxDotRows * un / 16 + 1);
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenChunk) {
+    const int64_t t1 = std::min(n_tok, t0 + kTokenChunk);
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kMaxDotRows;
+      const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
+      I8Row rows[kMaxDotRows];
+      for (int i = 0; i < nr; ++i) {
+        const size_t ui = static_cast<size_t>(i);
+        rows[i] = {codes.data() + ui * un, scales8.data() + ui * un / 4, bias16.data() + ui * un / 16};
+        k.unpack_i8(w.type, w.data + static_cast<size_t>(r0 + i) * w.row_stride, n, codes.data() + ui * un,
+                    scales8.data() + ui * un / 4, bias16.data() + ui * un / 16);
+      }
+      float out[kMaxDotRows];
+      for (int64_t t = t0; t < t1; ++t) {
+        const I8Act act{xq + t * n, xd + t * n / 32, xs + t * n / 16};
+        k.dot_rows_i8(rows, nr, act, n, fmt, out);
+        for (int i = 0; i < nr; ++i) Y[t * w.n_rows + r0 + i] = out[i];
+      }
+    }
+  }
+}
+
+// Fused formats: dots straight on the quantised rows (no unpacked copy). A tile of rows stays in L1
+// while a chunk of tokens streams past it.
+void matmul_i8_fused(const CpuKernels& k, const WeightMatrix& w, const int8_t* xq, const float* xd,
+                     const float* xs, int64_t n_tok, float* Y) {
+  const int64_t n = w.n_cols;
+  const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenChunk) {
+    const int64_t t1 = std::min(n_tok, t0 + kTokenChunk);
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kMaxDotRows;
+      const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
+      const uint8_t* rows[kMaxDotRows];
+      for (int i = 0; i < nr; ++i) rows[i] = w.data + static_cast<size_t>(r0 + i) * w.row_stride;
+      float out[kMaxDotRows];
+      for (int64_t t = t0; t < t1; ++t) {
+        const I8Act act{xq + t * n, xd + t * n / 32, xs + t * n / 16};
+        k.dot_rows_fused(w.type, rows, nr, act, n, out);
+        for (int i = 0; i < nr; ++i) Y[t * w.n_rows + r0 + i] = out[i];
+      }
+    }
+  }
+}
+
+void matmul_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
+  const int64_t n = w.n_cols;
+  const size_t un = static_cast<size_t>(n);
   std::vector<int8_t> xq(static_cast<size_t>(n_tok) * un);
   std::vector<float> xd(static_cast<size_t>(n_tok) * un / 32), xs(static_cast<size_t>(n_tok) * un / 16);
   const bool nested = omp_in_parallel();
@@ -40,28 +96,10 @@ void matmul_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const f
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tok; ++t)
       quantize_activations_i8(X + t * n, n, xq.data() + t * n, xd.data() + t * n / 32, xs.data() + t * n / 16);
-    std::vector<uint8_t> codes(kMaxDotRows * un);
-    std::vector<float> scales8(kMaxDotRows * un / 4), bias16(kMaxDotRows * un / 16 + 1);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenChunk) {
-      const int64_t t1 = std::min(n_tok, t0 + kTokenChunk);
-#pragma omp for schedule(static)
-      for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        const int64_t r0 = tile * kMaxDotRows;
-        const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
-        I8Row rows[kMaxDotRows];
-        for (int i = 0; i < nr; ++i) {
-          const size_t ui = static_cast<size_t>(i);
-          rows[i] = {codes.data() + ui * un, scales8.data() + ui * un / 4, bias16.data() + ui * un / 16};
-          k.unpack_i8(w.type, w.data + static_cast<size_t>(r0 + i) * w.row_stride, n, codes.data() + ui * un,
-                      scales8.data() + ui * un / 4, bias16.data() + ui * un / 16);
-        }
-        float out[kMaxDotRows];
-        for (int64_t t = t0; t < t1; ++t) {
-          const I8Act act{xq.data() + t * n, xd.data() + t * n / 32, xs.data() + t * n / 16};
-          k.dot_rows_i8(rows, nr, act, n, fmt, out);
-          for (int i = 0; i < nr; ++i) Y[t * w.n_rows + r0 + i] = out[i];
-        }
-      }
+    if (fmt.fused) {
+      matmul_i8_fused(k, w, xq.data(), xd.data(), xs.data(), n_tok, Y);
+    } else {
+      matmul_i8_unpacked(k, fmt, w, xq.data(), xd.data(), xs.data(), n_tok, Y);
     }
   }
 }
@@ -82,6 +120,22 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
   }
   const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
   const bool nested = omp_in_parallel();
+  if (k.direct_float != nullptr && n_tok <= kDirectMaxTokens && k.direct_float(w.type) && cpu_fused_path()) {
+    // Decode: dots straight from the quantised rows (the same numbers as decoding first).
+#pragma omp parallel for schedule(static) if (!nested)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kMaxDotRows;
+      const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
+      const uint8_t* rows[kMaxDotRows];
+      for (int i = 0; i < nr; ++i) rows[i] = w.data + static_cast<size_t>(r0 + i) * w.row_stride;
+      float out[kMaxDotRows];
+      for (int64_t t = 0; t < n_tok; ++t) {
+        k.dot_rows_direct(w.type, rows, nr, X + t * n, n, out);
+        for (int i = 0; i < nr; ++i) Y[t * w.n_rows + r0 + i] = out[i];
+      }
+    }
+    return;
+  }
 #pragma omp parallel if (!nested)
   {
     std::vector<float> buf(static_cast<size_t>(kMaxDotRows) * static_cast<size_t>(n));
