@@ -578,6 +578,75 @@ TEST(CudaKernels, ConvQkNormAndWideDeltaNetStepMatchCpu) {
   }
 }
 
+// The fused DeltaNet input: conv1d + SiLU per row of the qkv projection (GemvJob::conv_w) and the q/k
+// L2 norms inside the step (qk_norm), against the CPU's projection -> conv -> norms -> step.
+TEST(CudaKernels, FusedConvProjectionAndQkNormStepMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(44);
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
+  for (const Shape sh : {Shape{2, 4, 128, 128}, Shape{2, 2, 64, 32}, Shape{1, 2, 16, 48}}) {
+    const int nk = sh.nk, nv = sh.nv, dk = sh.dk, dv = sh.dv, K = 4, cols = 512;
+    ASSERT_TRUE(sc::deltanet_step_fuses_qk_norm(dk));
+    const int key_dim = nk * dk, channels = 2 * key_dim + nv * dv;
+    const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(dk));
+    std::vector<float> S = randn(static_cast<size_t>(nv) * dk * dv, rng, 0.1f);
+    std::vector<float> conv_state = randn(static_cast<size_t>(K - 1) * channels, rng);
+    const std::vector<float> convw = randn(static_cast<size_t>(channels) * K, rng, 0.5f);
+    const std::vector<uint8_t> wq = make_weights(GgmlType::Q4_K, channels, cols, rng);
+    std::vector<float> a(nv);
+    for (float& v : a) v = -std::fabs(randn(1, rng)[0]);
+    const std::vector<float> dt_bias = randn(nv, rng), norm_w = randn(dv, rng);
+    Dev<uint8_t> dwq(wq);
+    Dev<float> dS(S), dcs(conv_state), dcw(convw), da(a), ddt(dt_bias), dnorm(norm_w), dmixed(channels),
+        dout(static_cast<size_t>(nv) * dv);
+    Dev<double> dscratch(sc::deltanet_scratch_doubles(nv, dv));
+    Dev<unsigned int> dcounters(std::vector<unsigned int>(nv, 0u));
+    const sc::DevMatrix mq = dev_matrix(GgmlType::Q4_K, dwq, channels, cols);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> xin = randn(cols, rng), b = randn(nv, rng), alpha = randn(nv, rng, 3.0f),
+                               z = randn(static_cast<size_t>(nv) * dv, rng);
+      Dev<float> dxin(xin), db(b), dalpha(alpha), dz(z);
+      sc::GemvJob j;
+      j.w = &mq, j.x = dxin.p, j.y = dmixed.p, j.conv_w = dcw.p, j.conv_state = dcs.p, j.conv_k = K;
+      j.conv_channels = channels;
+      sc::gemv_batch(&j, 1, nullptr);
+      sc::deltanet_step_fast(dS.p, dmixed.p, db.p, dalpha.p, da.p, ddt.p, dnorm.p, dz.p, eps, nk, nv, dk, dv,
+                             dscratch.p, dcounters.p, dout.p, nullptr, true, q_scale);
+      const std::vector<float> x = ref_matvec(GgmlType::Q4_K, wq.data(), channels, cols, xin.data());
+      std::vector<float> mixed(channels);
+      strata::conv1d_step(x.data(), convw.data(), K, channels, conv_state.data(), mixed.data());
+      for (float& m : mixed) m = strata::siluf(m);
+      EXPECT_LE(rel_err(dmixed.get(), mixed), 1e-5) << "conv output, dk " << dk << " step " << step;
+      EXPECT_LE(rel_err(dcs.get(), conv_state), 1e-5) << "conv state, step " << step;
+      float* q = mixed.data();
+      float* k = mixed.data() + key_dim;
+      for (int h = 0; h < nk; ++h) {
+        strata::l2norm_inplace(q + h * dk, dk, 1e-6f);
+        strata::l2norm_inplace(k + h * dk, dk, 1e-6f);
+        for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+      }
+      std::vector<float> ref(static_cast<size_t>(nv) * dv);
+      for (int h = 0; h < nv; ++h) {
+        const int kh = h % nk;
+        const float beta = strata::sigmoidf(b[h]);
+        const float g = a[h] * strata::softplusf(alpha[h] + dt_bias[h]);
+        float* o = ref.data() + static_cast<size_t>(h) * dv;
+        strata::deltanet_step(S.data() + static_cast<size_t>(h) * dk * dv, q + kh * dk, k + kh * dk,
+                              mixed.data() + 2 * key_dim + h * dv, g, beta, dk, dv, o);
+        strata::rmsnorm(o, norm_w.data(), eps, dv, o);
+        for (int jj = 0; jj < dv; ++jj) o[jj] *= strata::siluf(z[static_cast<size_t>(h) * dv + jj]);
+      }
+      EXPECT_LE(rel_err(dout.get(), ref), 1e-4) << "output, dk " << dk << " step " << step;
+      EXPECT_LE(rel_err(dS.get(), S), 1e-4) << "state, dk " << dk << " step " << step;
+      // Carry the GPU's state on so that rounding differences do not pile up over the steps.
+      S = dS.get();
+      conv_state = dcs.get();
+    }
+  }
+}
+
 TEST(CudaKernels, MoeCombineAddNormEqualsCombineThenRmsNorm) {
   REQUIRE_GPU();
   std::mt19937 rng(36);
@@ -778,6 +847,96 @@ TEST(CudaKernels, GemvCombineEpilogueMatchesCpu) {
   EXPECT_LE(rel_err(dx.get(), want), 1e-5);
   EXPECT_LE(rel_err(dxn.get(), wn), 1e-5);
   EXPECT_EQ(counter.get()[0], 0u);
+}
+
+// Jobs whose input is rmsnorm(x) * norm_w, normalised by every block as it stages x: several types and
+// two norm weights over one x (the staged vector must change with the norm), next to a plain job.
+TEST(CudaKernels, GemvNormedInputEqualsRmsNormThenMatvec) {
+  REQUIRE_GPU();
+  std::mt19937 rng(42);
+  const int64_t cols = 2048;
+  const std::vector<float> x = randn(cols, rng, 3.0f), n1 = randn(cols, rng), n2 = randn(cols, rng);
+  std::vector<float> x1(cols), x2(cols);
+  strata::rmsnorm(x.data(), n1.data(), 1e-6f, cols, x1.data());
+  strata::rmsnorm(x.data(), n2.data(), 1e-6f, cols, x2.data());
+  Dev<float> dx(x), dn1(n1), dn2(n2);
+  const std::vector<GgmlType> types = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::Q4_K};
+  const std::vector<int64_t> rows = {1000, 77, 256, 40};
+  const std::vector<const float*> norms = {dn1.p, dn1.p, dn2.p, nullptr};
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<std::unique_ptr<Dev<uint8_t>>> dw;
+  std::vector<std::unique_ptr<Dev<float>>> dy;
+  std::vector<sc::DevMatrix> m(types.size());
+  std::vector<sc::GemvJob> jobs(types.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    w.push_back(make_weights(types[i], rows[i], cols, rng));
+    dw.push_back(std::make_unique<Dev<uint8_t>>(w.back()));
+    dy.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(rows[i])));
+    m[i] = dev_matrix(types[i], *dw.back(), rows[i], cols);
+    jobs[i].w = &m[i], jobs[i].x = dx.p, jobs[i].y = dy.back()->p, jobs[i].norm_w = norms[i], jobs[i].norm_eps = 1e-6f;
+  }
+  sc::gemv_batch(jobs.data(), static_cast<int>(jobs.size()), nullptr);
+  const std::vector<const float*> inputs = {x1.data(), x1.data(), x2.data(), x.data()};
+  for (size_t i = 0; i < types.size(); ++i) {
+    const double e = rel_err(dy[i]->get(), ref_matvec(types[i], w[i].data(), rows[i], cols, inputs[i]));
+    EXPECT_LE(e, 1e-5) << "job " << i << " " << strata::type_traits(types[i]).name;
+  }
+}
+
+// route_in: the expert launch computes softmax + top-k itself (every block) from logits an earlier
+// launch wrote, runs the picked experts' gate/up pairs, and its first block writes ids, weights and
+// counts once per launch; a plain job shares the launch.
+TEST(CudaKernels, GemvRouteInPicksExpertsLikeCpuTopK) {
+  REQUIRE_GPU();
+  std::mt19937 rng(43);
+  const int n_expert = 64, k = 8, ff = 128, d = 512;
+  const std::vector<uint8_t> gate = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> up = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> plain = make_weights(GgmlType::Q6_K, 300, d, rng);
+  Dev<uint8_t> dg(gate), du(up), dp(plain);
+  const sc::DevMatrix mg = dev_matrix(GgmlType::Q4_K, dg, ff, d, n_expert), mu = dev_matrix(GgmlType::Q4_K, du, ff, d, n_expert),
+                      mp = dev_matrix(GgmlType::Q6_K, dp, 300, d);
+  Dev<unsigned long long> counts(std::vector<unsigned long long>(n_expert, 0ull));
+  std::vector<unsigned long long> want_counts(n_expert, 0ull);
+  for (bool norm : {true, false}) {
+    std::vector<float> logits = randn(n_expert, rng, 2.0f);
+    logits[5] = logits[9];  // a tie: the lower id ranks first
+    const std::vector<float> x = randn(d, rng);
+    Dev<float> dlog(logits), dx(x), dh(static_cast<size_t>(k) * ff), dyp(300), dwts(k);
+    Dev<int> dids(k);
+    std::vector<sc::GemvJob> jobs(k + 1);
+    for (int j = 0; j < k; ++j) {
+      jobs[j].w = &mg, jobs[j].w2 = &mu, jobs[j].x = dx.p, jobs[j].y = dh.p + j * ff;
+      jobs[j].mode = sc::GemvMode::SwigluPair, jobs[j].ids = dids.p, jobs[j].slot = j;
+    }
+    jobs[k].w = &mp, jobs[k].x = dx.p, jobs[k].y = dyp.p;
+    sc::GemvRoute rt;
+    rt.logits = dlog.p, rt.n_expert = n_expert, rt.k = k, rt.norm_topk = norm, rt.ids = dids.p, rt.weights = dwts.p;
+    rt.counts = counts.p;
+    sc::gemv_batch(jobs.data(), k + 1, nullptr, nullptr, nullptr, nullptr, &rt);
+    std::vector<float> p = logits;
+    strata::softmax_inplace(p.data(), n_expert);
+    std::vector<int> idx(k);
+    strata::top_k(p.data(), n_expert, k, idx.data());
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += p[idx[j]];
+    std::vector<float> wref(k);
+    for (int j = 0; j < k; ++j) wref[j] = norm ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
+    EXPECT_EQ(dids.get(), idx) << norm;
+    EXPECT_LE(rel_err(dwts.get(), wref), 1e-6) << norm;
+    for (int id : idx) ++want_counts[id];
+    const std::vector<float> h = dh.get();
+    const size_t stride = strata::row_bytes(GgmlType::Q4_K, d) * ff;
+    for (int j = 0; j < k; ++j) {
+      const std::vector<float> gv = ref_matvec(GgmlType::Q4_K, gate.data() + stride * idx[j], ff, d, x.data());
+      const std::vector<float> uv = ref_matvec(GgmlType::Q4_K, up.data() + stride * idx[j], ff, d, x.data());
+      std::vector<float> href(ff);
+      for (int r = 0; r < ff; ++r) href[r] = strata::siluf(gv[r]) * uv[r];
+      EXPECT_LE(rel_err(std::vector<float>(h.begin() + j * ff, h.begin() + (j + 1) * ff), href), 1e-5) << "slot " << j;
+    }
+    EXPECT_LE(rel_err(dyp.get(), ref_matvec(GgmlType::Q6_K, plain.data(), 300, d, x.data())), 1e-5);
+  }
+  EXPECT_EQ(counts.get(), want_counts);
 }
 
 }  // namespace

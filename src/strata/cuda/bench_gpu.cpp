@@ -26,6 +26,9 @@ class GpuBenchBackend final : public BenchBackend {
   void forward(const int32_t* tokens, int n, float* logits, bool all_positions) override {
     session_->forward(tokens, n, logits, all_positions);
   }
+  // The arg-max runs on the GPU at the end of the step's graph; only the token id comes back.
+  int32_t decode_greedy(int32_t token, float*) override { return session_->decode_argmax(token); }
+  bool greedy_on_device() const override { return true; }
   std::vector<std::pair<std::string, size_t>> vram_by_tier() const override {
     return {{"weights", session_->weight_bytes()}, {"state+workspace", session_->state_bytes()}};
   }

@@ -44,13 +44,39 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
   __syncthreads();
   const float sg = ys ? 1.0f / (1.0f + expf(-*shared_gate)) : 0.0f;
   double ss = 0.0;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < k; ++s) acc += sw[s] * __ldcg(ye + static_cast<int64_t>(order[s]) * d + j);
-    if (ys) acc += sg * __ldcg(ys + j);
-    const float nx = x[j] + acc;
-    x[j] = nx;
-    ss += static_cast<double>(nx) * nx;
+  // kCols columns per thread at a time (j0 + i * blockDim.x, ascending j as a plain loop would take
+  // them), so each slot's loads for them are independent and in flight together: one block does this
+  // for the whole launch, and a loop with one load per step would wait a full L2 round trip per load.
+  constexpr int kCols = 8;
+  const int bd = static_cast<int>(blockDim.x);
+  for (int j0 = threadIdx.x; j0 < d; j0 += kCols * bd) {
+    float acc[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) acc[i] = 0.0f;
+#pragma unroll 2
+    for (int s = 0; s < k; ++s) {
+      const float* src = ye + static_cast<int64_t>(order[s]) * d;
+      const float w = sw[s];
+      float v[kCols];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int j = j0 + i * bd;
+        v[i] = j < d ? __ldcg(src + j) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) acc[i] += w * v[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const int j = j0 + i * bd;
+      if (j < d) {
+        float a = acc[i];
+        if (ys) a += sg * __ldcg(ys + j);
+        const float nx = x[j] + a;
+        x[j] = nx;
+        ss += static_cast<double>(nx) * nx;
+      }
+    }
   }
   if (!norm_w) return;  // uniform
   ss = combine_block_sum_d(ss);

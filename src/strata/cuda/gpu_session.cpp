@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "strata/base/error.h"
@@ -76,10 +77,15 @@ struct GpuSession::Impl {
   double* dn_scratch = nullptr;                // deltanet_step_fast per-slice sums of squares
   unsigned int* dn_counters = nullptr;
   DecodeProfile prof;                           // STRATA_GPU_PROFILE=1: per-operation times, direct launches
+  // DeltaNet conv fused into the input projection and the step (STRATA_GPU_FUSE_CONV=0: separate launch).
+  bool fuse_conv = false;
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
       : model(m), c(m.config()), dm(m, o.expert_slots), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
     try {
+      const char* fc = std::getenv("STRATA_GPU_FUSE_CONV");
+      fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k) &&
+                  !(fc && std::strcmp(fc, "0") == 0);
       allocate();
       if (!opt.expert_slots.empty()) hybrid = make_hybrid_moe(model, dm, opt);  // issue 8
     } catch (...) {
@@ -172,16 +178,17 @@ struct GpuSession::Impl {
     stream = nullptr;
   }
 
-  // Each layer's mixer ends by adding its output projection into x (GemvMode::Accumulate) and leaving
-  // xn = rmsnorm(x) * ffn_norm for the MoE FFN.
+  // Each layer's mixer reads rmsnorm(x) * attn_norm (normalised by its input launch) and ends by adding
+  // its output projection into x (GemvMode::Accumulate).
   void attention(const DevLayer& D, DeviceLayerState& L) {
     const DevAttention& w = D.attn;
     const int hd = c.head_dim;
     const int* pos = d_io + 1;
     GemvJob jobs[3];
-    jobs[0].w = &w.q, jobs[0].x = xn, jobs[0].y = q;
-    jobs[1].w = &w.k, jobs[1].x = xn, jobs[1].y = kk;
-    jobs[2].w = &w.v, jobs[2].x = xn, jobs[2].y = vv;
+    jobs[0].w = &w.q, jobs[0].y = q;
+    jobs[1].w = &w.k, jobs[1].y = kk;
+    jobs[2].w = &w.v, jobs[2].y = vv;
+    for (GemvJob& j : jobs) normed_input(j, D.attn_norm);
     gemv_batch(jobs, 3, stream);
     prof.mark("attn q/k/v gemv", stream);
     attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
@@ -193,38 +200,47 @@ struct GpuSession::Impl {
     prof.mark("attn decode", stream);
     GemvJob out;
     out.w = &w.o, out.x = o, out.y = x, out.mode = GemvMode::Accumulate;
-    const GemvNorm nm = ffn_norm(D);
-    gemv_batch(&out, 1, stream, &nm);
-    prof.mark("attn out gemv+norm", stream);
+    gemv_batch(&out, 1, stream);
+    prof.mark("attn out gemv", stream);
   }
 
-  // xn = rmsnorm(x) * ffn_norm, run at the end of the mixer's output projection (GemvNorm epilogue).
-  GemvNorm ffn_norm(const DevLayer& D) const {
-    GemvNorm nm;
-    nm.x = x, nm.w = D.ffn_norm, nm.out = xn, nm.eps = c.rms_eps, nm.n = c.n_embd, nm.counter = norm_counter;
-    return nm;
+  // A job whose input is rmsnorm(x) * norm_w of the residual stream x: each block of the launch
+  // computes the norm as it stages x (no separate norm pass, no single-block epilogue).
+  void normed_input(GemvJob& j, const float* norm_w) const {
+    j.x = x;
+    j.norm_w = norm_w;
+    j.norm_eps = c.rms_eps;
   }
 
   void deltanet(const DevLayer& D, DeviceLayerState& L) {
     const DevDeltaNet& w = D.deltanet;
     GemvJob jobs[4];
-    jobs[0].w = &w.qkv, jobs[0].x = xn, jobs[0].y = qkv;
-    jobs[1].w = &w.gate, jobs[1].x = xn, jobs[1].y = z;
-    jobs[2].w = &w.beta, jobs[2].x = xn, jobs[2].y = b;
-    jobs[3].w = &w.alpha, jobs[3].x = xn, jobs[3].y = alpha;
-    gemv_batch(jobs, 4, stream);
-    prof.mark("dn in gemv", stream);
-    conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
-                 c.ssm_head_v, 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), stream);
-    prof.mark("dn conv+qknorm", stream);
+    jobs[0].w = &w.qkv, jobs[0].y = qkv;
+    jobs[1].w = &w.gate, jobs[1].y = z;
+    jobs[2].w = &w.beta, jobs[2].y = b;
+    jobs[3].w = &w.alpha, jobs[3].y = alpha;
+    for (GemvJob& j : jobs) normed_input(j, D.attn_norm);
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
+    if (fuse_conv) {  // conv1d + SiLU per qkv row in the projection, q/k norms in the step: no conv launch
+      jobs[0].y = mixed;
+      jobs[0].conv_w = w.conv, jobs[0].conv_state = L.conv, jobs[0].conv_k = c.ssm_conv_kernel;
+      jobs[0].conv_channels = c.ssm_conv_channels();
+      gemv_batch(jobs, 4, stream);
+      prof.mark("dn in gemv+conv", stream);
+    } else {
+      gemv_batch(jobs, 4, stream);
+      prof.mark("dn in gemv", stream);
+      conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
+                   c.ssm_head_v, q_scale, stream);
+      prof.mark("dn conv+qknorm", stream);
+    }
     deltanet_step_fast(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
-                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream);
+                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream, fuse_conv, q_scale);
     prof.mark("dn step", stream);
     GemvJob out;
     out.w = &w.out, out.x = o2, out.y = x, out.mode = GemvMode::Accumulate;
-    const GemvNorm nm = ffn_norm(D);
-    gemv_batch(&out, 1, stream, &nm);
-    prof.mark("dn out gemv+norm", stream);
+    gemv_batch(&out, 1, stream);
+    prof.mark("dn out gemv", stream);
   }
 
   // Runs jobs in launches of at most kMaxGemvJobs.
@@ -234,58 +250,71 @@ struct GpuSession::Impl {
     prof.mark(what, stream);
   }
 
-  // The MoE FFN: x += experts(xn), then xn = rmsnorm(x) * next_norm (the next layer's input norm).
-  // Launches: router + top-k (+ shared gate/up), routed gate+up+SwiGLU, routed + shared down + combine.
-  void moe(int il, const DevMoe& w, const float* next_norm) {
-    if (hybrid) {  // issue 8: hot/cold experts
+  // The MoE FFN: x += experts(rmsnorm(x) * ffn_norm). Launches: router (+ shared gate), routed
+  // gate+up+SwiGLU with the top-k computed in every block (+ the shared expert's gate/up), routed +
+  // shared down + combine. The next layer's input norm is computed by its own launches.
+  void moe(int il, const DevLayer& D) {
+    const DevMoe& w = D.moe;
+    if (hybrid) {  // issue 8: hot/cold experts read xn
+      rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
+      prof.mark("rmsnorm", stream);
       hybrid->enqueue_decode(il, xn, x, stream);
       prof.mark("hybrid moe", stream);
-      rmsnorm_rows(x, next_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-      prof.mark("rmsnorm", stream);
       return;
     }
     const int k = c.n_expert_used;
     const int64_t d = c.n_embd;
-    std::vector<GemvJob> first(1);
-    first[0].w = &w.router, first[0].x = xn, first[0].y = router;
-    if (w.has_shared) {
-      GemvJob gate_inp, pair;
-      gate_inp.w = &w.shared_gate_inp, gate_inp.x = xn, gate_inp.y = sg;
-      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.x = xn, pair.y = gs, pair.mode = GemvMode::SwigluPair;
-      first.push_back(gate_inp);
-      first.push_back(pair);
-    }
-    GemvRoute rt;  // softmax + top-k by the launch's last block
+    GemvRoute rt;  // softmax + top-k
     rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
     rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
-    gemv_batch(first.data(), static_cast<int>(first.size()), stream, nullptr, &rt);
-    prof.mark("moe router+top-k+shared gate/up", stream);
+    std::vector<GemvJob> first(1);
+    first[0].w = &w.router, first[0].y = router;
+    GemvJob pair;
+    if (w.has_shared) {
+      GemvJob gate_inp;
+      gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
+      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.y = gs, pair.mode = GemvMode::SwigluPair;
+      normed_input(pair, D.ffn_norm);
+      first.push_back(gate_inp);
+    }
+    for (GemvJob& j : first) normed_input(j, D.ffn_norm);
     std::vector<GemvJob> up(static_cast<size_t>(k)), down(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j) {
       GemvJob& a = up[j];
-      a.w = &w.gate, a.w2 = &w.up, a.x = xn, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
+      a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
       a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
+      normed_input(a, D.ffn_norm);
       GemvJob& e = down[j];
       e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
     }
-    gemv_chunks(up, "moe experts gate+up");
+    if (w.has_shared) up.push_back(pair);
+    if (up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
+      gemv_batch(first.data(), static_cast<int>(first.size()), stream);
+      prof.mark("moe router+shared gate", stream);
+      gemv_batch(up.data(), static_cast<int>(up.size()), stream, nullptr, nullptr, nullptr, &rt);
+      prof.mark("moe top-k+experts gate+up+shared gate/up", stream);
+    } else {  // several launches: the router launch's last block routes once for all of them
+      gemv_batch(first.data(), static_cast<int>(first.size()), stream, nullptr, &rt);
+      prof.mark("moe router+top-k+shared gate", stream);
+      gemv_chunks(up, "moe experts gate+up");
+    }
     if (w.has_shared) {
       GemvJob sd;
       sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
       down.push_back(sd);
     }
-    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine + next norm by the launch's last block
+    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
       cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
-      cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = next_norm, cb.eps = c.rms_eps, cb.xn = xn;
+      cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
       cb.counter = norm_counter;
       gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, w.has_shared ? ys : nullptr, sg, next_norm, c.rms_eps, xn,
+      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, w.has_shared ? ys : nullptr, sg, nullptr, c.rms_eps, xn,
                            stream);
-      prof.mark("moe combine+norm", stream);
+      prof.mark("moe combine", stream);
     }
   }
 
@@ -294,8 +323,6 @@ struct GpuSession::Impl {
     prof.mark(nullptr, stream);  // step start
     embed_row(dm.token_embd, d_io, x, stream);
     prof.mark("embed", stream);
-    rmsnorm_rows(x, dm.layers[0].attn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-    prof.mark("rmsnorm", stream);
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
       if (D.kind == LayerKind::FullAttention) {
@@ -303,10 +330,13 @@ struct GpuSession::Impl {
       } else {
         deltanet(D, st.layers[il]);
       }
-      moe(il, D.moe, il + 1 < c.n_layer ? dm.layers[il + 1].attn_norm : dm.output_norm);
+      moe(il, D);
     }
-    matvec(dm.output, xn, logits, stream);
-    prof.mark("lm_head gemv", stream);
+    GemvJob head;
+    head.w = &dm.output, head.y = logits;
+    normed_input(head, dm.output_norm);
+    gemv_batch(&head, 1, stream);
+    prof.mark("lm_head gemv+norm", stream);
     argmax_wide(logits, c.n_vocab, argmax_part, argmax_counter, d_argmax, stream);
     prof.mark("argmax", stream);
   }

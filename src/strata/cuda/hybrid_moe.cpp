@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -74,6 +75,9 @@ class HybridMoeImpl final : public HybridMoe {
       throw;
     }
     prefault_cold_experts();
+    // The batched prefill's cold experts: SIMD float tiles (default) or, with STRATA_COLD_TILES=0, the
+    // decode path's int8 row kernels (bitwise equal to the per-token path; for comparisons).
+    if (const char* v = std::getenv("STRATA_COLD_TILES"); v && std::string(v) == "0") pool_.set_batch_float_tiles(false);
     if (mode_ == HybridMode::Doorbell) listener_ = std::thread([this] { listen(); });
   }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/decode_pdl.cuh"
@@ -450,7 +451,7 @@ template <int RPW>
 __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, const float* b, const float* alpha,
                                            const float* a, const float* dt_bias, const float* norm_w, const float* z,
                                            float eps, int n_k_heads, int dk, int dv, double* ss_part,
-                                           unsigned int* counters, float* out) {
+                                           unsigned int* counters, float* out, bool qk_norm, float q_scale) {
   pdl_launch_dependents();
   extern __shared__ float sh[];  // q[dk], k[dk], part[R * 32]
   __shared__ double wss[32];
@@ -483,6 +484,22 @@ __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, con
     sk[i] = k[i];
   }
   __syncthreads();
+  if (qk_norm) {  // deltanet_qk_norm's L2 norms (eps 1e-6), done here instead of in the conv launch
+    double ssq = 0.0, ssk = 0.0;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      ssq += static_cast<double>(sq[i]) * sq[i];
+      ssk += static_cast<double>(sk[i]) * sk[i];
+    }
+    ssq = block_sum_d(ssq);
+    ssk = block_sum_d(ssk);
+    const float iq = static_cast<float>(1.0 / sqrt(ssq + 1e-6f)), ik = static_cast<float>(1.0 / sqrt(ssk + 1e-6f));
+    __syncthreads();  // every thread has read sq/sk for its sums
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      sq[i] = sq[i] * iq * q_scale;
+      sk[i] = sk[i] * ik;
+    }
+    __syncthreads();
+  }
   const float beta = sigmoid_dev(b[h]);
   const float xa = alpha[h] + dt_bias[h];
   const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
@@ -840,18 +857,23 @@ void conv_qk_norm(const float* x, const float* weight, int K, float* state, floa
 
 size_t deltanet_scratch_doubles(int n_v_heads, int dv) { return static_cast<size_t>(n_v_heads) * ((dv + 31) / 32); }
 
+// Rows per warp of the split DeltaNet kernel for key-head size dk; 0: not covered.
+int split_rows_per_warp(int dk) {
+  for (int cand : {32, 16, 8})
+    if (dk % cand == 0 && dk / cand <= 32) return cand;
+  return 0;
+}
+
+bool deltanet_step_fuses_qk_norm(int dk) { return split_rows_per_warp(dk) != 0; }
+
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s) {
+                        cudaStream_t s, bool qk_norm, float q_scale) {
   const int nsl = (dv + 31) / 32;
-  int rpw = 0;
-  for (int cand : {32, 16, 8})
-    if (dk % cand == 0 && dk / cand <= 32) {
-      rpw = cand;
-      break;
-    }
+  const int rpw = split_rows_per_warp(dk);
   if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel
+    if (qk_norm) fail("deltanet_step_fast: the q/k norm is fused only for head sizes the split kernel takes (dk ", dk, ")");
     deltanet_step_gated(S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk, dv, out, s);
     return;
   }
@@ -860,15 +882,15 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
   switch (rpw) {
     case 32:
       launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
     case 16:
       launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
     default:
       launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out);
+                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
   }
 }

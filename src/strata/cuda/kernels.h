@@ -123,10 +123,14 @@ void conv_qk_norm(const float* x, const float* weight, int K, float* state, floa
 // last wrote S must have completed (a synchronisation or graph boundary between two steps on one state,
 // as every decode step has), not merely have been launched earlier on the stream.
 size_t deltanet_scratch_doubles(int n_v_heads, int dv);
+// qk_norm: mixed holds the raw conv outputs of q and k; the step applies deltanet_qk_norm's L2 norms
+// (and q_scale) itself, so conv1d can run fused into the input projection (GemvJob::conv_w) with no
+// conv_qk_norm launch. Needs deltanet_step_fuses_qk_norm(dk); fails otherwise.
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s);
+                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f);
+bool deltanet_step_fuses_qk_norm(int dk);
 
 // moe_combine_add followed by xn = rmsnorm(x) * norm_w (the next layer's input norm), one launch.
 void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float* weights, int k, int d,

@@ -1,9 +1,11 @@
 // The batched matvec kernel (matvec_kernels.h). One launch covers up to kMaxGemvJobs jobs; the row
 // space of all jobs is cut into tiles (256 threads / G rows) and a grid sized to fill the GPU loops
 // over the tiles. Each row is handled by a group of G threads (a power of two, 1..256; above 32 the
-// row spans several warps that meet in shared memory), chosen so that every thread has one or two
-// units and issues all its loads before the first use: a row costs one memory round trip whether it
-// is a 512-column expert row or a 2048-float router row.
+// row spans several warps that meet in shared memory), chosen so that every thread holds
+// rows::units_in_flight units (up to 8, ~256 bytes) and issues all their loads before the first use:
+// these small matrices are latency-bound, so the bytes in flight per round trip are what counts. A
+// block's first tile of a plain matrix is fetched before the kernel waits on the previous one
+// (programmatic dependent launch), overlapping that kernel's tail.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +45,12 @@ struct DJob {
   int g_log2;     // threads per row = 1 << g_log2 (1..256)
   int tile_rows;  // rows per tile = kThreads / G
   int tile_begin;
+  const float* norm_w;  // GemvJob::norm_w
+  float norm_eps;
+  const float* conv_w;  // GemvJob::conv_*
+  float* conv_state;
+  int conv_k;
+  int conv_channels;
 };
 
 struct DBatch {
@@ -52,6 +60,7 @@ struct DBatch {
   GemvNorm norm;    // norm.counter == nullptr: none
   GemvRoute route;  // route.counter == nullptr: none
   GemvCombine combine;  // combine.counter == nullptr: none
+  GemvRoute route_in;   // route_in.logits == nullptr: none (see gemv_batch)
 };
 
 // Block-wide sum in double (blockDim.x a multiple of 32); every thread gets the result.
@@ -91,11 +100,11 @@ __device__ float block_max_f(float v) {
   return t;
 }
 
-// Softmax + rank top-k, as route_kernel in kernels.cu.
-__device__ __noinline__ void route_epilogue(const GemvRoute& r) {
-  if (!last_block(r.counter)) return;
+// Softmax + rank top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule), by one whole
+// block. The k picks end in chosen[] (shared memory, visible to every thread on return); with
+// write_out the block also writes ids / weights / counts.
+__device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
-  __shared__ int chosen[64];
   const int t = threadIdx.x;
   float mx = -INFINITY;
   for (int i = t; i < r.n_expert; i += blockDim.x) {
@@ -115,22 +124,39 @@ __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
   for (int i = t; i < r.n_expert; i += blockDim.x) {
     const float v = p[i];
     int rank = 0;
-    for (int j = 0; j < r.n_expert; ++j) {
+    int j = 0;
+    // Rank = how many experts come before i (larger probability, or equal and a lower id); four at a
+    // time so the shared-memory reads overlap.
+    for (; j + 4 <= r.n_expert; j += 4) {
+      const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
+      rank += ((o0 > v) || (o0 == v && j < i)) + ((o1 > v) || (o1 == v && j + 1 < i)) +
+              ((o2 > v) || (o2 == v && j + 2 < i)) + ((o3 > v) || (o3 == v && j + 3 < i));
+    }
+    for (; j < r.n_expert; ++j) {
       const float o = p[j];
       rank += (o > v) || (o == v && j < i);
     }
     if (rank < r.k) chosen[rank] = i;
   }
   __syncthreads();
-  if (t == 0) {
-    double s = 0.0;
-    for (int j = 0; j < r.k; ++j) s += p[chosen[j]];
-    for (int j = 0; j < r.k; ++j) {
-      r.ids[j] = chosen[j];
-      r.weights[j] = r.norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
+  if (write_out) {
+    if (t == 0) {
+      double s = 0.0;
+      for (int j = 0; j < r.k; ++j) s += p[chosen[j]];
+      for (int j = 0; j < r.k; ++j) {
+        r.ids[j] = chosen[j];
+        r.weights[j] = r.norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
+      }
     }
+    if (r.counts && t < r.k) atomicAdd(r.counts + chosen[t], 1ull);
   }
-  if (r.counts && t < r.k) atomicAdd(r.counts + chosen[t], 1ull);
+  __syncthreads();  // p[] and chosen[] are read above before a later call may overwrite them
+}
+
+__device__ __noinline__ void route_epilogue(const GemvRoute& r) {
+  if (!last_block(r.counter)) return;
+  __shared__ int chosen[64];
+  route_block(r, chosen, true);
 }
 
 __device__ __noinline__ void combine_epilogue(const GemvCombine& c) {
@@ -153,14 +179,48 @@ __device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
 
 __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
 
-// Copies x (n floats) into the padded shared layout and computes the 16-element sums.
-__device__ void stage_x(const float* x, int n, float* xs, float* s16) {
+// The conv1d + SiLU step of channel c whose newest input is v (conv1d_silu_kernel's arithmetic);
+// advances that channel's state.
+__device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
+  const int K = J.conv_k, ch = J.conv_channels;
+  const float* w = J.conv_w + static_cast<int64_t>(c) * K;
+  float* st = J.conv_state;
+  float acc = w[K - 1] * v;
+  for (int j = 0; j < K - 1; ++j) acc += w[j] * st[static_cast<int64_t>(j) * ch + c];
+  if (K > 1) {
+    for (int j = 0; j < K - 2; ++j) st[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
+    st[static_cast<int64_t>(K - 2) * ch + c] = v;
+  }
+  return silu_f(acc);
+}
+
+// Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
+// staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
+__device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps) {
   const bool vec = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0);
+  double ss = 0.0;
   if (vec) {
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
-      *reinterpret_cast<float4*>(xs + rows::xpad(4 * i)) = reinterpret_cast<const float4*>(x)[i];
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      *reinterpret_cast<float4*>(xs + rows::xpad(4 * i)) = v;
+      if (norm_w)
+        ss += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+              static_cast<double>(v.w) * v.w;
+    }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[rows::xpad(i)] = x[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = x[i];
+      xs[rows::xpad(i)] = v;
+      if (norm_w) ss += static_cast<double>(v) * v;
+    }
+  }
+  if (norm_w) {  // block-uniform
+    ss = block_sum_d(ss);  // synchronises
+    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      float& v = xs[rows::xpad(i)];  // this thread's own element only after the barrier above: any mapping
+      v = v * inv * norm_w[i];
+    }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < n / 16; c += blockDim.x) {
@@ -172,60 +232,76 @@ __device__ void stage_x(const float* x, int n, float* xs, float* s16) {
   }
 }
 
-// Asks L2 for this thread's share of the block's first row tile (weights only, which no kernel writes):
-// issued before waiting on the previous kernel, so the fetch overlaps its tail. Routed jobs are
-// skipped (their expert ids come from the previous kernel).
-__device__ __forceinline__ void prefetch_first_tile(const DBatch& b) {
-  const int tile = blockIdx.x;
-  if (tile >= b.n_tiles) return;
-  int ji = 0;
-  while (ji + 1 < b.n_jobs && tile >= b.j[ji + 1].tile_begin) ++ji;
-  const DJob& J = b.j[ji];
-  if (J.ids) return;
-  const int G = 1 << J.g_log2;
-  const int sub = threadIdx.x & (G - 1);
-  const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
-  if (row >= J.n_rows) return;
-  const uint8_t* ra = J.w + static_cast<size_t>(row) * J.row_bytes;
-  for (size_t off = static_cast<size_t>(sub) * 128; off < J.row_bytes; off += static_cast<size_t>(G) * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(ra + off));
-  if (J.w2) {
-    const uint8_t* rb = J.w2 + static_cast<size_t>(row) * J.row_bytes2;
-    for (size_t off = static_cast<size_t>(sub) * 128; off < J.row_bytes2; off += static_cast<size_t>(G) * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(rb + off));
+// The ready() step of rows::row_dot (see the kernel).
+struct TileReady {
+  bool* waited;
+  bool restage;
+  const float* x;
+  int n;
+  float* xs;
+  float* s16;
+  const float* norm_w;
+  float eps;
+  __device__ __forceinline__ void operator()() const {
+    if (!*waited) {
+      pdl_wait();
+      *waited = true;
+    }
+    if (restage) {
+      __syncthreads();  // the previous tile's readers of xs are done
+      stage_x(x, n, xs, s16, norm_w, eps);
+      __syncthreads();
+    }
   }
-}
+};
+struct NoReady {
+  __device__ __forceinline__ void operator()() const {}
+};
 
-__global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const __grid_constant__ DBatch b) {
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const __grid_constant__ DBatch b) {
+  // The next kernel may start now (it waits for this one's completion before touching its outputs).
   pdl_launch_dependents();
-  prefetch_first_tile(b);
-  pdl_wait();
   extern __shared__ float smem[];
   __shared__ float red[kWarps], red2[kWarps];
+  __shared__ int route_ids[64];  // route_in's picks, computed by this block
   const float* staged = nullptr;
+  const float* staged_norm = nullptr;
   int staged_n = -1;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bool waited = false;  // block-uniform: griddepcontrol.wait done
+  bool routed = false;  // block-uniform: route_ids[] holds route_in's picks
+  const int warp = threadIdx.x >> 5;
   for (int tile = blockIdx.x; tile < b.n_tiles; tile += gridDim.x) {
     int ji = 0;
     while (ji + 1 < b.n_jobs && tile >= b.j[ji + 1].tile_begin) ++ji;
     const DJob& J = b.j[ji];
     float* xs = smem;
     float* s16 = smem + rows::xpad_size(J.n_cols);
-    if (J.x != staged || J.n_cols != staged_n) {  // block-uniform
-      __syncthreads();
-      stage_x(J.x, J.n_cols, xs, s16);
-      __syncthreads();
-      staged = J.x;
-      staged_n = J.n_cols;
-    }
+    const bool restage = J.x != staged || J.n_cols != staged_n || J.norm_w != staged_norm;  // block-uniform
+    // Called once by every thread, after the first weight loads of the tile are in flight: waits for
+    // the previous kernel (first tile only: x and the expert ids are its outputs) and stages x. So for
+    // plain matrices the fetch of the block's first tile overlaps the previous kernel's tail.
+    TileReady ready{&waited, restage, J.x, J.n_cols, xs, s16, J.norm_w, J.norm_eps};
     const uint8_t* base = J.w;
     const uint8_t* base2 = J.w2;
     bool skip = false;
-    if (J.ids) {
-      const int e = J.ids[J.slot];
+    if (J.ids) {  // the expert ids are the previous kernel's output: wait first
+      if (!waited) {
+        pdl_wait();
+        waited = true;
+      }
+      int e;
+      if (b.route_in.logits) {
+        if (!routed) {  // block-uniform
+          route_block(b.route_in, route_ids, blockIdx.x == 0);
+          routed = true;
+        }
+        e = route_ids[J.slot];
+      } else {
+        e = J.ids[J.slot];
+      }
       const int s = J.slot_of_expert ? J.slot_of_expert[e] : e;
       if (s < 0) {
-        skip = true;
+        skip = true;  // not resident: the rows of slot 0 are read (harmlessly) and zeros stored
       } else {
         base += static_cast<size_t>(s) * J.expert_stride;
         if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
@@ -235,20 +311,25 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const __grid_constant
     const int sub = threadIdx.x & (G - 1);
     const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
     const bool live = row < J.n_rows;
+    // Threads past the last row work on the last row (every thread must call ready()) and store nothing.
+    const int row_c = live ? row : J.n_rows - 1;
     float a = 0.0f, a2 = 0.0f;
-    if (live && !skip) {
-      const uint8_t* ra = base + static_cast<size_t>(row) * J.row_bytes;
-      if (J.mode != GemvMode::SwigluPair) {
-        a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G);
+    const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
+    if (J.mode != GemvMode::SwigluPair) {
+      a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G, ready);
+    } else {
+      const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
+      if (J.type == J.type2) {
+        rows::row_dot2(J.type, ra, rb, J.n_cols, xs, s16, sub, G, a, a2, ready);
       } else {
-        const uint8_t* rb = base2 + static_cast<size_t>(row) * J.row_bytes2;
-        if (J.type == J.type2) {
-          rows::row_dot2(J.type, ra, rb, J.n_cols, xs, s16, sub, G, a, a2);
-        } else {
-          a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G);
-          a2 = rows::row_dot(J.type2, rb, J.n_cols, xs, s16, sub, G);
-        }
+        a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G, ready);
+        a2 = rows::row_dot(J.type2, rb, J.n_cols, xs, s16, sub, G, NoReady{});
       }
+    }
+    if (restage) {
+      staged = J.x;
+      staged_n = J.n_cols;
+      staged_norm = J.norm_w;
     }
     for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
       a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -256,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const __grid_constant
     }
     if (G > 32) {  // block-uniform: the G/32 warps of a row add their sums in warp order
       __syncthreads();  // the previous tile's readers of red[] are done
-      if (lane == 0) {
+      if ((threadIdx.x & 31) == 0) {
         red[warp] = a;
         red2[warp] = a2;
       }
@@ -275,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const __grid_constant
       if (skip) {
         J.y[row] = 0.0f;
       } else if (J.mode == GemvMode::Store) {
-        J.y[row] = a;
+        J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
       } else if (J.mode == GemvMode::Accumulate) {
         J.y[row] += a;
       } else {
@@ -283,6 +364,8 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const __grid_constant
       }
     }
   }
+  if (!waited) pdl_wait();  // a block without tiles still orders its epilogue after the previous kernel
+  if (b.route_in.logits && blockIdx.x == 0 && !routed) route_block(b.route_in, route_ids, true);  // block-uniform
   if (b.norm.counter) norm_epilogue(b.norm);
   if (b.route.counter) route_epilogue(b.route);
   if (b.combine.counter) combine_epilogue(b.combine);
@@ -329,7 +412,7 @@ const DeviceLimits& limits() {
 int64_t max_gemv_cols() { return kMaxCols; }
 
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
-                const GemvCombine* combine) {
+                const GemvCombine* combine, const GemvRoute* route_in) {
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
   DBatch b{};
   b.n_jobs = n_jobs;
@@ -371,9 +454,22 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
     d.n_rows = static_cast<int>(w.n_rows);
     d.n_cols = static_cast<int>(w.n_cols);
     d.mode = in.mode;
-    // Threads per row: two units each (the single-row loops keep two units' loads in flight), or one
-    // unit of each row for gate/up pairs (two rows' loads in flight).
-    const int per_thread = in.mode == GemvMode::SwigluPair ? 1 : 2;
+    d.norm_w = in.norm_w;
+    d.norm_eps = in.norm_eps;
+    d.conv_w = in.conv_w;
+    d.conv_state = in.conv_state;
+    d.conv_k = in.conv_k;
+    d.conv_channels = in.conv_channels;
+    if (in.conv_w)
+      check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
+                "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
+    if (route_in && in.ids)
+      check_arg(in.ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
+    // Threads per row: as few as give each thread units_in_flight units (all loads issued before the
+    // first use), half that of each row for gate/up pairs. Fewer threads per row = more rows per tile =
+    // fewer memory round trips per block.
+    const int per_thread =
+        in.mode == GemvMode::SwigluPair ? rows::units_in_flight_pair(w.type) : rows::units_in_flight(w.type);
     const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
     d.g_log2 = log2_of(G);
     d.tile_rows = kThreads / G;
@@ -400,6 +496,13 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
                   (!combine->norm_w || combine->xn),
               "gemv_batch: incomplete GemvCombine (k must be 1..64)");
     b.combine = *combine;
+  }
+  if (route_in) {
+    check_arg(route_in->logits && route_in->ids && route_in->weights, "gemv_batch: incomplete route_in");
+    check_arg(route_in->n_expert <= 1024 && route_in->k <= 64 && route_in->k <= route_in->n_expert &&
+                  route_in->k >= 1,
+              "gemv_batch: route_in needs n_expert <= 1024 and 1 <= k <= 64");
+    b.route_in = *route_in;
   }
   const DeviceLimits& lim = limits();
   const int grid = std::max(1, std::min(tiles, lim.sms * lim.blocks_per_sm));

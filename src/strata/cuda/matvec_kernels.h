@@ -36,6 +36,18 @@ struct GemvJob {
   const int* ids = nullptr;
   int slot = 0;
   const int* slot_of_expert = nullptr;
+  // norm_w set: the input is rmsnorm(x) * norm_w (mean of squares in double, rmsnorm_rows' arithmetic),
+  // computed by every block as it stages x, so no separate norm pass (or launch epilogue) is needed.
+  const float* norm_w = nullptr;
+  float norm_eps = 0.0f;
+  // conv_w set (Store mode only): row r is a channel of a causal depthwise conv1d with SiLU (the
+  // DeltaNet input conv, conv1d_silu_step's arithmetic): y[r] = silu(sum_j conv_w[r*K+j] * window_j[r])
+  // over the window conv_state rows (K-1 of conv_channels floats, oldest first) then W[r].x; the state
+  // drops its oldest row and appends W[r].x. Saves the conv launch.
+  const float* conv_w = nullptr;
+  float* conv_state = nullptr;
+  int conv_k = 0;
+  int conv_channels = 0;
 };
 
 constexpr int kMaxGemvJobs = 12;
@@ -86,8 +98,14 @@ struct GemvCombine {
 // Runs n_jobs (<= kMaxGemvJobs) products in one launch. Inputs may differ per job; every x must hold
 // at most max_gemv_cols() floats. Fails (strata::Error) on an unsupported weight type. At most one of
 // norm / route / combine (the epilogue) may be given.
+// route_in (counter unused): the router's softmax + top-k computed by every block of this launch from
+// route_in->logits (written by an earlier launch) before its routed jobs run; those jobs must have
+// ids == route_in->ids and take the expert ids from the block's own result. The first block writes
+// ids, weights and counts (route_topk's outputs) for later launches. Saves the router launch's
+// single-block epilogue and one kernel boundary on the way to the experts.
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
-                const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr);
+                const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
+                const GemvRoute* route_in = nullptr);
 int64_t max_gemv_cols();
 
 }  // namespace strata::cuda

@@ -86,8 +86,8 @@ __device__ __forceinline__ void k4_sm(const uint4& h, int j, int& sc, int& m) {
   }
 }
 
-// Each quantised unit is split into a load (global memory into registers) and a compute step, so a lane
-// can issue the loads of two units before it waits for the first (more bytes in flight per warp).
+// Each unit is split into a load (global memory into registers) and a compute step, so a lane issues
+// the loads of several units (units_in_flight) before it waits for the first.
 
 // Q4_K / Q5_K unit u: super-block u/8; within it, half h of the 32-byte code group g covers weights
 // 64g + 16h + [0,16) (low nibbles, sub-block 2g) and 64g + 32 + 16h + [0,16) (high nibbles, 2g+1).
@@ -179,30 +179,56 @@ __device__ __forceinline__ float q6k_compute(const Q6Raw& r, int u, const float*
 }
 
 // Q8_0 unit u: block u (34 bytes: f16 scale, 32 int8 codes); rows are only 2-byte aligned.
-__device__ __forceinline__ float q80_unit(const uint8_t* row, int u, const float* xs) {
-  const uint8_t* b = row + static_cast<size_t>(u) * 34;
-  const unsigned short* hp = reinterpret_cast<const unsigned short*>(b);
-  const float d = __half2float(__ushort_as_half(__ldg(hp)));
+struct Q8Raw {
   uint32_t v[8];
+  float d;
+};
+
+__device__ __forceinline__ Q8Raw q80_load(const uint8_t* row, int u) {
+  const unsigned short* hp = reinterpret_cast<const unsigned short*>(row + static_cast<size_t>(u) * 34);
+  Q8Raw r;
+  r.d = __half2float(__ushort_as_half(__ldg(hp)));
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
     const uint32_t lo = __ldg(hp + 1 + 2 * w), hi = __ldg(hp + 2 + 2 * w);
-    v[w] = (lo | (hi << 16)) ^ 0x80808080u;  // int8 -> uint8 with offset 128
+    r.v[w] = (lo | (hi << 16)) ^ 0x80808080u;  // int8 -> uint8 with offset 128
   }
-  constexpr float kOff = kMagic + 128.0f;
-  const float dot = dot16(v, xs + xpad(32 * u), kOff) + dot16(v + 4, xs + xpad(32 * u + 16), kOff);
-  return d * dot;
+  return r;
 }
 
-__device__ __forceinline__ float f32_unit4(const uint8_t* row, int u, const float* xs) {
-  const float4 w = __ldg(reinterpret_cast<const float4*>(row) + u);
+__device__ __forceinline__ float q80_compute(const Q8Raw& r, int u, const float* xs) {
+  constexpr float kOff = kMagic + 128.0f;
+  const float dot = dot16(r.v, xs + xpad(32 * u), kOff) + dot16(r.v + 4, xs + xpad(32 * u + 16), kOff);
+  return r.d * dot;
+}
+
+// F32 unit: 4 floats (one float when rows are not 16-byte aligned: .x only).
+__device__ __forceinline__ float4 f32_load(const uint8_t* row, int u, bool wide) {
+  if (wide) return __ldg(reinterpret_cast<const float4*>(row) + u);
+  return make_float4(__ldg(reinterpret_cast<const float*>(row) + u), 0.0f, 0.0f, 0.0f);
+}
+
+__device__ __forceinline__ float f32_compute(const float4& w, int u, const float* xs, bool wide) {
+  if (!wide) return w.x * xs[xpad(u)];
   const float4 x = *reinterpret_cast<const float4*>(xs + xpad(4 * u));
   return fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, w.w * x.w)));
 }
 
+// F16/BF16 unit: 8 halves (one half when rows are not 16-byte aligned: the low 16 bits of .x only).
+__device__ __forceinline__ uint4 h16_load(const uint8_t* row, int u, bool wide) {
+  if (wide) return __ldg(reinterpret_cast<const uint4*>(row) + u);
+  return make_uint4(__ldg(reinterpret_cast<const unsigned short*>(row) + u), 0u, 0u, 0u);
+}
+
 template <bool kBf16>
-__device__ __forceinline__ float h16_unit8(const uint8_t* row, int u, const float* xs) {
-  const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + u);
+__device__ __forceinline__ float h16_value(uint32_t bits) {
+  if constexpr (kBf16) return __uint_as_float(bits << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ float h16_compute(const uint4& q, int u, const float* xs, bool wide) {
+  if (!wide) return h16_value<kBf16>(q.x & 0xffffu) * xs[xpad(u)];
   const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
   const float* xp = xs + xpad(8 * u);
   const float4 xa = *reinterpret_cast<const float4*>(xp);
@@ -240,108 +266,201 @@ __host__ __device__ inline int units_per_row(GgmlType t, int n_cols) {
   }
 }
 
-// This lane's share (units sub, sub + G, ...) of dot(row, x).
+// Units whose loads one thread issues before it uses the first (its registers hold them all): the
+// memory-level parallelism of the kernel. Small matrices are latency-bound (each row tile is one
+// memory round trip), so a thread takes as many units of a row as its registers allow (about 64 32-bit
+// registers of raw data), and a row needs fewer threads, so a block covers more rows per round trip.
+// Gate/up pairs hold half as many units of each of the two rows.
+__host__ __device__ constexpr int units_in_flight(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return 8;  // 8 x (16-byte header + 16 bytes of codes)
+    case GgmlType::Q5_K: return 4;  // + 16 bytes of high bits
+    case GgmlType::Q6_K: return 4;  // 4 x 20 registers (5-word unaligned loads)
+    case GgmlType::Q8_0: return 4;
+    case GgmlType::F32: return 8;
+    case GgmlType::F16:
+    case GgmlType::BF16: return 8;
+    default: return 1;
+  }
+}
+
+// Units of each of the two rows of a gate/up pair (Q6_K: 1, as 2 x 2 units would spill registers).
+__host__ __device__ constexpr int units_in_flight_pair(GgmlType t) {
+  return t == GgmlType::Q6_K ? 1 : (units_in_flight(t) / 2 > 0 ? units_in_flight(t) / 2 : 1);
+}
+
+// Load/compute of one unit of type T, behind one interface.
 template <GgmlType T>
+struct Unit;
+
+template <>
+struct Unit<GgmlType::Q4_K> {
+  using Raw = K45Raw;
+  __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<false>(row, u); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float* s16, int) {
+    return k45_compute<false>(r, u, xs, s16);
+  }
+};
+template <>
+struct Unit<GgmlType::Q5_K> {
+  using Raw = K45Raw;
+  __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<true>(row, u); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float* s16, int) {
+    return k45_compute<true>(r, u, xs, s16);
+  }
+};
+template <>
+struct Unit<GgmlType::Q6_K> {
+  using Raw = Q6Raw;
+  __device__ static Raw load(const uint8_t* row, int u, int) { return q6k_load(row, u); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int) {
+    return q6k_compute(r, u, xs);
+  }
+};
+template <>
+struct Unit<GgmlType::Q8_0> {
+  using Raw = Q8Raw;
+  __device__ static Raw load(const uint8_t* row, int u, int) { return q80_load(row, u); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int) {
+    return q80_compute(r, u, xs);
+  }
+};
+template <>
+struct Unit<GgmlType::F32> {
+  using Raw = float4;
+  __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return f32_load(row, u, n_cols % 4 == 0); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
+    return f32_compute(r, u, xs, n_cols % 4 == 0);
+  }
+};
+template <>
+struct Unit<GgmlType::F16> {
+  using Raw = uint4;
+  __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return h16_load(row, u, n_cols % 8 == 0); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
+    return h16_compute<false>(r, u, xs, n_cols % 8 == 0);
+  }
+};
+template <>
+struct Unit<GgmlType::BF16> {
+  using Raw = uint4;
+  __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return h16_load(row, u, n_cols % 8 == 0); }
+  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
+    return h16_compute<true>(r, u, xs, n_cols % 8 == 0);
+  }
+};
+
+// This lane's share (units sub, sub + G, ...) of dot(row, x). The loads of the first N units are
+// issued, then ready() runs (every thread of the block calls it exactly once: it may wait for the
+// previous kernel and stage x in shared memory, so the weight fetch overlaps both), then they are used.
+template <GgmlType T, class Ready>
 __device__ __forceinline__ float row_dot_t(const uint8_t* row, int n_cols, const float* xs, const float* s16, int sub,
-                                           int G) {
+                                           int G, Ready&& ready) {
+  using Op = Unit<T>;
+  constexpr int N = units_in_flight(T);
   const int U = units_per_row(T, n_cols);
   float acc = 0.0f;
-  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
-    constexpr bool k5 = T == GgmlType::Q5_K;
-    for (int u = sub; u < U; u += 2 * G) {  // two units' loads in flight before the first use
-      const bool two = u + G < U;
-      const K45Raw r0 = k45_load<k5>(row, u);
-      K45Raw r1 = r0;
-      if (two) r1 = k45_load<k5>(row, u + G);
-      acc += k45_compute<k5>(r0, u, xs, s16);
-      if (two) acc += k45_compute<k5>(r1, u + G, xs, s16);
+  typename Op::Raw r[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int u = sub + i * G;
+    r[i] = Op::load(row, u < U ? u : U - 1, n_cols);  // unconditional: keeps r[] in registers
+  }
+  ready();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int u = sub + i * G;
+    if (u < U) acc += Op::compute(r[i], u, xs, s16, n_cols);
+  }
+  for (int base = sub + N * G; base < U; base += N * G) {  // rows longer than N * G units
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = base + i * G;
+      r[i] = Op::load(row, u < U ? u : U - 1, n_cols);  // unconditional: keeps r[] in registers
     }
-  } else if constexpr (T == GgmlType::Q6_K) {
-    for (int u = sub; u < U; u += 2 * G) {
-      const bool two = u + G < U;
-      const Q6Raw r0 = q6k_load(row, u);
-      Q6Raw r1 = r0;
-      if (two) r1 = q6k_load(row, u + G);
-      acc += q6k_compute(r0, u, xs);
-      if (two) acc += q6k_compute(r1, u + G, xs);
-    }
-  } else if constexpr (T == GgmlType::Q8_0) {
-    for (int u = sub; u < U; u += G) acc += q80_unit(row, u, xs);
-  } else if constexpr (T == GgmlType::F32) {
-    if (n_cols % 4 == 0) {
-      for (int u = sub; u < U; u += G) acc += f32_unit4(row, u, xs);
-    } else {
-      for (int u = sub; u < U; u += G) acc = fmaf(__ldg(reinterpret_cast<const float*>(row) + u), xs[xpad(u)], acc);
-    }
-  } else {
-    constexpr bool kB = T == GgmlType::BF16;
-    if (n_cols % 8 == 0) {
-      for (int u = sub; u < U; u += G) acc += h16_unit8<kB>(row, u, xs);
-    } else {
-      const unsigned short* h = reinterpret_cast<const unsigned short*>(row);
-      for (int u = sub; u < U; u += G) {
-        const unsigned short bits = __ldg(h + u);
-        const float wv = kB ? __uint_as_float(static_cast<uint32_t>(bits) << 16) : __half2float(__ushort_as_half(bits));
-        acc = fmaf(wv, xs[xpad(u)], acc);
-      }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = base + i * G;
+      if (u < U) acc += Op::compute(r[i], u, xs, s16, n_cols);
     }
   }
   return acc;
 }
 
-// Two rows of the same type and shape (an expert's gate and up rows) in one pass: the loads of both
-// rows' units are issued before either is used.
-template <GgmlType T>
+// Two rows of the same type and shape (an expert's gate and up rows) in one pass: N/2 units of each
+// row in flight per chunk; ready() as in row_dot_t.
+template <GgmlType T, class Ready>
 __device__ __forceinline__ void row_dot2_t(const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
-                                           const float* s16, int sub, int G, float& oa, float& ob) {
+                                           const float* s16, int sub, int G, float& oa, float& ob, Ready&& ready) {
+  using Op = Unit<T>;
+  constexpr int N = units_in_flight_pair(T);
   const int U = units_per_row(T, n_cols);
   float a = 0.0f, b = 0.0f;
-  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
-    constexpr bool k5 = T == GgmlType::Q5_K;
-    for (int u = sub; u < U; u += G) {
-      const K45Raw x0 = k45_load<k5>(ra, u), y0 = k45_load<k5>(rb, u);
-      a += k45_compute<k5>(x0, u, xs, s16);
-      b += k45_compute<k5>(y0, u, xs, s16);
+  typename Op::Raw x[N], y[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int u = sub + i * G;
+    const int uc = u < U ? u : U - 1;  // unconditional loads keep x[] and y[] in registers
+    x[i] = Op::load(ra, uc, n_cols);
+    y[i] = Op::load(rb, uc, n_cols);
+  }
+  ready();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int u = sub + i * G;
+    if (u < U) {
+      a += Op::compute(x[i], u, xs, s16, n_cols);
+      b += Op::compute(y[i], u, xs, s16, n_cols);
     }
-  } else if constexpr (T == GgmlType::Q6_K) {
-    for (int u = sub; u < U; u += G) {
-      const Q6Raw x0 = q6k_load(ra, u), y0 = q6k_load(rb, u);
-      a += q6k_compute(x0, u, xs);
-      b += q6k_compute(y0, u, xs);
+  }
+  for (int base = sub + N * G; base < U; base += N * G) {  // rows longer than N * G units
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = base + i * G;
+      const int uc = u < U ? u : U - 1;  // unconditional loads keep x[] and y[] in registers
+      x[i] = Op::load(ra, uc, n_cols);
+      y[i] = Op::load(rb, uc, n_cols);
     }
-  } else {
-    a = row_dot_t<T>(ra, n_cols, xs, s16, sub, G);
-    b = row_dot_t<T>(rb, n_cols, xs, s16, sub, G);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = base + i * G;
+      if (u < U) {
+        a += Op::compute(x[i], u, xs, s16, n_cols);
+        b += Op::compute(y[i], u, xs, s16, n_cols);
+      }
+    }
   }
   oa = a;
   ob = b;
 }
 
+template <class Ready>
 __device__ __forceinline__ float row_dot(GgmlType t, const uint8_t* row, int n_cols, const float* xs, const float* s16,
-                                         int sub, int G) {
+                                         int sub, int G, Ready&& ready) {
   switch (t) {
-    case GgmlType::Q4_K: return row_dot_t<GgmlType::Q4_K>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::Q5_K: return row_dot_t<GgmlType::Q5_K>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::Q6_K: return row_dot_t<GgmlType::Q6_K>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::Q8_0: return row_dot_t<GgmlType::Q8_0>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::F32: return row_dot_t<GgmlType::F32>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::F16: return row_dot_t<GgmlType::F16>(row, n_cols, xs, s16, sub, G);
-    case GgmlType::BF16: return row_dot_t<GgmlType::BF16>(row, n_cols, xs, s16, sub, G);
-    default: return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
+    case GgmlType::Q4_K: return row_dot_t<GgmlType::Q4_K>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::Q5_K: return row_dot_t<GgmlType::Q5_K>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::Q6_K: return row_dot_t<GgmlType::Q6_K>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::Q8_0: return row_dot_t<GgmlType::Q8_0>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::F32: return row_dot_t<GgmlType::F32>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::F16: return row_dot_t<GgmlType::F16>(row, n_cols, xs, s16, sub, G, ready);
+    case GgmlType::BF16: return row_dot_t<GgmlType::BF16>(row, n_cols, xs, s16, sub, G, ready);
+    default: ready(); return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
   }
 }
 
+template <class Ready>
 __device__ __forceinline__ void row_dot2(GgmlType t, const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
-                                         const float* s16, int sub, int G, float& oa, float& ob) {
+                                         const float* s16, int sub, int G, float& oa, float& ob, Ready&& ready) {
   switch (t) {
-    case GgmlType::Q4_K: return row_dot2_t<GgmlType::Q4_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::Q5_K: return row_dot2_t<GgmlType::Q5_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::Q6_K: return row_dot2_t<GgmlType::Q6_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::Q8_0: return row_dot2_t<GgmlType::Q8_0>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::F32: return row_dot2_t<GgmlType::F32>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::F16: return row_dot2_t<GgmlType::F16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    case GgmlType::BF16: return row_dot2_t<GgmlType::BF16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob);
-    default: oa = ob = __int_as_float(0x7fc00000);
+    case GgmlType::Q4_K: return row_dot2_t<GgmlType::Q4_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::Q5_K: return row_dot2_t<GgmlType::Q5_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::Q6_K: return row_dot2_t<GgmlType::Q6_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::Q8_0: return row_dot2_t<GgmlType::Q8_0>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::F32: return row_dot2_t<GgmlType::F32>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::F16: return row_dot2_t<GgmlType::F16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    case GgmlType::BF16: return row_dot2_t<GgmlType::BF16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
+    default: ready(); oa = ob = __int_as_float(0x7fc00000);
   }
 }
 

@@ -55,6 +55,9 @@ struct GpuPrefill::Impl {
   cublasHandle_t blas = nullptr;
   cudaStream_t s = nullptr;
   PrefillProfile prof;
+  // STRATA_HYBRID_PREFILL=per-token: a HybridMoe runs each layer token by token through its decode path
+  // (HybridMoe::run_batch) instead of the grouped form -- the baseline for measurements.
+  bool per_token_hybrid = false;
 
   std::vector<void*> allocs;
   size_t bytes = 0;
@@ -93,6 +96,13 @@ struct GpuPrefill::Impl {
 
   Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
     if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
+    if (const char* v = std::getenv("STRATA_HYBRID_PREFILL")) {
+      const std::string mode = v;
+      if (mode == "per-token")
+        per_token_hybrid = true;
+      else if (mode != "grouped" && !mode.empty())
+        fail("STRATA_HYBRID_PREFILL=", mode, ": expected grouped (the default) or per-token");
+    }
     chunk = opt.max_chunk;
     try {
       check_cublas(cublasCreate(&blas), "cublasCreate");
@@ -452,7 +462,12 @@ struct GpuPrefill::Impl {
         }
         unsigned long long* counts_out =
             route_counts && !hybrid ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
-        moe(il, D.moe, m, hybrid, counts_out);
+        if (hybrid && per_token_hybrid) {
+          Timed t(*this, kExperts);
+          hybrid->run_batch(il, xn, x, m, s);  // the decode path per token (STRATA_HYBRID_PREFILL=per-token)
+        } else {
+          moe(il, D.moe, m, hybrid, counts_out);
+        }
       }
       st.n_past = pos0 + m;
       if (logits_out) {

@@ -21,6 +21,12 @@ class BenchBackend {
   virtual void reset() = 0;
   // Runs n tokens after those already seen; logits as Session::forward.
   virtual void forward(const int32_t* tokens, int n, float* logits, bool all_positions) = 0;
+  // One greedy decode step: runs `token` and returns the arg-max (lowest index among equals) of its
+  // logits. The default runs forward into `logits` (n_vocab floats) and picks on the host; a GPU
+  // backend picks on the device and copies back only the token id (as llama-bench's tg measures).
+  virtual int32_t decode_greedy(int32_t token, float* logits);
+  // Whether decode_greedy picks on the device (the bench report says so).
+  virtual bool greedy_on_device() const { return false; }
   // Device memory in use by tier ("weights", "kv", "scratch", ...) in bytes; empty for the CPU.
   virtual std::vector<std::pair<std::string, size_t>> vram_by_tier() const { return {}; }
 };

@@ -62,6 +62,9 @@ std::string format_bench_table(const BenchReport& r) {
          " + lm_head " + human_bytes(r.active.output) + " + experts " +
          human_bytes(r.active.experts_all * r.active.expert_fraction) + " = " +
          fmt("%.4f", r.active.expert_fraction) + " of " + human_bytes(r.active.experts_all) + "; KV/state traffic not counted)\n";
+  out += std::string("  decode: greedy steps, the arg-max picked ") +
+         (r.run.greedy_on_device ? "on the device (only the token id is copied back, as llama-bench tg)\n"
+                                 : "on the host from the copied logits\n");
   out += "  prefill/ttft floor: weights read once per prompt (" + human_bytes(r.active.prefill(r.params.n_prompt)) +
          "), compute not counted\n";
   out += "VRAM by tier: ";

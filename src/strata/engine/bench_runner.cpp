@@ -52,19 +52,23 @@ OneRun run_once(BenchBackend& backend, const std::vector<int32_t>& prompt, int n
   auto t0 = Clock::now();
   backend.forward(prompt.data(), static_cast<int>(prompt.size()), logits.data(), false);
   r.prefill_s = seconds_since(t0);
-  t0 = Clock::now();
-  for (int i = 0; i < n_gen; ++i) {
-    const int32_t next = argmax(logits.data(), backend.n_vocab());
-    backend.forward(&next, 1, logits.data(), false);
-  }
-  r.decode_s = seconds_since(t0);
   for (float x : logits) {
     if (!std::isfinite(x)) fail("bench: the model produced a non-finite logit; timings would be meaningless");
   }
+  t0 = Clock::now();
+  int32_t next = argmax(logits.data(), backend.n_vocab());
+  for (int i = 0; i < n_gen; ++i) next = backend.decode_greedy(next, logits.data());
+  r.decode_s = seconds_since(t0);
+  if (next < 0 || next >= backend.n_vocab()) fail("bench: greedy decode returned token ", next, " outside the vocabulary");
   return r;
 }
 
 }  // namespace
+
+int32_t BenchBackend::decode_greedy(int32_t token, float* logits) {
+  forward(&token, 1, logits, false);
+  return argmax(logits, n_vocab());
+}
 
 BenchRun run_bench(BenchBackend& backend, const BenchParams& p) {
   if (p.n_prompt < 1) fail("bench: -p must be >= 1 (decode starts from the prompt's logits)");
@@ -72,6 +76,7 @@ BenchRun run_bench(BenchBackend& backend, const BenchParams& p) {
   if (p.reps < 1) fail("bench: -r must be >= 1");
   if (p.warmup) run_once(backend, bench_prompt(std::min(p.n_prompt, 16), backend.n_vocab(), p.seed, -1), std::min(p.n_gen, 2));
   BenchRun out;
+  out.greedy_on_device = backend.greedy_on_device();
   for (int rep = 0; rep < p.reps; ++rep) {
     const OneRun r = run_once(backend, bench_prompt(p.n_prompt, backend.n_vocab(), p.seed, rep), p.n_gen);
     out.ttft_ms.push_back(1e3 * r.prefill_s);

@@ -27,6 +27,7 @@ Stats summarize(std::vector<double> values);
 
 struct BenchRun {
   std::vector<double> prefill_tps, decode_tps, ttft_ms;
+  bool greedy_on_device = false;  // decode steps picked their token on the device (BenchBackend)
 };
 
 // Validates params (p >= 1, n >= 0, r >= 1) and times r repetitions.

@@ -1,5 +1,7 @@
 #include "strata/moe/cold_experts.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -71,6 +73,9 @@ struct ColdExpertPool::Job {
   size_t a_done_cap = 0;
 };
 
+// out[t * 4 + i] = dot(w[i][0..n), x[t][0..n)): a float tile kernel of the batched path (below).
+using FloatTileFn = void (*)(const float* const* w, const float* const* x, int64_t n, float* out);
+
 // A batch (run_batch): picks sorted by (expert, token) and cut into one group per expert.
 // Tasks, in claim order: phase 0 (quantise token inputs for the int8 path), phase A (gate/up row
 // blocks of one group, SwiGLU, quantise the hidden slice), phase B (down row blocks of one group).
@@ -79,6 +84,7 @@ struct ColdExpertPool::BatchJob {
     int expert = 0;
     int64_t first = 0, n = 0;  // sorted picks [first, first + n)
     int64_t a_rows = 0, a_blocks = 0, b_rows = 0, b_blocks = 0;
+    bool tiles = false;  // float tiles (enough tokens to pay for decoding the rows to float)
   };
   struct Task {
     int phase = 0;  // 0, 1 (A), 2 (B)
@@ -100,6 +106,8 @@ struct ColdExpertPool::BatchJob {
   std::vector<float> hd, hs;
   int64_t n_phase0 = 0;
   std::atomic<int64_t> phase0_done{0};
+  FloatTileFn tile = nullptr;  // SIMD levels with float tiles on: the float path for every matrix
+  int tile_tokens = 1;
   std::unique_ptr<std::atomic<int64_t>[]> a_done;  // per group
   size_t a_done_cap = 0;
 };
@@ -319,6 +327,133 @@ void rows_batch(const CpuKernels& k, bool i8, I8Format fmt, const WeightMatrix& 
 
 }  // namespace
 
+namespace {
+
+// ---- float tiles of the batched path ----------------------------------------------------------------
+// At the SIMD levels the batch decodes each 4-row weight tile to float once per 64 tokens and multiplies
+// it with the tokens' float inputs in register blocks (4 rows x 4 tokens with AVX-512, 4 x 2 with AVX2):
+// many tokens share one read of the weights, and no per-token int8 re-decoding of the blocks happens
+// (the decode path's int8 dots re-decode the quantised blocks for every token). The sums are float32
+// in another order than the per-token path's, so results agree with run() to its int8 rounding and with
+// a float64 reference to float rounding. The scalar level keeps run()'s row kernels (bitwise equal).
+// Tile kernels: out[t * 4 + i] = dot(w[i][0..n), x[t][0..n)) for i < 4 and t < the block's tokens.
+constexpr int kTileRows = 4;
+// Groups of fewer tokens keep the int8 row kernels: decoding a tile's rows to float costs about as much
+// as a few tokens' int8 dots.
+constexpr int64_t kTileMinTokens = 8;
+
+__attribute__((target("avx512f,fma"))) void float_tile_avx512(const float* const* w, const float* const* x, int64_t n,
+                                                               float* out) {
+  __m512 a[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) a[i][t] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    __m512 wv[4], xv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) wv[i] = _mm512_loadu_ps(w[i] + k);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) xv[t] = _mm512_loadu_ps(x[t] + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) a[i][t] = _mm512_fmadd_ps(wv[i], xv[t], a[i][t]);
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int t = 0; t < 4; ++t) {
+      // (Stored and summed here: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized in its own header.)
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, a[i][t]);
+      float v = 0.0f;
+      for (int l = 0; l < 16; ++l) v += lanes[l];
+      for (int64_t j = k; j < n; ++j) v += w[i][j] * x[t][j];
+      out[t * 4 + i] = v;
+    }
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+__attribute__((target("avx2,fma"))) void float_tile_avx2(const float* const* w, const float* const* x, int64_t n,
+                                                         float* out) {
+  __m256 a[4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) a[i][0] = a[i][1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 x0 = _mm256_loadu_ps(x[0] + k), x1 = _mm256_loadu_ps(x[1] + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m256 wv = _mm256_loadu_ps(w[i] + k);
+      a[i][0] = _mm256_fmadd_ps(wv, x0, a[i][0]);
+      a[i][1] = _mm256_fmadd_ps(wv, x1, a[i][1]);
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int t = 0; t < 2; ++t) {
+      float v = hsum256(a[i][t]);
+      for (int64_t j = k; j < n; ++j) v += w[i][j] * x[t][j];
+      out[t * 4 + i] = v;
+    }
+}
+
+// The tile kernel of the active level and its token block (nullptr at the scalar level).
+FloatTileFn float_tile_for(CpuKernelLevel level, int& tokens) {
+  if (level == CpuKernelLevel::Avx512) {
+    tokens = 4;
+    return float_tile_avx512;
+  }
+  if (level == CpuKernelLevel::Avx2) {
+    tokens = 2;
+    return float_tile_avx2;
+  }
+  tokens = 1;
+  return nullptr;
+}
+
+// Rows [r0, r1) of w for the picks [p0, p1) through the float tiles: each 4-row tile decoded once (F32
+// rows used in place when aligned) and multiplied with the picks' inputs x_of(p) in blocks of `tokens`;
+// pick p's output row is out_of(p).
+template <class Scratch, class FloatOf, class OutOf>
+void rows_batch_tiles(const CpuKernels& k, FloatTileFn tile, int tokens, const WeightMatrix& w, int64_t r0, int64_t r1,
+                      int64_t p0, int64_t p1, FloatOf x_of, OutOf out_of, Scratch& s) {
+  const int64_t n = w.n_cols;
+  const size_t un = static_cast<size_t>(n);
+  for (int64_t r = r0; r < r1; r += kTileRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+    const float* rows[kTileRows];
+    for (int i = 0; i < nr; ++i) {
+      const uint8_t* src = w.data + static_cast<size_t>(r + i) * w.row_stride;
+      if (w.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+        rows[i] = reinterpret_cast<const float*>(src);
+      } else {
+        float* dst = s.fbuf.data() + static_cast<size_t>(i) * un;
+        k.decode_row(w.type, src, dst, n);
+        rows[i] = dst;
+      }
+    }
+    for (int i = nr; i < kTileRows; ++i) rows[i] = rows[0];  // padding rows: computed, not stored
+    for (int64_t p = p0; p < p1; p += tokens) {
+      const int nt = static_cast<int>(std::min<int64_t>(tokens, p1 - p));
+      const float* xs[4];
+      for (int t = 0; t < tokens; ++t) xs[t] = x_of(t < nt ? p + t : p);
+      float out[16];
+      tile(rows, xs, n, out);
+      for (int t = 0; t < nt; ++t) {
+        float* y = out_of(p + t);
+        for (int i = 0; i < nr; ++i) y[r + i] = out[t * 4 + i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void ColdExpertPool::do_batch_task(int index, int64_t task) {
   BatchJob& B = *batch_;
   const CpuKernels& k = cpu_kernels();
@@ -349,13 +484,18 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
     auto u_of = [&](int64_t p) { return B.u.data() + static_cast<size_t>(p) * uff; };
     for (int64_t p0 = G.first; p0 < G.first + G.n; p0 += kBatchTokenChunk) {
       const int64_t p1 = std::min(G.first + G.n, p0 + kBatchTokenChunk);
-      rows_batch(k, B.gate_i8, B.fmt_gate, w.gate.expert(e), T.r0, T.r1, p0, p1, act_x, float_x, g_of, s);
-      rows_batch(k, B.up_i8, B.fmt_up, w.up.expert(e), T.r0, T.r1, p0, p1, act_x, float_x, u_of, s);
+      if (G.tiles) {
+        rows_batch_tiles(k, B.tile, B.tile_tokens, w.gate.expert(e), T.r0, T.r1, p0, p1, float_x, g_of, s);
+        rows_batch_tiles(k, B.tile, B.tile_tokens, w.up.expert(e), T.r0, T.r1, p0, p1, float_x, u_of, s);
+      } else {
+        rows_batch(k, B.gate_i8, B.fmt_gate, w.gate.expert(e), T.r0, T.r1, p0, p1, act_x, float_x, g_of, s);
+        rows_batch(k, B.up_i8, B.fmt_up, w.up.expert(e), T.r0, T.r1, p0, p1, act_x, float_x, u_of, s);
+      }
       for (int64_t p = p0; p < p1; ++p) {
         const size_t o = static_cast<size_t>(p) * uff;
         swiglu(B.g.data() + o + T.r0, B.u.data() + o + T.r0, T.r1 - T.r0, B.h.data() + o + T.r0);
         // r0 and r1 are multiples of 32 whenever down takes the int8 path (ff % 32 == 0 then).
-        if (B.down_i8)
+        if (B.down_i8 && !G.tiles)
           quantize_activations_i8(B.h.data() + o + T.r0, T.r1 - T.r0, B.hq.data() + o + T.r0,
                                   B.hd.data() + (o + static_cast<size_t>(T.r0)) / 32,
                                   B.hs.data() + (o + static_cast<size_t>(T.r0)) / 16);
@@ -376,7 +516,10 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
   const WeightMatrix down = w.down.expert(G.expert);
   for (int64_t p0 = G.first; p0 < G.first + G.n; p0 += kBatchTokenChunk) {
     const int64_t p1 = std::min(G.first + G.n, p0 + kBatchTokenChunk);
-    rows_batch(k, B.down_i8, B.fmt_down, down, T.r0, T.r1, p0, p1, act_h, float_h, out_of, s);
+    if (G.tiles)
+      rows_batch_tiles(k, B.tile, B.tile_tokens, down, T.r0, T.r1, p0, p1, float_h, out_of, s);
+    else
+      rows_batch(k, B.down_i8, B.fmt_down, down, T.r0, T.r1, p0, p1, act_h, float_h, out_of, s);
   }
 }
 
@@ -475,6 +618,8 @@ void ColdExpertPool::run_batch(const MoeWeights& w, const float* X, int n_tok, c
   B.X = X;
   B.d = d;
   B.ff = ff;
+  B.tile_tokens = 1;
+  B.tile = batch_float_tiles_ ? float_tile_for(k.level, B.tile_tokens) : nullptr;
   B.gate_i8 = uses_i8(k, w.gate.first, B.fmt_gate);
   B.up_i8 = uses_i8(k, w.up.first, B.fmt_up);
   B.down_i8 = uses_i8(k, w.down.first, B.fmt_down);
@@ -485,16 +630,19 @@ void ColdExpertPool::run_batch(const MoeWeights& w, const float* X, int n_tok, c
   B.groups.clear();
   for (int64_t i = 0; i < n_picks; ++i) {
     const int e = B.picks[static_cast<size_t>(i)].expert;
-    if (B.groups.empty() || B.groups.back().expert != e) B.groups.push_back({e, i, 0, 0, 0, 0, 0});
+    if (B.groups.empty() || B.groups.back().expert != e) B.groups.push_back({e, i, 0, 0, 0, 0, 0, false});
     ++B.groups.back().n;
   }
+  for (BatchJob::Group& G : B.groups) G.tiles = B.tile != nullptr && G.n >= kTileMinTokens;
   const size_t ud = static_cast<size_t>(d), uff = static_cast<size_t>(ff), np = static_cast<size_t>(n_picks);
   B.tasks.clear();
   // Phase 0: the int8 inputs of every token some pick reads.
   B.qtokens.clear();
   if (B.gate_i8 || B.up_i8) {
     std::vector<char> used(static_cast<size_t>(n_tok), 0);
-    for (const ColdTokenPick& p : B.picks) used[static_cast<size_t>(p.token)] = 1;
+    for (const BatchJob::Group& G : B.groups)
+      if (!G.tiles)
+        for (int64_t i = G.first; i < G.first + G.n; ++i) used[static_cast<size_t>(B.picks[static_cast<size_t>(i)].token)] = 1;
     for (int t = 0; t < n_tok; ++t)
       if (used[static_cast<size_t>(t)]) B.qtokens.push_back(t);
     const size_t nt = static_cast<size_t>(n_tok);

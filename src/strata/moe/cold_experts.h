@@ -60,10 +60,17 @@ class ColdExpertPool {
   // picks[i].token of X ([n_tok x n_embd], row-major). The picks are grouped by expert inside, so each
   // cold expert's weights are read (and unpacked) once per batch and dotted with all its tokens; the
   // work (row blocks of each expert group, sized by the group's token count) is split over the pool's
-  // threads. Every output row equals, bitwise, what run() gives for that token and expert (same row
-  // kernels, same 4-row tiles, same activation quantisation). Blocking; fails (strata::Error) like run()
-  // and on a token outside [0, n_tok).
+  // threads. With set_batch_float_tiles(false) (or at the scalar level) every output row equals,
+  // bitwise, what run() gives for that token and expert (same row kernels, same 4-row tiles, same
+  // activation quantisation). Blocking; fails (strata::Error) like run() and on a token outside [0, n_tok).
   void run_batch(const MoeWeights& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks);
+  // At the SIMD kernel levels run_batch multiplies float tiles by default: each 4-row weight tile is
+  // decoded to float once per 64 tokens and multiplied in register blocks of 4 rows x 4 (AVX-512) or 2
+  // (AVX2) tokens, with float inputs -- several times the int8 row kernels' speed on batches, which
+  // re-decode the quantised blocks for every token. Results then agree with run() to its int8 rounding
+  // (and with float math to float rounding) rather than bitwise. Off: run()'s row kernels, bitwise
+  // equal to run(). The scalar level always uses run()'s kernels. Not while a job runs.
+  void set_batch_float_tiles(bool on) { batch_float_tiles_ = on; }
 
   // Default thread count for this machine: every hardware thread but two (the decode thread, which
   // spins in cudaStreamSynchronize, and the GPU driver's own), at least 1.
@@ -85,6 +92,7 @@ class ColdExpertPool {
   struct BatchJob;
   std::unique_ptr<BatchJob> batch_;
   bool batch_mode_ = false;  // whether the current job is a batch (read by tasks after claiming one)
+  bool batch_float_tiles_ = true;
   std::vector<std::unique_ptr<Scratch>> scratch_;
   std::atomic<uint64_t> gen_{0};       // bumped for every job (and at shutdown)
   std::atomic<uint64_t> next_{0};      // (generation << 32) | next task index
