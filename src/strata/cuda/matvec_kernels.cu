@@ -196,34 +196,84 @@ __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
 
 // Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
 // staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
+// The common case (16-byte aligned, n <= 4 * kHeld * blockDim.x: the 2048-float residual stream) holds
+// x and norm_w in registers, every load issued before the first use: a loop that loads, scales and
+// stores one element at a time waits about one L2 round trip per step.
+constexpr int kHeld = 2;  // float4 of x (and of norm_w) per thread; 4 would spill registers
 __device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps) {
-  const bool vec = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0);
-  double ss = 0.0;
-  if (vec) {
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = reinterpret_cast<const float4*>(x)[i];
-      *reinterpret_cast<float4*>(xs + rows::xpad(4 * i)) = v;
+  const int bd = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  const bool aligned = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0) &&
+                       (!norm_w || (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0);
+  if (aligned && n / 4 <= kHeld * bd) {  // block-uniform
+    const int n4 = n / 4;
+    float4 xv[kHeld], wv[kHeld];
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int q = t + i * bd;
+      xv[i] = q < n4 ? reinterpret_cast<const float4*>(x)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      wv[i] = norm_w && q < n4 ? __ldg(reinterpret_cast<const float4*>(norm_w) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (norm_w) {
+      double ss = 0.0;
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i)
+        ss += static_cast<double>(xv[i].x) * xv[i].x + static_cast<double>(xv[i].y) * xv[i].y +
+              static_cast<double>(xv[i].z) * xv[i].z + static_cast<double>(xv[i].w) * xv[i].w;
+      ss = block_sum_d(ss);
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        xv[i].x = xv[i].x * inv * wv[i].x;
+        xv[i].y = xv[i].y * inv * wv[i].y;
+        xv[i].z = xv[i].z * inv * wv[i].z;
+        xv[i].w = xv[i].w * inv * wv[i].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int q = t + i * bd;
+      if (q < n4) *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = xv[i];
+    }
+  } else if (aligned) {  // longer rows: float4 steps
+    const int n4 = n / 4;
+    double ss = 0.0;
+    for (int q = t; q < n4; q += bd) {
+      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = v;
       if (norm_w)
         ss += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
               static_cast<double>(v.w) * v.w;
     }
-  } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (norm_w) {  // block-uniform
+      ss = block_sum_d(ss);  // synchronises: every element is staged
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+      for (int q = t; q < n4; q += bd) {
+        float4& v = *reinterpret_cast<float4*>(xs + rows::xpad(4 * q));
+        const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w) + q);
+        v.x = v.x * inv * w.x;
+        v.y = v.y * inv * w.y;
+        v.z = v.z * inv * w.z;
+        v.w = v.w * inv * w.w;
+      }
+    }
+  } else {  // any n and alignment: one element per step
+    double ss = 0.0;
+    for (int i = t; i < n; i += bd) {
       const float v = x[i];
       xs[rows::xpad(i)] = v;
       if (norm_w) ss += static_cast<double>(v) * v;
     }
-  }
-  if (norm_w) {  // block-uniform
-    ss = block_sum_d(ss);  // synchronises
-    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      float& v = xs[rows::xpad(i)];  // this thread's own element only after the barrier above: any mapping
-      v = v * inv * norm_w[i];
+    if (norm_w) {  // block-uniform
+      ss = block_sum_d(ss);  // synchronises: every element is staged
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+      for (int i = t; i < n; i += bd) {
+        float& v = xs[rows::xpad(i)];
+        v = v * inv * norm_w[i];
+      }
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < n / 16; c += blockDim.x) {
+  for (int c = t; c < n / 16; c += bd) {
     const float* p = xs + rows::xpad(16 * c);
     float s = 0.0f;
 #pragma unroll
