@@ -308,7 +308,12 @@ struct NoReady {
   __device__ __forceinline__ void operator()() const {}
 };
 
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const __grid_constant__ DBatch b) {
+// Resident blocks per SM the register budget is sized for (128 registers per thread at 2). Measured on the
+// H100 (docs/PERF.md): 3 (80 registers, 4 KB of spills) and 4 (64 registers, 8 KB) decode slower.
+#ifndef STRATA_GEMV_MIN_BLOCKS
+#define STRATA_GEMV_MIN_BLOCKS 2
+#endif
+__global__ void __launch_bounds__(kThreads, STRATA_GEMV_MIN_BLOCKS) gemv_kernel(const __grid_constant__ DBatch b) {
   // The next kernel may start now (it waits for this one's completion before touching its outputs).
   pdl_launch_dependents();
   extern __shared__ float smem[];
