@@ -28,6 +28,7 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include "strata/cuda/hybrid_bench.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "cuda_test_models.h"
 
 namespace {
 
@@ -35,24 +36,11 @@ namespace fs = std::filesystem;
 namespace sc = strata::cuda;
 using SlotMap = std::vector<std::vector<int>>;
 
-#define REQUIRE_GPU()                                                                             \
-  do {                                                                                            \
-    if (!sc::device_available()) GTEST_SKIP() << "no CUDA device: " << sc::device_description(); \
-  } while (0)
-
-fs::path tmp_dir() {
-  const fs::path d = fs::path(STRATA_BINARY_DIR) / "test_tmp";
-  fs::create_directories(d);
-  return d;
-}
+using strata::cuda_test::max_row_rel_err;
+using strata::cuda_test::tmp_dir;
 
 std::string convert_fixture(const std::string& name, const std::string& type) {
-  strata::convert::ConvertOptions opt;
-  opt.hf_dir = (fs::path(STRATA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / name).string();
-  opt.out_path = (tmp_dir() / ("hybrid_" + name + "_" + type + ".gguf")).string();
-  opt.type = type;
-  strata::convert::convert_hf_to_gguf(opt);
-  return opt.out_path;
+  return strata::cuda_test::convert_fixture(name, type, "hybrid_");
 }
 
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();
@@ -74,20 +62,6 @@ bool all_cold(int, int) { return false; }
 // A lopsided map: layer 0 all hot, the last layer all cold, the others keep ids below a third.
 int g_layers = 0, g_experts = 0;
 bool lopsided(int l, int e) { return l == 0 || (l != g_layers - 1 && e < g_experts / 3); }
-
-double max_row_rel_err(const std::vector<float>& a, const std::vector<float>& b, size_t vocab) {
-  double worst = 0;
-  for (size_t r = 0; r * vocab < b.size(); ++r) {
-    double num = 0, den = 0;
-    for (size_t i = r * vocab; i < (r + 1) * vocab; ++i) {
-      if (!std::isfinite(a[i])) return INFINITY;
-      num = std::max(num, std::fabs(double(a[i]) - b[i]));
-      den = std::max(den, std::fabs(double(b[i])));
-    }
-    worst = std::max(worst, num / den);
-  }
-  return worst;
-}
 
 std::vector<int32_t> some_prompt(int64_t vocab, int n) {
   std::vector<int32_t> p;

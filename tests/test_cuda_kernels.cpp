@@ -23,16 +23,12 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/engine/session.h"
 #include "strata/quant/quantize.h"
+#include "cuda_test_models.h"
 
 namespace {
 
 using strata::GgmlType;
 namespace sc = strata::cuda;
-
-#define REQUIRE_GPU()                                                                        \
-  do {                                                                                       \
-    if (!sc::device_available()) GTEST_SKIP() << "no CUDA device: " << sc::device_description(); \
-  } while (0)
 
 // A device buffer holding a copy of a host vector, poisoned (all bits set: NaN for floats) when empty.
 template <class T>

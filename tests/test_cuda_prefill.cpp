@@ -32,6 +32,7 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "cuda_test_models.h"
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
@@ -41,70 +42,13 @@ namespace {
 namespace fs = std::filesystem;
 namespace sc = strata::cuda;
 
-#define REQUIRE_GPU()                                                                            \
-  do {                                                                                           \
-    if (!sc::device_available()) GTEST_SKIP() << "no CUDA device: " << sc::device_description(); \
-  } while (0)
-
-fs::path tmp_dir() {
-  const fs::path d = fs::path(STRATA_BINARY_DIR) / "test_tmp";
-  fs::create_directories(d);
-  return d;
-}
+using strata::cuda_test::max_row_rel_err;
+using strata::cuda_test::tmp_dir;
 
 std::string convert_fixture(const std::string& name, const std::string& type) {
-  strata::convert::ConvertOptions opt;
-  opt.hf_dir = (fs::path(STRATA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / name).string();
-  opt.out_path = (tmp_dir() / ("prefill_" + name + "_" + type + ".gguf")).string();
-  opt.type = type;
-  strata::convert::convert_hf_to_gguf(opt);
-  return opt.out_path;
+  return strata::cuda_test::convert_fixture(name, type, "prefill_");
 }
-
-// A copy of a GGUF file whose 2-D+ tensors with rows of a multiple of 256 are re-encoded in K-quants
-// (Q4_K, Q5_K, Q6_K in turn).
-std::string kquant_copy(const std::string& path) {
-  const strata::GgufFile f = strata::GgufFile::open(path);
-  strata::GgufWriter w;
-  for (const auto& [key, value] : f.metadata()) w.set(key, value);
-  const strata::GgmlType cycle[] = {strata::GgmlType::Q4_K, strata::GgmlType::Q5_K, strata::GgmlType::Q6_K};
-  int i = 0;
-  for (const auto& t : f.tensors()) {
-    std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
-    const bool requant = t.n_dims >= 2 && t.ne[0] % 256 == 0 && t.type != strata::GgmlType::F32;
-    if (!requant) {
-      w.add_tensor(t.name, t.type, ne, t.data, t.row_nbytes() * static_cast<size_t>(t.n_rows()));
-      continue;
-    }
-    const strata::GgmlType type = cycle[i++ % 3];
-    const size_t rb = strata::row_bytes(type, t.ne[0]);
-    std::vector<uint8_t> out(rb * static_cast<size_t>(t.n_rows()));
-    std::vector<float> row(static_cast<size_t>(t.ne[0]));
-    for (int64_t r = 0; r < t.n_rows(); ++r) {
-      strata::dequantize_row(t.type, t.data + static_cast<size_t>(r) * t.row_nbytes(), row.data(), t.ne[0]);
-      strata::quantize_row(type, row.data(), out.data() + static_cast<size_t>(r) * rb, t.ne[0]);
-    }
-    w.add_tensor(t.name, type, ne, out.data(), out.size());
-  }
-  const std::string out = (tmp_dir() / (fs::path(path).stem().string() + "_prefill_kquant.gguf")).string();
-  w.write(out);
-  return out;
-}
-
-// max over rows of max|a-b| / max|b|; infinite when a holds a non-finite value (unwritten outputs are NaN).
-double max_row_rel_err(const std::vector<float>& a, const std::vector<float>& b, size_t vocab) {
-  double worst = 0;
-  for (size_t r = 0; r * vocab < b.size(); ++r) {
-    double num = 0, den = 0;
-    for (size_t i = r * vocab; i < (r + 1) * vocab; ++i) {
-      if (!std::isfinite(a[i])) return INFINITY;
-      num = std::max(num, std::fabs(double(a[i]) - b[i]));
-      den = std::max(den, std::fabs(double(b[i])));
-    }
-    worst = std::max(worst, num / den);
-  }
-  return worst;
-}
+std::string kquant_copy(const std::string& path) { return strata::cuda_test::kquant_copy(path, "_prefill_kquant"); }
 
 std::vector<int32_t> some_prompt(int64_t vocab, int n, int salt = 0) {
   std::vector<int32_t> p;

@@ -11,18 +11,9 @@
 
 #include <cstdint>
 
-namespace strata::cuda {
+#include "strata/cuda/device_math.cuh"
 
-__device__ __forceinline__ double combine_block_sum_d(double v) {
-  __shared__ double part[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double t = 0.0;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) t += part[i];
-  return t;
-}
+namespace strata::cuda {
 
 // k <= 64; blockDim.x a multiple of 32 and >= k.
 __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye, const int* ids, const float* weights,
@@ -79,7 +70,7 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
     }
   }
   if (!norm_w) return;  // uniform
-  ss = combine_block_sum_d(ss);
+  ss = block_sum_d(ss);
   const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
   for (int j = threadIdx.x; j < d; j += blockDim.x) xn[j] = x[j] * inv * norm_w[j];
 }

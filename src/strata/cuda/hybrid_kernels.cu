@@ -5,12 +5,11 @@
 #include <cstdio>
 
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_math.cuh"
 #include "strata/cuda/hybrid_kernels.h"
 
 namespace strata::cuda {
 namespace {
-
-__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;

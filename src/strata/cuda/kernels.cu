@@ -9,56 +9,13 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/decode_pdl.cuh"
+#include "strata/cuda/device_math.cuh"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
 
 namespace strata::cuda {
 namespace {
-
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Block-wide sum in double (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.
-__device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum_d(v);
-  __syncthreads();  // part[] may still be read by a previous call
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  const int nw = (blockDim.x + 31) >> 5;
-  double t = 0.0;
-  for (int i = 0; i < nw; ++i) t += part[i];
-  return t;
-}
-
-__device__ float block_max(float v) {
-  __shared__ float part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  const int nw = (blockDim.x + 31) >> 5;
-  float t = part[0];
-  for (int i = 1; i < nw; ++i) t = fmaxf(t, part[i]);
-  return t;
-}
-
-__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
-
-int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 
 // ---- embedding row --------------------------------------------------------------------------------
 template <GgmlType T>
@@ -107,29 +64,10 @@ __global__ void norm_rope_kernel(const float* src, int src_head_stride, float* d
                                  float freq_base, const int* pos_ptr) {
   extern __shared__ float buf[];  // head_dim
   const int h = blockIdx.x;
-  const int i = threadIdx.x;
   const int64_t pos = *pos_ptr;
   const float* x = src + static_cast<int64_t>(h) * src_head_stride;
-  const float xi = i < head_dim ? x[i] : 0.0f;
-  const double ss = block_sum_d(static_cast<double>(xi) * xi);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(head_dim) + eps));
-  if (i < head_dim) buf[i] = xi * inv * w[i];
-  __syncthreads();
   float* o = dst + pos * dst_pos_stride + static_cast<int64_t>(h) * dst_head_stride;
-  const int half = rope_dims / 2;
-  if (i < half) {
-    // As rope_neox_inplace: inverse frequency in double rounded to float, angle rounded to float,
-    // cos/sin in double.
-    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
-    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(cos(angle));
-    const float sn = static_cast<float>(sin(angle));
-    const float a = buf[i], b = buf[i + half];
-    o[i] = a * c - b * sn;
-    o[i + half] = b * c + a * sn;
-  } else if (i >= rope_dims && i < head_dim) {
-    o[i] = buf[i];
-  }
+  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
 }
 
 __global__ void store_row_kernel(const float* src, float* dst, int64_t n, const int* pos) {
@@ -382,25 +320,7 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   const float* x = is_q ? q + static_cast<int64_t>(h) * q_head_stride : kk + static_cast<int64_t>(h) * head_dim;
   float* o = is_q ? q + static_cast<int64_t>(h) * q_head_stride : k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim;
   const float* w = is_q ? q_norm : k_norm;
-  const int i = threadIdx.x;
-  const float xi = i < head_dim ? x[i] : 0.0f;
-  const double ss = block_sum_d(static_cast<double>(xi) * xi);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(head_dim) + eps));
-  if (i < head_dim) buf[i] = xi * inv * w[i];
-  __syncthreads();
-  const int half = rope_dims / 2;
-  if (i < half) {
-    // As norm_rope_kernel (and rope_neox_inplace): float inverse frequency and angle, double cos/sin.
-    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
-    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(cos(angle));
-    const float sn = static_cast<float>(sin(angle));
-    const float a = buf[i], b = buf[i + half];
-    o[i] = a * c - b * sn;
-    o[i + half] = b * c + a * sn;
-  } else if (i >= rope_dims && i < head_dim) {
-    o[i] = buf[i];
-  }
+  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
 }
 
 // Conv1d step + SiLU + the q/k L2 norms in one launch: block b < n_k: query head b, < 2 n_k: key head,
@@ -702,7 +622,6 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   if (threadIdx.x == 0) counters[h] = 0;
 }
 
-int warp_round(int n) { return ((n + 31) / 32) * 32; }
 
 }  // namespace
 

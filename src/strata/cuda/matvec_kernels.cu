@@ -15,6 +15,7 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/decode_pdl.cuh"
+#include "strata/cuda/device_math.cuh"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/matvec_rows.cuh"
 
@@ -63,18 +64,6 @@ struct DBatch {
   GemvRoute route_in;   // route_in.logits == nullptr: none (see gemv_batch)
 };
 
-// Block-wide sum in double (blockDim.x a multiple of 32); every thread gets the result.
-__device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double t = 0.0;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) t += part[i];
-  return t;
-}
-
 // Whether this block is the last of the grid to get here (then every other block's outputs are visible
 // to it through L2); the last block resets the counter for the next launch.
 __device__ bool last_block(unsigned int* counter) {
@@ -89,17 +78,6 @@ __device__ bool last_block(unsigned int* counter) {
   return true;
 }
 
-__device__ float block_max_f(float v) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = part[0];
-  for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) t = fmaxf(t, part[i]);
-  return t;
-}
-
 // Softmax + rank top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule), by one whole
 // block. The k picks end in chosen[] (shared memory, visible to every thread on return); with
 // write_out the block also writes ids / weights / counts.
@@ -111,7 +89,7 @@ __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool w
     p[i] = __ldcg(r.logits + i);
     mx = fmaxf(mx, p[i]);
   }
-  mx = block_max_f(mx);
+  mx = block_max(mx);
   double sum = 0.0;
   for (int i = t; i < r.n_expert; i += blockDim.x) {
     p[i] = expf(p[i] - mx);

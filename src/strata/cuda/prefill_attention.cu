@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
       const int d = tid + i * kThreads;
       if (d >= hd) continue;
       float o = acc[r][i] * inv;
-      if (gated) o *= pf_sigmoid(q[(q0 + r) * q_tok_stride + static_cast<int64_t>(h) * q_head_stride + hd + d]);
+      if (gated) o *= sigmoid_dev(q[(q0 + r) * q_tok_stride + static_cast<int64_t>(h) * q_head_stride + hd + d]);
       out[(q0 + r) * o_stride + static_cast<int64_t>(h) * hd + d] = o;
     }
   }

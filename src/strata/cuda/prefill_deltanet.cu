@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32) deltanet_scan_kernel(
     }
     const float vc = vn, bc = bn, ac = an;
     if (t + 1 < n) load(t + 1);
-    const float beta = pf_sigmoid(bc);
+    const float beta = sigmoid_dev(bc);
     const float xa = ac + dtb;
     const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
     const float decay = expf(ah * sp);
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32) deltanet_scan_staged_kernel
     }
     for (int tt = tid; tt < ts; tt += blockDim.x) {
       const int64_t t = t0 + tt;
-      sbeta[tt] = pf_sigmoid(b[t * nv + h]);
+      sbeta[tt] = sigmoid_dev(b[t * nv + h]);
       const float xa = alpha[t * nv + h] + dtb;
       const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
       sdecay[tt] = expf(ah * sp);

@@ -385,25 +385,25 @@ void group_by_expert(const int* ids, int n_pairs, int k, int n_expert, int tile_
   (void)k;
   check_arg(n_expert <= kMaxExperts, "group_by_expert: more than 2048 experts");
   check_cuda(cudaMemsetAsync(g.counts, 0, sizeof(int) * static_cast<size_t>(n_expert), s), "group_by_expert memset");
-  count_kernel<<<pf_blocks(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.counts);
+  count_kernel<<<blocks_for(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.counts);
   check_launch("group_by_expert count");
   plan_kernel<<<1, 256, 0, s>>>(g.counts, n_expert, tile_m, slot_of, g.cursor, g.tile_expert, g.tile_row0, g.tile_rows,
                                 g.n_tiles);
   check_launch("group_by_expert plan");
-  scatter_kernel<<<pf_blocks(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.cursor, g.src_pair, g.pair_row);
+  scatter_kernel<<<blocks_for(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.cursor, g.src_pair, g.pair_row);
   check_launch("group_by_expert scatter");
 }
 
 void add_counts(const int* counts, int n, unsigned long long* dst, cudaStream_t s) {
   if (n <= 0) return;
-  add_counts_kernel<<<pf_blocks(n, 256), 256, 0, s>>>(counts, n, dst);
+  add_counts_kernel<<<blocks_for(n, 256), 256, 0, s>>>(counts, n, dst);
   check_launch("add_counts");
 }
 
 void scatter_rows(const float* src, const int* pairs, const int* pair_row, int n_rows, int d, float* ye,
                   cudaStream_t s) {
   if (n_rows <= 0) return;
-  scatter_rows_kernel<<<dim3(pf_blocks(d, 256), n_rows), 256, 0, s>>>(src, pairs, pair_row, d, ye);
+  scatter_rows_kernel<<<dim3(blocks_for(d, 256), n_rows), 256, 0, s>>>(src, pairs, pair_row, d, ye);
   check_launch("scatter_rows");
 }
 

@@ -52,7 +52,7 @@ void launch_dequant(const DevMatrix& w, int64_t row0, int64_t n_rows, Out* out, 
   const bool is_float = w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16;
   check_arg(is_float || w.n_cols % 32 == 0, "prefill dequant: quantised rows must be a multiple of 32 long");
   const int64_t work = is_float ? n_rows * w.n_cols : n_rows * (w.n_cols / 32);
-  const int grid = pf_blocks(work, 256);
+  const int grid = blocks_for(work, 256);
   const size_t rb = w.row_bytes;
   switch (w.type) {
     case GgmlType::F32: dequant_kernel<GgmlType::F32><<<grid, 256, 0, s>>>(w.data, rb, row0, n_rows, w.n_cols, out); break;
@@ -93,7 +93,7 @@ __global__ void embed_rows_kernel(const uint8_t* table, size_t row_bytes, int64_
 template <GgmlType T>
 void launch_embed(const DevMatrix& t, const int* tokens, int n, float* x, cudaStream_t s) {
   const int64_t work = is_float_type<T>() ? t.n_cols : t.n_cols / 32;
-  embed_rows_kernel<T><<<dim3(pf_blocks(work, 128), n), 128, 0, s>>>(t.data, t.row_bytes, t.n_cols, tokens, x);
+  embed_rows_kernel<T><<<dim3(blocks_for(work, 128), n), 128, 0, s>>>(t.data, t.row_bytes, t.n_cols, tokens, x);
   check_launch("prefill embed_rows");
 }
 
@@ -103,27 +103,10 @@ __global__ void norm_rope_rows_kernel(const float* src, int64_t src_tok_stride, 
                                       float eps, int rope_dims, float freq_base, int pos0) {
   extern __shared__ float buf[];  // head_dim
   const int h = blockIdx.x, t = blockIdx.y;
-  const int i = threadIdx.x;
   const int64_t pos = pos0 + t;
   const float* x = src + t * src_tok_stride + static_cast<int64_t>(h) * src_head_stride;
-  const float xi = i < head_dim ? x[i] : 0.0f;
-  const double ss = pf_block_sum_d(static_cast<double>(xi) * xi);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(head_dim) + eps));
-  if (i < head_dim) buf[i] = xi * inv * w[i];
-  __syncthreads();
   float* o = dst + t * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
-  const int half = rope_dims / 2;
-  if (i < half) {
-    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
-    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(cos(angle));
-    const float sn = static_cast<float>(sin(angle));
-    const float a = buf[i], b = buf[i + half];
-    o[i] = a * c - b * sn;
-    o[i + half] = b * c + a * sn;
-  } else if (i >= rope_dims && i < head_dim) {
-    o[i] = buf[i];
-  }
+  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
 }
 
 // ---- DeltaNet conv window and norms -----------------------------------------------------------------
@@ -140,7 +123,7 @@ __global__ void conv_chunk_kernel(const float* x, const float* weight, int K, in
                               : state[static_cast<int64_t>(K - 1 + tau) * channels + c];
     acc += w[j] * in;
   }
-  out[static_cast<int64_t>(t) * channels + c] = pf_silu(acc);
+  out[static_cast<int64_t>(t) * channels + c] = silu_dev(acc);
 }
 
 constexpr int kMaxConvK = 16;
@@ -166,7 +149,7 @@ __global__ void qk_norm_rows_kernel(float* mixed, int64_t row_stride, int n_k_he
              static_cast<int64_t>(h) * dk;
   double ss = 0.0;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = pf_block_sum_d(ss);
+  ss = block_sum_d(ss);
   const float inv = static_cast<float>(1.0 / sqrt(ss + 1e-6f));
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
     float v = x[i] * inv;
@@ -181,11 +164,11 @@ __global__ void gated_rmsnorm_kernel(float* o_all, const float* z_all, const flo
   const int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
   const int64_t base = (static_cast<int64_t>(t) * n_v_heads + h) * dv;
   const float o = j < dv ? o_all[base + j] : 0.0f;
-  const double ss = pf_block_sum_d(static_cast<double>(o) * o);
+  const double ss = block_sum_d(static_cast<double>(o) * o);
   const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dv) + eps));
   if (j < dv) {
     float r = o * inv * norm_w[j];
-    r *= pf_silu(z_all[base + j]);
+    r *= silu_dev(z_all[base + j]);
     o_all[base + j] = r;
   }
 }
@@ -206,13 +189,13 @@ __global__ void route_rows_kernel(const float* logits_all, int n_expert, int k, 
     p[i] = logits[i];
     mx = fmaxf(mx, p[i]);
   }
-  mx = pf_block_max(mx);
+  mx = block_max(mx);
   double sum = 0.0;
   for (int i = t; i < n_expert; i += blockDim.x) {
     p[i] = expf(p[i] - mx);
     sum += p[i];
   }
-  sum = pf_block_sum_d(sum);
+  sum = block_sum_d(sum);
   const float inv = static_cast<float>(1.0 / sum);
   for (int i = t; i < n_expert; i += blockDim.x) p[i] *= inv;
   __syncthreads();
@@ -268,12 +251,12 @@ __global__ void route_rows_kernel(const float* logits_all, int n_expert, int k, 
 
 __global__ void swiglu_rows_kernel(const float* g, const float* u, int64_t n, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = pf_silu(g[i]) * u[i];
+  if (i < n) out[i] = silu_dev(g[i]) * u[i];
 }
 
 __global__ void swiglu_rows_h_kernel(const float* g, const float* u, int64_t n, __half* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2half_rn(pf_silu(g[i]) * u[i]);
+  if (i < n) out[i] = __float2half_rn(silu_dev(g[i]) * u[i]);
 }
 
 // As moe_combine_kernel of kernels.cu, one row of blocks per token; expert rows found through pair_row.
@@ -299,7 +282,7 @@ __global__ void combine_rows_kernel(float* x_all, const float* ye, const int* id
   if (j >= d) return;
   float acc = 0.0f;
   for (int s = 0; s < k; ++s) acc += weights[order[s]] * ye[static_cast<int64_t>(pair_row[order[s]]) * d + j];
-  if (ys_all) acc += pf_sigmoid(shared_gate[t]) * ys_all[static_cast<int64_t>(t) * d + j];
+  if (ys_all) acc += sigmoid_dev(shared_gate[t]) * ys_all[static_cast<int64_t>(t) * d + j];
   x_all[static_cast<int64_t>(t) * d + j] += acc;
 }
 
@@ -313,7 +296,7 @@ void dequant_rows_f16(const DevMatrix& w, int64_t row0, int64_t n_rows, __half* 
 }
 
 void to_half(const float* x, int64_t n, __half* out, cudaStream_t s) {
-  to_half_kernel<<<pf_blocks(n, 256), 256, 0, s>>>(x, n, out);
+  to_half_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, out);
   check_launch("prefill to_half");
 }
 
@@ -334,7 +317,7 @@ void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_strid
                     int dst_head_stride, int n, int n_heads, int head_dim, const float* w, float eps, int rope_dims,
                     float freq_base, int pos0, cudaStream_t s) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "prefill norm_rope_rows: head_dim/rope_dims");
-  norm_rope_rows_kernel<<<dim3(n_heads, n), pf_warp_round(head_dim), head_dim * sizeof(float), s>>>(
+  norm_rope_rows_kernel<<<dim3(n_heads, n), warp_round(head_dim), head_dim * sizeof(float), s>>>(
       src, src_tok_stride, src_head_stride, dst, dst_tok_stride, dst_head_stride, head_dim, w, eps, rope_dims, freq_base,
       pos0);
   check_launch("prefill norm_rope_rows");
@@ -343,10 +326,10 @@ void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_strid
 void conv1d_silu_chunk(const float* x, const float* weight, int K, int channels, int n, float* state, float* out,
                        cudaStream_t s) {
   check_arg(K >= 1 && K <= kMaxConvK, "prefill conv1d_silu_chunk: conv kernel length must be 1..16");
-  conv_chunk_kernel<<<dim3(pf_blocks(channels, 256), n), 256, 0, s>>>(x, weight, K, channels, state, out);
+  conv_chunk_kernel<<<dim3(blocks_for(channels, 256), n), 256, 0, s>>>(x, weight, K, channels, state, out);
   check_launch("prefill conv1d_silu_chunk");
   if (K > 1) {
-    conv_state_kernel<<<pf_blocks(channels, 256), 256, 0, s>>>(x, K, channels, n, state);
+    conv_state_kernel<<<blocks_for(channels, 256), 256, 0, s>>>(x, K, channels, n, state);
     check_launch("prefill conv state");
   }
 }
@@ -360,7 +343,7 @@ void deltanet_qk_norm_rows(float* mixed, int64_t row_stride, int n, int n_k_head
 void gated_rmsnorm_rows(float* o, const float* z, const float* norm_w, float eps, int n, int n_v_heads, int dv,
                         cudaStream_t s) {
   check_arg(dv <= 1024, "prefill gated_rmsnorm_rows: value head dim > 1024");
-  gated_rmsnorm_kernel<<<dim3(n_v_heads, n), pf_warp_round(dv), 0, s>>>(o, z, norm_w, eps, n_v_heads, dv);
+  gated_rmsnorm_kernel<<<dim3(n_v_heads, n), warp_round(dv), 0, s>>>(o, z, norm_w, eps, n_v_heads, dv);
   check_launch("prefill gated_rmsnorm_rows");
 }
 
@@ -372,19 +355,19 @@ void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_
 }
 
 void swiglu_rows(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
-  swiglu_rows_kernel<<<pf_blocks(n, 256), 256, 0, s>>>(gate, up, n, out);
+  swiglu_rows_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, n, out);
   check_launch("prefill swiglu_rows");
 }
 
 void swiglu_rows_h(const float* gate, const float* up, int64_t n, __half* out, cudaStream_t s) {
-  swiglu_rows_h_kernel<<<pf_blocks(n, 256), 256, 0, s>>>(gate, up, n, out);
+  swiglu_rows_h_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, n, out);
   check_launch("prefill swiglu_rows_h");
 }
 
 void moe_combine_rows(float* x, const float* ye, const int* ids, const float* weights, const int* pair_row, int n,
                       int k, int d, const float* ys, const float* shared_gate, cudaStream_t s) {
   check_arg(k <= 64, "prefill moe_combine_rows: k <= 64");
-  combine_rows_kernel<<<dim3(pf_blocks(d, 256), n), 256, 0, s>>>(x, ye, ids, weights, pair_row, k, d, ys, shared_gate);
+  combine_rows_kernel<<<dim3(blocks_for(d, 256), n), 256, 0, s>>>(x, ye, ids, weights, pair_row, k, d, ys, shared_gate);
   check_launch("prefill moe_combine_rows");
 }
 

@@ -1,0 +1,91 @@
+// Device helpers every CUDA kernel file shares: warp and block reductions (sums of squares in double,
+// as the CPU ops accumulate them), the activations with the CPU's float expressions, launch-size
+// arithmetic, and RMSNorm + NEOX rotary of one head. One copy, so the decode, prefill and hybrid
+// kernels round alike.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum in double (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.
+__device__ __forceinline__ double block_sum_d(double v) {
+  __shared__ double part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum_d(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int nw = (blockDim.x + 31) >> 5;
+  double t = 0.0;
+  for (int i = 0; i < nw; ++i) t += part[i];
+  return t;
+}
+
+// Block-wide maximum (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int nw = (blockDim.x + 31) >> 5;
+  float t = part[0];
+  for (int i = 1; i < nw; ++i) t = fmaxf(t, part[i]);
+  return t;
+}
+
+__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
+
+inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+inline int warp_round(int n) { return ((n + 31) / 32) * 32; }
+
+// One head, one block (blockDim.x >= head_dim): o = RMSNorm(x) * w, then NEOX rotary on the first
+// rope_dims dims at position pos, the rest copied. buf: head_dim floats of shared memory. The same
+// arithmetic as the CPU's rope_neox_inplace: inverse frequency in double rounded to float, angle
+// rounded to float, cos/sin in double. o may equal x.
+__device__ __forceinline__ void norm_rope_head(const float* x, float* o, int64_t pos, int head_dim, const float* w,
+                                               float eps, int rope_dims, float freq_base, float* buf) {
+  const int i = threadIdx.x;
+  const float xi = i < head_dim ? x[i] : 0.0f;
+  const double ss = block_sum_d(static_cast<double>(xi) * xi);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(head_dim) + eps));
+  if (i < head_dim) buf[i] = xi * inv * w[i];
+  __syncthreads();
+  const int half = rope_dims / 2;
+  if (i < half) {
+    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
+    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+    const float c = static_cast<float>(cos(angle));
+    const float sn = static_cast<float>(sin(angle));
+    const float a = buf[i], b = buf[i + half];
+    o[i] = a * c - b * sn;
+    o[i + half] = b * c + a * sn;
+  } else if (i >= rope_dims && i < head_dim) {
+    o[i] = buf[i];
+  }
+}
+
+}  // namespace strata::cuda
