@@ -59,6 +59,18 @@ __device__ __forceinline__ float block_max(float v) {
 __device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
 
+// order[0..k) = the slot indices 0..k-1 sorted by ids[slot], ascending (stable; one thread, k small): the
+// order in which the CPU engine sums a token's experts.
+__device__ __forceinline__ void slots_in_ascending_id(const int* ids, int k, int* order) {
+  for (int s = 0; s < k; ++s) order[s] = s;
+  for (int a = 1; a < k; ++a)
+    for (int b = a; b > 0 && ids[order[b]] < ids[order[b - 1]]; --b) {
+      const int tmp = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = tmp;
+    }
+}
+
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 inline int warp_round(int n) { return ((n + 31) / 32) * 32; }
 

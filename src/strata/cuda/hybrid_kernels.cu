@@ -88,17 +88,8 @@ __global__ void combine_kernel(float* x, const float* ye_hot, const float* ye_co
       }
       if (blockIdx.x == 0) atomicAdd(&ctr->wait_ns, global_ns() - t0);
     }
-    // Slots in ascending expert id (the CPU engine sums experts in that order).
-    for (int p = 0; p < k; ++p) {
-      order[p] = p;
-      is_cold[p] = slot_of[ids[p]] < 0 ? 1 : 0;
-    }
-    for (int a = 1; a < k; ++a)
-      for (int b = a; b > 0 && ids[order[b]] < ids[order[b - 1]]; --b) {
-        const int tmp = order[b];
-        order[b] = order[b - 1];
-        order[b - 1] = tmp;
-      }
+    for (int p = 0; p < k; ++p) is_cold[p] = slot_of[ids[p]] < 0 ? 1 : 0;
+    slots_in_ascending_id(ids, k, order);  // the CPU engine sums experts in that order
   }
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;

@@ -250,14 +250,7 @@ __global__ void moe_combine_kernel(float* x, const float* ye, const int* ids, co
                                    const float* ys, const float* shared_gate) {
   __shared__ int order[64];
   if (threadIdx.x == 0) {
-    // Slots in ascending expert id (the CPU engine sums experts in that order).
-    for (int s = 0; s < k; ++s) order[s] = s;
-    for (int a = 1; a < k; ++a)
-      for (int b = a; b > 0 && ids[order[b]] < ids[order[b - 1]]; --b) {
-        const int tmp = order[b];
-        order[b] = order[b - 1];
-        order[b - 1] = tmp;
-      }
+    slots_in_ascending_id(ids, k, order);  // the CPU engine sums experts in that order
   }
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;

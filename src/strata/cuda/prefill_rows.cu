@@ -269,13 +269,7 @@ __global__ void combine_rows_kernel(float* x_all, const float* ye, const int* id
   const float* weights = weights_all + static_cast<int64_t>(t) * k;
   const int* pair_row = pair_row_all + static_cast<int64_t>(t) * k;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < k; ++s) order[s] = s;
-    for (int a = 1; a < k; ++a)
-      for (int b = a; b > 0 && ids[order[b]] < ids[order[b - 1]]; --b) {
-        const int tmp = order[b];
-        order[b] = order[b - 1];
-        order[b - 1] = tmp;
-      }
+    slots_in_ascending_id(ids, k, order);
   }
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
