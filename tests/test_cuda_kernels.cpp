@@ -17,6 +17,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include <vector>
 
 #include "strata/base/error.h"
+#include "strata/cpu/cpu_kernels.h"
 #include "strata/cpu/ops.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/kernels.h"
@@ -106,6 +107,14 @@ sc::DevMatrix dev_matrix(GgmlType type, const Dev<uint8_t>& buf, int64_t rows, i
   m.expert_stride = n_expert > 1 ? m.row_bytes * static_cast<size_t>(rows) : 0;
   return m;
 }
+
+// The kernel tests compare with float64 references of the float arithmetic, so the matvec runs in
+// GemvMath::Float for the whole file; the int8 form (the default) has its own tests at the end.
+class FloatGemvEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { sc::set_gemv_math(sc::GemvMath::Float); }
+};
+::testing::Environment* const kFloatGemv = ::testing::AddGlobalTestEnvironment(new FloatGemvEnvironment);
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
@@ -933,6 +942,129 @@ TEST(CudaKernels, GemvRouteInPicksExpertsLikeCpuTopK) {
     EXPECT_LE(rel_err(dyp.get(), ref_matvec(GgmlType::Q6_K, plain.data(), 300, d, x.data())), 1e-5);
   }
   EXPECT_EQ(counts.get(), want_counts);
+}
+
+// ---- the int8 activation path (GemvMath::Int8, the default) ---------------------------------------
+
+// Switches the matvec to the int8 path for one test.
+struct Int8Gemv {
+  Int8Gemv() { sc::set_gemv_math(sc::GemvMath::Int8); }
+  ~Int8Gemv() { sc::set_gemv_math(sc::GemvMath::Float); }
+};
+
+// x as the int8 path sees it: quantised by the CPU engine's own function (cpu_kernels.h), then d32 * q.
+std::vector<float> quantised_input(const std::vector<float>& x) {
+  const size_t n = x.size();
+  std::vector<int8_t> q(n);
+  std::vector<float> d32(n / 32), s16(n / 16), xq(n);
+  strata::quantize_activations_i8_scalar(x.data(), static_cast<int64_t>(n), q.data(), d32.data(), s16.data());
+  for (size_t i = 0; i < n; ++i) xq[i] = d32[i / 32] * static_cast<float>(q[i]);
+  return xq;
+}
+
+// Every K-quant type and the real models' widths: the int8 path equals the float64 product of the decoded
+// weights with the quantised input (the dots are exact integers; only the per-block float scaling rounds).
+TEST(CudaKernels, GemvInt8EqualsFloat64OnTheQuantisedInput) {
+  REQUIRE_GPU();
+  Int8Gemv int8;
+  std::mt19937 rng(41);
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (int64_t cols : {int64_t{256}, int64_t{512}, int64_t{2048}, int64_t{4096}}) {
+      const int64_t rows = 301;
+      const std::vector<uint8_t> w = make_weights(type, rows, cols, rng);
+      const std::vector<float> x = randn(static_cast<size_t>(cols), rng), y0 = randn(rows, rng);
+      Dev<uint8_t> dw(w);
+      Dev<float> dx(x), dy(static_cast<size_t>(rows)), dacc(y0);
+      const sc::DevMatrix m = dev_matrix(type, dw, rows, cols);
+      sc::GemvJob j[2];
+      j[0].w = &m, j[0].x = dx.p, j[0].y = dy.p;
+      j[1].w = &m, j[1].x = dx.p, j[1].y = dacc.p, j[1].mode = sc::GemvMode::Accumulate;
+      sc::gemv_batch(j, 2, nullptr);
+      const std::vector<float> ref = ref_matvec(type, w.data(), rows, cols, quantised_input(x).data());
+      std::vector<float> ref_acc = ref;
+      for (int64_t r = 0; r < rows; ++r) ref_acc[r] += y0[r];
+      EXPECT_LE(rel_err(dy.get(), ref), 1e-5) << strata::type_traits(type).name << " cols " << cols;
+      EXPECT_LE(rel_err(dacc.get(), ref_acc), 1e-5) << strata::type_traits(type).name << " cols " << cols;
+    }
+  }
+}
+
+// Routed gate+up+SwiGLU pairs on the int8 path equal the float64 pair on the quantised input; a float
+// job in the same launch (F32 router rows) keeps the float arithmetic.
+TEST(CudaKernels, GemvInt8RoutedPairsBesideAFloatJob) {
+  REQUIRE_GPU();
+  Int8Gemv int8;
+  std::mt19937 rng(42);
+  const int n_exp = 5, ff = 512, d = 2048;
+  const std::vector<int> ids = {3, 0, 4};
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const std::vector<uint8_t> gate = make_weights(type, int64_t{ff} * n_exp, d, rng);
+    const std::vector<uint8_t> up = make_weights(type, int64_t{ff} * n_exp, d, rng);
+    const std::vector<uint8_t> router = make_weights(GgmlType::F32, 64, d, rng);
+    const std::vector<float> x = randn(d, rng);
+    Dev<uint8_t> dg(gate), du(up), dr(router);
+    Dev<int> did(ids);
+    Dev<float> dx(x), dh(ids.size() * ff), dlog(64);
+    const sc::DevMatrix mg = dev_matrix(type, dg, ff, d, n_exp), mu = dev_matrix(type, du, ff, d, n_exp),
+                        mr = dev_matrix(GgmlType::F32, dr, 64, d);
+    std::vector<sc::GemvJob> jobs(ids.size() + 1);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      jobs[j].w = &mg, jobs[j].w2 = &mu, jobs[j].x = dx.p, jobs[j].y = dh.p + j * ff;
+      jobs[j].mode = sc::GemvMode::SwigluPair, jobs[j].ids = did.p, jobs[j].slot = static_cast<int>(j);
+    }
+    jobs.back().w = &mr, jobs.back().x = dx.p, jobs.back().y = dlog.p;
+    sc::gemv_batch(jobs.data(), static_cast<int>(jobs.size()), nullptr);
+    const std::vector<float> xq = quantised_input(x), h = dh.get();
+    const size_t stride = strata::row_bytes(type, d) * ff;
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const std::vector<float> gv = ref_matvec(type, gate.data() + stride * ids[j], ff, d, xq.data());
+      const std::vector<float> uv = ref_matvec(type, up.data() + stride * ids[j], ff, d, xq.data());
+      std::vector<float> href(ff);
+      for (int r = 0; r < ff; ++r) href[r] = strata::siluf(gv[r]) * uv[r];
+      EXPECT_LE(rel_err(std::vector<float>(h.begin() + j * ff, h.begin() + (j + 1) * ff), href), 1e-5)
+          << strata::type_traits(type).name << " slot " << j;
+    }
+    EXPECT_LE(rel_err(dlog.get(), ref_matvec(GgmlType::F32, router.data(), 64, d, x.data())), 1e-5);
+  }
+}
+
+// With the RMSNorm done in-block, the int8 result stays within the activation-rounding bound of the
+// exact float64 product: |error_r| <= sum_i |W_ri| * d32(i) / 2 (cpu_kernels.h's bound) + float slack.
+TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
+  REQUIRE_GPU();
+  Int8Gemv int8;
+  std::mt19937 rng(43);
+  const int64_t rows = 200, cols = 2048;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const std::vector<uint8_t> w = make_weights(type, rows, cols, rng);
+    const std::vector<float> x = randn(cols, rng, 3.0f), nw = randn(cols, rng);
+    Dev<uint8_t> dw(w);
+    Dev<float> dx(x), dn(nw), dy(static_cast<size_t>(rows));
+    const sc::DevMatrix m = dev_matrix(type, dw, rows, cols);
+    sc::GemvJob j;
+    j.w = &m, j.x = dx.p, j.y = dy.p, j.norm_w = dn.p, j.norm_eps = 1e-6f;
+    sc::gemv_batch(&j, 1, nullptr);
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+    std::vector<float> xn(cols);
+    for (int64_t i = 0; i < cols; ++i) xn[i] = static_cast<float>(x[i] * inv * nw[i]);
+    const std::vector<float> ref = ref_matvec(type, w.data(), rows, cols, xn.data());
+    std::vector<float> d32(cols / 32, 0.0f);
+    for (int64_t i = 0; i < cols; ++i) d32[i / 32] = std::max(d32[i / 32], std::fabs(xn[i]) / 127.0f);
+    const std::vector<float> got = dy.get();
+    std::vector<float> row(cols);
+    double ymax = 0;
+    for (float v : ref) ymax = std::max(ymax, std::fabs(double(v)));
+    for (int64_t r = 0; r < rows; ++r) {
+      strata::dequantize_row(type, w.data() + r * strata::row_bytes(type, cols), row.data(), cols);
+      double bound = 1e-5 * ymax;
+      for (int64_t i = 0; i < cols; ++i) bound += std::fabs(double(row[i])) * d32[i / 32] * 0.5 * 1.001;
+      ASSERT_LE(std::fabs(double(got[r]) - ref[r]), bound) << strata::type_traits(type).name << " row " << r;
+    }
+    // And it is not the float path: the rounding shows (the error is above float noise somewhere).
+    EXPECT_GT(rel_err(got, ref), 1e-5) << strata::type_traits(type).name;
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/gpu_session.h"
+#include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/model.h"
@@ -102,7 +103,11 @@ void compare_logits(const std::string& gguf, const std::string& label, int n_pro
   per_token.batched_prefill = false;
   sc::GpuSession gpu(*model, ctx, per_token);
   std::vector<float> want_gpu(want_cpu.size(), NAN);
+  // The decode steps in float arithmetic (GemvMath::Float), the function the Exact prefill computes.
+  const sc::GemvMath math = sc::gemv_math();
+  sc::set_gemv_math(sc::GemvMath::Float);
   gpu.forward(prompt.data(), n_prompt, want_gpu.data(), true);
+  sc::set_gemv_math(math);
 
   const std::vector<float> exact = prefill_logits(*model, prompt, options(sc::PrefillMath::Exact), {n_prompt}, ctx);
   const double e_gpu = max_row_rel_err(exact, want_gpu, vocab);

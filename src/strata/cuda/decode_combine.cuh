@@ -36,26 +36,34 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
   const float sg = ys ? 1.0f / (1.0f + expf(-*shared_gate)) : 0.0f;
   double ss = 0.0;
   // kCols columns per thread at a time (j0 + i * blockDim.x, ascending j as a plain loop would take
-  // them), so each slot's loads for them are independent and in flight together: one block does this
-  // for the whole launch, and a loop with one load per step would wait a full L2 round trip per load.
-  constexpr int kCols = 8;
+  // them) and kSlots slots' loads for them in flight together: one block does this for the whole
+  // launch, and every dependent L2 round trip is on the decode step's critical path (with kCols = 8 and
+  // two slots per round trip, a 2048-wide combine of 8 experts waited four; now it waits two).
+  constexpr int kCols = 4, kSlots = 8;
   const int bd = static_cast<int>(blockDim.x);
   for (int j0 = threadIdx.x; j0 < d; j0 += kCols * bd) {
     float acc[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) acc[i] = 0.0f;
-#pragma unroll 2
-    for (int s = 0; s < k; ++s) {
-      const float* src = ye + static_cast<int64_t>(order[s]) * d;
-      const float w = sw[s];
-      float v[kCols];
+    for (int s0 = 0; s0 < k; s0 += kSlots) {
+      float v[kSlots][kCols];
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) {
-        const int j = j0 + i * bd;
-        v[i] = j < d ? __ldcg(src + j) : 0.0f;
+      for (int q = 0; q < kSlots; ++q) {
+        const int s = s0 + q;
+        const float* src = ye + static_cast<int64_t>(s < k ? order[s] : 0) * d;
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          const int j = j0 + i * bd;
+          v[q][i] = (s < k && j < d) ? __ldcg(src + j) : 0.0f;
+        }
       }
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) acc[i] += w * v[i];
+      for (int q = 0; q < kSlots; ++q) {
+        if (s0 + q >= k) break;
+        const float w = sw[s0 + q];
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) acc[i] += w * v[q][i];
+      }
     }
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {

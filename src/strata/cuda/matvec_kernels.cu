@@ -1,15 +1,16 @@
 // The batched matvec kernel (matvec_kernels.h). One launch covers up to kMaxGemvJobs jobs; the row
 // space of all jobs is cut into tiles (256 threads / G rows) and a grid sized to fill the GPU loops
 // over the tiles. Each row is handled by a group of G threads (a power of two, 1..256; above 32 the
-// row spans several warps that meet in shared memory), chosen so that every thread holds
-// rows::units_in_flight units (up to 8, ~256 bytes) and issues all their loads before the first use:
-// these small matrices are latency-bound, so the bytes in flight per round trip are what counts. A
-// block's first tile of a plain matrix is fetched before the kernel waits on the previous one
-// (programmatic dependent launch), overlapping that kernel's tail.
+// row spans several warps that meet in shared memory), chosen so that every thread takes about
+// units_per_thread units of its row, read by small rolled loops (matvec_rows.cuh) that stay in the
+// instruction cache. A block's first tile of a plain matrix is prefetched into L2 before the kernel
+// waits on the previous one (programmatic dependent launch), overlapping that kernel's tail.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
@@ -62,6 +63,7 @@ struct DBatch {
   GemvRoute route;  // route.counter == nullptr: none
   GemvCombine combine;  // combine.counter == nullptr: none
   GemvRoute route_in;   // route_in.logits == nullptr: none (see gemv_batch)
+  bool i8;              // GemvMath::Int8: K-quant jobs read the int8 form of x
 };
 
 // Whether this block is the last of the grid to get here (then every other block's outputs are visible
@@ -78,57 +80,75 @@ __device__ bool last_block(unsigned int* counter) {
   return true;
 }
 
-// Softmax + rank top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule), by one whole
-// block. The k picks end in chosen[] (shared memory, visible to every thread on return); with
-// write_out the block also writes ids / weights / counts.
+// Softmax + top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule: larger probability
+// first, the lower id among equals), by warp 0 of the block while the others wait at the closing
+// barrier: k rounds of a warp arg-max. (A rank count by the whole block, n_expert^2 comparisons, made the
+// routed launches issue-bound: every block of the expert launch routes for itself.) The k picks end
+// in chosen[] (shared memory, visible to every thread on return); with write_out the block also
+// writes ids / weights / counts.
 __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
-  const int t = threadIdx.x;
-  float mx = -INFINITY;
-  for (int i = t; i < r.n_expert; i += blockDim.x) {
-    p[i] = __ldcg(r.logits + i);
-    mx = fmaxf(mx, p[i]);
-  }
-  mx = block_max(mx);
-  double sum = 0.0;
-  for (int i = t; i < r.n_expert; i += blockDim.x) {
-    p[i] = expf(p[i] - mx);
-    sum += p[i];
-  }
-  sum = block_sum_d(sum);
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int i = t; i < r.n_expert; i += blockDim.x) p[i] *= inv;
-  __syncthreads();
-  for (int i = t; i < r.n_expert; i += blockDim.x) {
-    const float v = p[i];
-    int rank = 0;
-    int j = 0;
-    // Rank = how many experts come before i (larger probability, or equal and a lower id); four at a
-    // time so the shared-memory reads overlap.
-    for (; j + 4 <= r.n_expert; j += 4) {
-      const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-      rank += ((o0 > v) || (o0 == v && j < i)) + ((o1 > v) || (o1 == v && j + 1 < i)) +
-              ((o2 > v) || (o2 == v && j + 2 < i)) + ((o3 > v) || (o3 == v && j + 3 < i));
+  __shared__ float chosen_p[64];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int i = lane; i < r.n_expert; i += 32) {
+      const float v = __ldcg(r.logits + i);
+      p[i] = v;
+      mx = fmaxf(mx, v);
     }
-    for (; j < r.n_expert; ++j) {
-      const float o = p[j];
-      rank += (o > v) || (o == v && j < i);
+    mx = warp_max(mx);
+    double sum = 0.0;
+    for (int i = lane; i < r.n_expert; i += 32) {
+      const float e = expf(p[i] - mx);
+      p[i] = e;
+      sum += e;
     }
-    if (rank < r.k) chosen[rank] = i;
-  }
-  __syncthreads();
-  if (write_out) {
-    if (t == 0) {
-      double s = 0.0;
-      for (int j = 0; j < r.k; ++j) s += p[chosen[j]];
-      for (int j = 0; j < r.k; ++j) {
-        r.ids[j] = chosen[j];
-        r.weights[j] = r.norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
+    sum = warp_sum_d(sum);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int i = lane; i < r.n_expert; i += 32) p[i] *= inv;
+    __syncwarp();
+    for (int j = 0; j < r.k; ++j) {
+      float best = -1.0f;
+      int bi = 0x7fffffff;
+      for (int i = lane; i < r.n_expert; i += 32) {  // ascending ids: '>' keeps the lowest among equals
+        const float v = p[i];
+        if (v > best) {
+          best = v;
+          bi = i;
+        }
       }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+          best = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        chosen[j] = bi;
+        chosen_p[j] = best;
+        p[bi] = -1.0f;  // taken: below every probability
+      }
+      __syncwarp();
     }
-    if (r.counts && t < r.k) atomicAdd(r.counts + chosen[t], 1ull);
+    if (write_out) {
+      if (lane == 0) {
+        double s = 0.0;
+        for (int j = 0; j < r.k; ++j) s += chosen_p[j];
+        for (int j = 0; j < r.k; ++j) {
+          r.ids[j] = chosen[j];
+          r.weights[j] = r.norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
+        }
+      }
+      __syncwarp();
+      if (r.counts)
+        for (int j = lane; j < r.k; j += 32) atomicAdd(r.counts + chosen[j], 1ull);
+    }
   }
-  __syncthreads();  // p[] and chosen[] are read above before a later call may overwrite them
+  __syncthreads();  // chosen[] is visible to every thread; p[] is free for a later call
 }
 
 __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
@@ -178,7 +198,7 @@ __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
 // x and norm_w in registers, every load issued before the first use: a loop that loads, scales and
 // stores one element at a time waits about one L2 round trip per step.
 constexpr int kHeld = 2;  // float4 of x (and of norm_w) per thread; 4 would spill registers
-__device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps) {
+__device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps, bool sums) {
   const int bd = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
   const bool aligned = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0) &&
                        (!norm_w || (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0);
@@ -250,6 +270,7 @@ __device__ void stage_x(const float* x, int n, float* xs, float* s16, const floa
       }
     }
   }
+  if (!sums) return;  // the caller synchronises before xs is read
   __syncthreads();
   for (int c = t; c < n / 16; c += bd) {
     const float* p = xs + rows::xpad(16 * c);
@@ -260,36 +281,138 @@ __device__ void stage_x(const float* x, int n, float* xs, float* s16, const floa
   }
 }
 
-// The ready() step of rows::row_dot (see the kernel).
-struct TileReady {
-  bool* waited;
-  bool restage;
-  const float* x;
-  int n;
-  float* xs;
-  float* s16;
-  const float* norm_w;
-  float eps;
-  __device__ __forceinline__ void operator()() const {
-    if (!*waited) {
-      pdl_wait();
-      *waited = true;
+// The end of a tile row: the G lanes of a row add their partial sums (across warps through red[] /
+// red2[] when G > 32, in warp order), and lane 0 stores the row by the job's mode.
+__device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, int sub, int G, bool skip, float a,
+                                           float a2, float* red, float* red2) {
+  for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    a2 += __shfl_xor_sync(0xffffffffu, a2, o);
+  }
+  if (G > 32) {  // block-uniform: the G/32 warps of a row add their sums in warp order
+    const int warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous tile's readers of red[] are done
+    if ((threadIdx.x & 31) == 0) {
+      red[warp] = a;
+      red2[warp] = a2;
     }
-    if (restage) {
-      __syncthreads();  // the previous tile's readers of xs are done
-      stage_x(x, n, xs, s16, norm_w, eps);
-      __syncthreads();
+    __syncthreads();
+    if (sub == 0) {
+      const int w0 = warp, nw = G >> 5;
+      a = 0.0f;
+      a2 = 0.0f;
+      for (int w = 0; w < nw; ++w) {
+        a += red[w0 + w];
+        a2 += red2[w0 + w];
+      }
     }
   }
-};
-struct NoReady {
-  __device__ __forceinline__ void operator()() const {}
-};
+  if (live && sub == 0) {
+    if (skip) {
+      J.y[row] = 0.0f;
+    } else if (J.mode == GemvMode::Store) {
+      J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
+    } else if (J.mode == GemvMode::Accumulate) {
+      J.y[row] += a;
+    } else {
+      J.y[row] = silu_f(a) * a2;
+    }
+  }
+}
 
-// Resident blocks per SM the register budget is sized for (128 registers per thread at 2). Measured on the
-// H100 (docs/PERF.md): 3 (80 registers, 4 KB of spills) and 4 (64 registers, 8 KB) decode slower.
+// After a block's last tile: the route_in outputs (block 0, when it had no routed tile) and the
+// launch's epilogue (run by the last block to finish).
+__device__ __forceinline__ void launch_tail(const DBatch& b, bool waited, bool routed, int* route_ids) {
+  if (!waited) pdl_wait();  // a block without tiles still orders its epilogue after the previous kernel
+  if (b.route_in.logits && blockIdx.x == 0 && !routed) route_block(b.route_in, route_ids, true);  // block-uniform
+  if (b.norm.counter) norm_epilogue(b.norm);
+  if (b.route.counter) route_epilogue(b.route);
+  if (b.combine.counter) combine_epilogue(b.combine);
+}
+
+// The expert slot of a routed job's tile (waits for the previous kernel first: the ids are its output).
+// With route_in, the block routes once and keeps the picks in route_ids. Returns the slot, or -1 when
+// the expert is not resident.
+__device__ __forceinline__ int routed_slot(const DBatch& b, const DJob& J, bool& waited, bool& routed, int* route_ids) {
+  if (!waited) {
+    pdl_wait();
+    waited = true;
+  }
+  int e;
+  if (b.route_in.logits) {
+    if (!routed) {  // block-uniform
+      route_block(b.route_in, route_ids, blockIdx.x == 0);
+      routed = true;
+    }
+    e = route_ids[J.slot];
+  } else {
+    e = J.ids[J.slot];
+  }
+  return J.slot_of_expert ? J.slot_of_expert[e] : e;
+}
+
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The G lanes of a row ask L2 for its bytes (128-byte lines), without waiting for them.
+__device__ __forceinline__ void prefetch_row(const uint8_t* r, size_t bytes, int sub, int G) {
+  for (size_t off = static_cast<size_t>(sub) * 128; off < bytes; off += static_cast<size_t>(G) * 128)
+    prefetch_l2(r + off);
+}
+
+// Shared-memory layout of the staged input for n columns (in floats): xs (padded), s16, then the int8
+// form (q as n bytes, 16-byte aligned; d32; sum16; isum16).
+struct StageLayout {
+  int s16, q, d32, sum16, isum16, total;
+};
+__host__ __device__ inline StageLayout stage_layout(int n) {
+  StageLayout l{};
+  l.s16 = rows::xpad_size(n);
+  l.q = (l.s16 + n / 16 + 3) & ~3;
+  l.d32 = l.q + (n + 15) / 16 * 4;
+  l.sum16 = l.d32 + n / 32;
+  l.isum16 = l.sum16 + n / 16;
+  l.total = l.isum16 + n / 16;
+  return l;
+}
+
+// The int8 form of the staged x (quantize_activations_i8_scalar's arithmetic: the same q, d32 and
+// sum16 as the CPU engine computes for this vector). Eight lanes per block of 32 values, four values
+// each, so a 2048-float vector takes two passes of the block. n % 256 == 0 (the K-quant widths), so
+// every warp's lanes take the same number of passes.
+__device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16) {
+  const int lane = threadIdx.x & 31;
+  for (int base = 4 * static_cast<int>(threadIdx.x); base < n; base += 4 * static_cast<int>(blockDim.x)) {
+    const float4 v = *reinterpret_cast<const float4*>(xs + rows::xpad(base));
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int c[4] = {__float2int_rn(v.x * inv), __float2int_rn(v.y * inv), __float2int_rn(v.z * inv),
+                __float2int_rn(v.w * inv)};
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      c[i] = c[i] > 127 ? 127 : (c[i] < -127 ? -127 : c[i]);
+      sum += c[i];
+    }
+    *reinterpret_cast<int*>(q + base) =
+        (c[0] & 0xff) | ((c[1] & 0xff) << 8) | ((c[2] & 0xff) << 16) | (static_cast<int>(static_cast<unsigned>(c[3]) << 24));
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // four lanes = 16 values
+    if ((lane & 7) == 0) d32[base >> 5] = d;
+    if ((lane & 3) == 0) {
+      isum16[base >> 4] = sum;
+      sum16[base >> 4] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+// Resident blocks per SM the register budget is sized for: 3 = 80 registers per thread, no spills (at 4,
+// 64 registers, the int8 path spills and decodes slower; the earlier unrolled kernel ran at 2 with 128
+// registers; docs/PERF.md has the comparisons).
 #ifndef STRATA_GEMV_MIN_BLOCKS
-#define STRATA_GEMV_MIN_BLOCKS 2
+#define STRATA_GEMV_MIN_BLOCKS 3
 #endif
 __global__ void __launch_bounds__(kThreads, STRATA_GEMV_MIN_BLOCKS) gemv_kernel(const __grid_constant__ DBatch b) {
   // The next kernel may start now (it waits for this one's completion before touching its outputs).
@@ -300,108 +423,79 @@ __global__ void __launch_bounds__(kThreads, STRATA_GEMV_MIN_BLOCKS) gemv_kernel(
   const float* staged = nullptr;
   const float* staged_norm = nullptr;
   int staged_n = -1;
+  bool staged_i8 = false;
+  bool staged_s16 = false;
   bool waited = false;  // block-uniform: griddepcontrol.wait done
   bool routed = false;  // block-uniform: route_ids[] holds route_in's picks
-  const int warp = threadIdx.x >> 5;
   for (int tile = blockIdx.x; tile < b.n_tiles; tile += gridDim.x) {
     int ji = 0;
     while (ji + 1 < b.n_jobs && tile >= b.j[ji + 1].tile_begin) ++ji;
     const DJob& J = b.j[ji];
-    float* xs = smem;
-    float* s16 = smem + rows::xpad_size(J.n_cols);
-    const bool restage = J.x != staged || J.n_cols != staged_n || J.norm_w != staged_norm;  // block-uniform
-    // Called once by every thread, after the first weight loads of the tile are in flight: waits for
-    // the previous kernel (first tile only: x and the expert ids are its outputs) and stages x. So for
-    // plain matrices the fetch of the block's first tile overlaps the previous kernel's tail.
-    TileReady ready{&waited, restage, J.x, J.n_cols, xs, s16, J.norm_w, J.norm_eps};
+    const StageLayout L = stage_layout(J.n_cols);
+    const rows::XStage X{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32,
+                         smem + L.sum16, reinterpret_cast<const int*>(smem + L.isum16)};
+    const bool i8a = b.i8 && rows::int8_path_type(J.type);
+    const bool i8b = b.i8 && J.w2 && rows::int8_path_type(J.type2);
+    // The float path's 16-sums are read by K-quant rows only.
+    const bool want_s16 = (!i8a && rows::int8_path_type(J.type)) || (J.w2 && !i8b && rows::int8_path_type(J.type2));
+    // block-uniform
+    const bool restage = J.x != staged || J.n_cols != staged_n || J.norm_w != staged_norm ||
+                         ((i8a || i8b) && !staged_i8) || (want_s16 && !staged_s16);
+    const int G = 1 << J.g_log2;
+    const int sub = threadIdx.x & (G - 1);
+    const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
+    const bool live = row < J.n_rows;
+    const int row_c = live ? row : J.n_rows - 1;  // threads past the last row work on it and store nothing
     const uint8_t* base = J.w;
     const uint8_t* base2 = J.w2;
     bool skip = false;
-    if (J.ids) {  // the expert ids are the previous kernel's output: wait first
-      if (!waited) {
-        pdl_wait();
-        waited = true;
-      }
-      int e;
-      if (b.route_in.logits) {
-        if (!routed) {  // block-uniform
-          route_block(b.route_in, route_ids, blockIdx.x == 0);
-          routed = true;
-        }
-        e = route_ids[J.slot];
-      } else {
-        e = J.ids[J.slot];
-      }
-      const int s = J.slot_of_expert ? J.slot_of_expert[e] : e;
+    if (J.ids) {
+      const int s = routed_slot(b, J, waited, routed, route_ids);
       if (s < 0) {
         skip = true;  // not resident: the rows of slot 0 are read (harmlessly) and zeros stored
       } else {
         base += static_cast<size_t>(s) * J.expert_stride;
         if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
       }
+    } else if (!waited) {  // weights are never written by a kernel: fetch them before the wait
+      prefetch_row(base + static_cast<size_t>(row_c) * J.row_bytes, J.row_bytes, sub, G);
+      if (base2) prefetch_row(base2 + static_cast<size_t>(row_c) * J.row_bytes2, J.row_bytes2, sub, G);
     }
-    const int G = 1 << J.g_log2;
-    const int sub = threadIdx.x & (G - 1);
-    const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
-    const bool live = row < J.n_rows;
-    // Threads past the last row work on the last row (every thread must call ready()) and store nothing.
-    const int row_c = live ? row : J.n_rows - 1;
-    float a = 0.0f, a2 = 0.0f;
-    const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
-    if (J.mode != GemvMode::SwigluPair) {
-      a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G, ready);
-    } else {
-      const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
-      if (J.type == J.type2) {
-        rows::row_dot2(J.type, ra, rb, J.n_cols, xs, s16, sub, G, a, a2, ready);
-      } else {
-        a = rows::row_dot(J.type, ra, J.n_cols, xs, s16, sub, G, ready);
-        a2 = rows::row_dot(J.type2, rb, J.n_cols, xs, s16, sub, G, NoReady{});
-      }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
     }
     if (restage) {
+      __syncthreads();  // the previous tile's readers of the staged input are done
+      stage_x(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, want_s16);
+      staged_s16 = want_s16;
+      staged_i8 = i8a || i8b;
+      if (staged_i8) {
+        __syncthreads();
+        stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
+                 reinterpret_cast<int*>(smem + L.isum16));
+      }
+      __syncthreads();
       staged = J.x;
       staged_n = J.n_cols;
       staged_norm = J.norm_w;
     }
-    for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
-      a += __shfl_xor_sync(0xffffffffu, a, o);
-      a2 += __shfl_xor_sync(0xffffffffu, a2, o);
-    }
-    if (G > 32) {  // block-uniform: the G/32 warps of a row add their sums in warp order
-      __syncthreads();  // the previous tile's readers of red[] are done
-      if ((threadIdx.x & 31) == 0) {
-        red[warp] = a;
-        red2[warp] = a2;
-      }
-      __syncthreads();
-      if (sub == 0) {
-        const int w0 = warp, nw = G >> 5;
-        a = 0.0f;
-        a2 = 0.0f;
-        for (int w = 0; w < nw; ++w) {
-          a += red[w0 + w];
-          a2 += red2[w0 + w];
-        }
-      }
-    }
-    if (live && sub == 0) {
-      if (skip) {
-        J.y[row] = 0.0f;
-      } else if (J.mode == GemvMode::Store) {
-        J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
-      } else if (J.mode == GemvMode::Accumulate) {
-        J.y[row] += a;
+    float a = 0.0f, a2 = 0.0f;
+    const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
+    if (J.mode != GemvMode::SwigluPair) {
+      a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
+    } else {
+      const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
+      if (J.type == J.type2) {
+        rows::row_dot2_rolled(J.type, i8a, ra, rb, J.n_cols, X, sub, G, a, a2);
       } else {
-        J.y[row] = silu_f(a) * a2;
+        a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
+        a2 = rows::row_dot_rolled(J.type2, i8b, rb, J.n_cols, X, sub, G);
       }
     }
+    finish_row(J, row, live, sub, G, skip, a, a2, red, red2);
   }
-  if (!waited) pdl_wait();  // a block without tiles still orders its epilogue after the previous kernel
-  if (b.route_in.logits && blockIdx.x == 0 && !routed) route_block(b.route_in, route_ids, true);  // block-uniform
-  if (b.norm.counter) norm_epilogue(b.norm);
-  if (b.route.counter) route_epilogue(b.route);
-  if (b.combine.counter) combine_epilogue(b.combine);
+  launch_tail(b, waited, routed, route_ids);
 }
 
 int pow2_ceil(int v) {
@@ -418,7 +512,8 @@ int log2_of(int p) {
 
 struct DeviceLimits {
   int sms = 0;
-  int blocks_per_sm = 0;
+  int blocks_per_sm = 0;     // resident blocks per SM at 4096 columns
+  int units_per_thread = 4;  // units of a row per lane (STRATA_GEMV_UNITS, 1..16)
 };
 
 const DeviceLimits& limits() {
@@ -427,28 +522,45 @@ const DeviceLimits& limits() {
     int dev = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    const int smem = (rows::xpad_size(kMaxCols) + kMaxCols / 16) * static_cast<int>(sizeof(float));
+    const int smem = stage_layout(kMaxCols).total * static_cast<int>(sizeof(float));
     check_cuda(cudaFuncSetAttribute(gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(gemv)");
     // Occupancy at the common 2048..4096-column size; larger inputs simply run fewer blocks per SM.
-    const int smem_typ = (rows::xpad_size(4096) + 4096 / 16) * static_cast<int>(sizeof(float));
+    const int smem_typ = stage_layout(4096).total * static_cast<int>(sizeof(float));
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, gemv_kernel, kThreads, smem_typ),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     l.blocks_per_sm = std::max(1, l.blocks_per_sm);
+    if (const char* v = std::getenv("STRATA_GEMV_UNITS")) l.units_per_thread = std::max(1, std::min(16, std::atoi(v)));
     return l;
   }();
   return lim;
 }
 
+// STRATA_GEMV_MATH=float|int8 sets the starting value (for comparisons); set_gemv_math overrides it.
+GemvMath initial_math() {
+  const char* v = std::getenv("STRATA_GEMV_MATH");
+  if (!v) return GemvMath::Int8;
+  const std::string m = v;
+  if (m == "int8") return GemvMath::Int8;
+  if (m == "float") return GemvMath::Float;
+  fail("STRATA_GEMV_MATH must be int8 or float, not '", m, "'");
+}
+GemvMath g_math = initial_math();
+
 }  // namespace
 
 int64_t max_gemv_cols() { return kMaxCols; }
 
+void set_gemv_math(GemvMath m) { g_math = m; }
+GemvMath gemv_math() { return g_math; }
+
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
                 const GemvCombine* combine, const GemvRoute* route_in) {
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
+  const DeviceLimits& lim = limits();
   DBatch b{};
   b.n_jobs = n_jobs;
+  b.i8 = g_math == GemvMath::Int8;
   int tiles = 0, max_cols = 0;
   for (int i = 0; i < n_jobs; ++i) {
     const GemvJob& in = jobs[i];
@@ -498,11 +610,9 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
                 "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
     if (route_in && in.ids)
       check_arg(in.ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
-    // Threads per row: as few as give each thread units_in_flight units (all loads issued before the
-    // first use), half that of each row for gate/up pairs. Fewer threads per row = more rows per tile =
-    // fewer memory round trips per block.
-    const int per_thread =
-        in.mode == GemvMode::SwigluPair ? rows::units_in_flight_pair(w.type) : rows::units_in_flight(w.type);
+    // Threads per row: enough that each lane takes about units_per_thread units of the row (two loop
+    // steps' worth at most): many short rows per tile keep every resident warp busy.
+    const int per_thread = lim.units_per_thread;
     const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
     d.g_log2 = log2_of(G);
     d.tile_rows = kThreads / G;
@@ -537,9 +647,8 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
               "gemv_batch: route_in needs n_expert <= 1024 and 1 <= k <= 64");
     b.route_in = *route_in;
   }
-  const DeviceLimits& lim = limits();
   const int grid = std::max(1, std::min(tiles, lim.sms * lim.blocks_per_sm));
-  const size_t smem = (static_cast<size_t>(rows::xpad_size(max_cols)) + max_cols / 16) * sizeof(float);
+  const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   launch_pdl("gemv_batch", gemv_kernel, dim3(grid), dim3(kThreads), smem, s, b);
 }
 

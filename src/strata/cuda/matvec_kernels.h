@@ -4,8 +4,11 @@
 // layer cost one kernel each. Weights are read with coalesced 16-byte loads where the block layout
 // allows it; the input vector is staged in shared memory once per block and the grid loops over row
 // tiles, so even the 248k-row lm_head reads x from L2 only a few hundred times.
-// Arithmetic is float32 on the decoded weights (no int8 activations), the same function the CPU
-// engine's scalar path computes, so GPU and CPU agree to float rounding of the sums.
+// Arithmetic (GemvMath): for K-quant weights (Q4_K/Q5_K/Q6_K) by default the CPU engine's int8 path:
+// the input is quantised per 32 values exactly as quantize_activations_i8 does (cpu_kernels.h) and
+// the codes are dotted in integers (dp4a), so GPU and CPU see the same rounded activations and agree
+// to float rounding of the per-block sums. Every other type, and K-quants under GemvMath::Float, are
+// dotted in float32 with the decoded weights (the CPU scalar path's function).
 // Plain C++ header: tests and the session include it from .cpp files.
 #pragma once
 
@@ -51,6 +54,13 @@ struct GemvJob {
 };
 
 constexpr int kMaxGemvJobs = 12;
+
+// How K-quant weights meet the input vector (see the top of this file). Int8 is the default and what
+// the CPU engine does at its SIMD levels; Float is the full-precision form (tests compare kernels with
+// float64 references through it). Process-wide; set it before launches are enqueued or captured.
+enum class GemvMath { Int8, Float };
+void set_gemv_math(GemvMath m);
+GemvMath gemv_math();
 
 // An RMSNorm run after every job of the launch has finished (by the last block to finish, so it costs
 // no launch): out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n, mean accumulated in double

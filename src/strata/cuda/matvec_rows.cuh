@@ -87,7 +87,7 @@ __device__ __forceinline__ void k4_sm(const uint4& h, int j, int& sc, int& m) {
 }
 
 // Each unit is split into a load (global memory into registers) and a compute step, so a lane issues
-// the loads of several units (units_in_flight) before it waits for the first.
+// the loads of several units before it waits for the first.
 
 // Q4_K / Q5_K unit u: super-block u/8; within it, half h of the 32-byte code group g covers weights
 // 64g + 16h + [0,16) (low nibbles, sub-block 2g) and 64g + 32 + 16h + [0,16) (high nibbles, 2g+1).
@@ -100,38 +100,60 @@ __device__ __forceinline__ K45Raw k45_load(const uint8_t* row, int u) {
   constexpr int kBlock = kFive ? 176 : 144;
   const int sb = u >> 3, j = u & 7, g = j >> 1, h = j & 1;
   const uint8_t* b = row + static_cast<size_t>(sb) * kBlock;
-  K45Raw r;
+  K45Raw r{};  // qh stays zero for Q4_K
   r.hd = ld16_aligned(b);
   r.q = ld16_aligned(b + (kFive ? 48 : 16) + 32 * g + 16 * h);
   if constexpr (kFive) r.qh = ld16_aligned(b + 16 + 16 * h);
   return r;
 }
 
+// The codes of a Q4_K/Q5_K unit, one per byte (0..15 or 0..31): lo = sub-block 2g's 16 weights, hi =
+// sub-block 2g+1's (Q5_K adds the fifth bit from qh).
 template <bool kFive>
-__device__ __forceinline__ float k45_compute(const K45Raw& r, int u, const float* xs, const float* s16) {
-  const int sb = u >> 3, j = u & 7, g = j >> 1, h = j & 1;
-  const uint4 q = r.q;
-  uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
-  uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
-                    (q.w >> 4) & 0x0F0F0F0Fu};
-  if constexpr (kFive) {
-    const uint32_t qhw[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+__device__ __forceinline__ void k45_codes(const K45Raw& r, int g, uint32_t lo[4], uint32_t hi[4]) {
+  const uint32_t qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+  const uint32_t qhw[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+  for (int w = 0; w < 4; ++w) {
+    lo[w] = qw[w] & 0x0F0F0F0Fu;
+    hi[w] = (qw[w] >> 4) & 0x0F0F0F0Fu;
+    if constexpr (kFive) {
       lo[w] |= ((qhw[w] >> (2 * g)) & 0x01010101u) << 4;
       hi[w] |= ((qhw[w] >> (2 * g + 1)) & 0x01010101u) << 4;
     }
   }
+}
+
+// A Q4_K/Q5_K unit decoded: its codes, the scale and min of each of its two 16-weight halves
+// (d * scale, dmin * min), and the first x index of each half.
+struct K45Unit {
+  uint32_t lo[4], hi[4];
+  float dl0, ml0, dl1, ml1;
+  int x0, x1;
+};
+
+template <bool kFive>
+__device__ __forceinline__ K45Unit k45_unpack(const K45Raw& r, int u) {
+  const int sb = u >> 3, j = u & 7, g = j >> 1, h = j & 1;
+  K45Unit k;
+  k45_codes<kFive>(r, g, k.lo, k.hi);
   int sc0, m0, sc1, m1;
   k4_sm(r.hd, 2 * g, sc0, m0);
   k4_sm(r.hd, 2 * g + 1, sc1, m1);
   const float d = half_lo(r.hd.x), dmin = half_hi(r.hd.x);
-  const int x0 = sb * 256 + 64 * g + 16 * h;
-  const float dot0 = dot16(lo, xs + xpad(x0), kMagic);
-  const float dot1 = dot16(hi, xs + xpad(x0 + 32), kMagic);
-  const float dl0 = d * static_cast<float>(sc0), ml0 = dmin * static_cast<float>(m0);
-  const float dl1 = d * static_cast<float>(sc1), ml1 = dmin * static_cast<float>(m1);
-  return (dl0 * dot0 - ml0 * s16[x0 >> 4]) + (dl1 * dot1 - ml1 * s16[(x0 + 32) >> 4]);
+  k.dl0 = d * static_cast<float>(sc0), k.ml0 = dmin * static_cast<float>(m0);
+  k.dl1 = d * static_cast<float>(sc1), k.ml1 = dmin * static_cast<float>(m1);
+  k.x0 = sb * 256 + 64 * g + 16 * h;
+  k.x1 = k.x0 + 32;
+  return k;
+}
+
+template <bool kFive>
+__device__ __forceinline__ float k45_compute(const K45Raw& r, int u, const float* xs, const float* s16) {
+  const K45Unit k = k45_unpack<kFive>(r, u);
+  const float dot0 = dot16(k.lo, xs + xpad(k.x0), kMagic);
+  const float dot1 = dot16(k.hi, xs + xpad(k.x1), kMagic);
+  return (k.dl0 * dot0 - k.ml0 * s16[k.x0 >> 4]) + (k.dl1 * dot1 - k.ml1 * s16[k.x1 >> 4]);
 }
 
 // Q6_K unit u: super-block u/4, half n = (u/2)&1 (128 weights), run t = u&1 of 16 within each of the
@@ -158,6 +180,16 @@ __device__ __forceinline__ Q6Raw q6k_load(const uint8_t* row, int u) {
   return r;
 }
 
+// The 16 codes (0..63, one per byte) of quarter k of a Q6_K unit.
+__device__ __forceinline__ void q6k_codes(const Q6Raw& r, int k, uint32_t v[4]) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t low = (k & 1) ? r.l1[w] : r.l0[w];
+    const uint32_t nib = (k < 2) ? (low & 0x0F0F0F0Fu) : ((low >> 4) & 0x0F0F0F0Fu);
+    v[w] = nib | (((r.qh[w] >> (2 * k)) & 0x03030303u) << 4);
+  }
+}
+
 __device__ __forceinline__ float q6k_compute(const Q6Raw& r, int u, const float* xs) {
   const int sb = u >> 2, n = (u >> 1) & 1, t = u & 1;
   const int x0 = sb * 256 + 128 * n + 16 * t;
@@ -166,12 +198,7 @@ __device__ __forceinline__ float q6k_compute(const Q6Raw& r, int u, const float*
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     uint32_t v[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t low = (k & 1) ? r.l1[w] : r.l0[w];
-      const uint32_t nib = (k < 2) ? (low & 0x0F0F0F0Fu) : ((low >> 4) & 0x0F0F0F0Fu);
-      v[w] = nib | (((r.qh[w] >> (2 * k)) & 0x03030303u) << 4);
-    }
+    q6k_codes(r, k, v);
     const float dot = dot16(v, xs + xpad(x0 + 32 * k), kOff);
     acc += (r.d * static_cast<float>(r.sc[k])) * dot;
   }
@@ -266,30 +293,65 @@ __host__ __device__ inline int units_per_row(GgmlType t, int n_cols) {
   }
 }
 
-// Units whose loads one thread issues before it uses the first (its registers hold them all): the
-// memory-level parallelism of the kernel. Small matrices are latency-bound (each row tile is one
-// memory round trip), so a thread takes as many units of a row as its registers allow (about 64 32-bit
-// registers of raw data), and a row needs fewer threads, so a block covers more rows per round trip.
-// Gate/up pairs hold half as many units of each of the two rows.
-__host__ __device__ constexpr int units_in_flight(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_K: return 8;  // 8 x (16-byte header + 16 bytes of codes)
-    case GgmlType::Q5_K: return 4;  // + 16 bytes of high bits
-    case GgmlType::Q6_K: return 4;  // 4 x 20 registers (5-word unaligned loads)
-    case GgmlType::Q8_0: return 4;
-    case GgmlType::F32: return 8;
-    case GgmlType::F16:
-    case GgmlType::BF16: return 8;
-    default: return 1;
+// The block's staged input (shared memory), for both arithmetic paths:
+// - float path: x at xs[xpad(i)], s16[c] = sum of x[16c .. 16c+15];
+// - int8 path (K-quant weights, GemvMath::Int8): the CPU engine's activation quantisation
+//   (quantize_activations_i8_scalar: per 32 values d32 = max|x| / 127, q = round-half-even(x * 127 /
+//   max|x|)), q 16-byte aligned, isum16 = sum of q over 16 values and sum16 = d32 * isum16.
+struct XStage {
+  const float* xs;
+  const float* s16;
+  const int8_t* q;
+  const float* d32;
+  const float* sum16;
+  const int* isum16;
+};
+
+// Four int8 dot products of code words (bytes 0..63, so signed and unsigned agree) with 16
+// activations q (16-byte aligned shared memory).
+__device__ __forceinline__ int dot16_i8(const uint32_t v[4], const int8_t* q) {
+  const int4 a = *reinterpret_cast<const int4*>(q);
+  int acc = __dp4a(static_cast<int>(v[0]), a.x, 0);
+  acc = __dp4a(static_cast<int>(v[1]), a.y, acc);
+  acc = __dp4a(static_cast<int>(v[2]), a.z, acc);
+  return __dp4a(static_cast<int>(v[3]), a.w, acc);
+}
+
+// Q4_K / Q5_K unit on int8 activations: the codes (0..31) times q in integers, then per 16 weights
+// d * scale * d32 * dot - dmin * min * sum16 (the CPU fused kernel's terms).
+template <bool kFive>
+__device__ __forceinline__ float k45_compute_i8(const K45Raw& r, int u, const XStage& X) {
+  const K45Unit k = k45_unpack<kFive>(r, u);
+  const int dot0 = dot16_i8(k.lo, X.q + k.x0);
+  const int dot1 = dot16_i8(k.hi, X.q + k.x1);
+  const float s0 = k.dl0 * X.d32[k.x0 >> 5], s1 = k.dl1 * X.d32[k.x1 >> 5];
+  return (s0 * static_cast<float>(dot0) - k.ml0 * X.sum16[k.x0 >> 4]) +
+         (s1 * static_cast<float>(dot1) - k.ml1 * X.sum16[k.x1 >> 4]);
+}
+
+// Q6_K unit on int8 activations: per run of 16, d * scale * d32 * (dot of the 0..63 codes - 32 * isum16),
+// the offset folded in exact integers.
+__device__ __forceinline__ float q6k_compute_i8(const Q6Raw& r, int u, const XStage& X) {
+  const int sb = u >> 2, n = (u >> 1) & 1, t = u & 1;
+  const int x0 = sb * 256 + 128 * n + 16 * t;
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t v[4];
+    q6k_codes(r, k, v);
+    const int xk = x0 + 32 * k;
+    const int dot = dot16_i8(v, X.q + xk) - 32 * X.isum16[xk >> 4];
+    acc += (r.d * static_cast<float>(r.sc[k]) * X.d32[xk >> 5]) * static_cast<float>(dot);
   }
+  return acc;
 }
 
-// Units of each of the two rows of a gate/up pair (Q6_K: 1, as 2 x 2 units would spill registers).
-__host__ __device__ constexpr int units_in_flight_pair(GgmlType t) {
-  return t == GgmlType::Q6_K ? 1 : (units_in_flight(t) / 2 > 0 ? units_in_flight(t) / 2 : 1);
+// Whether weights of type t take the int8 path when it is on (the K-quants, as on the CPU).
+__host__ __device__ constexpr bool int8_path_type(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
-// Load/compute of one unit of type T, behind one interface.
+// Load/compute of one unit of type T, behind one interface (compute_i8 for int8_path_type only).
 template <GgmlType T>
 struct Unit;
 
@@ -297,136 +359,115 @@ template <>
 struct Unit<GgmlType::Q4_K> {
   using Raw = K45Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<false>(row, u); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float* s16, int) {
-    return k45_compute<false>(r, u, xs, s16);
-  }
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<false>(r, u, X.xs, X.s16); }
+  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<false>(r, u, X); }
 };
 template <>
 struct Unit<GgmlType::Q5_K> {
   using Raw = K45Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<true>(row, u); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float* s16, int) {
-    return k45_compute<true>(r, u, xs, s16);
-  }
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<true>(r, u, X.xs, X.s16); }
+  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<true>(r, u, X); }
 };
 template <>
 struct Unit<GgmlType::Q6_K> {
   using Raw = Q6Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return q6k_load(row, u); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int) {
-    return q6k_compute(r, u, xs);
-  }
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return q6k_compute(r, u, X.xs); }
+  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return q6k_compute_i8(r, u, X); }
 };
 template <>
 struct Unit<GgmlType::Q8_0> {
   using Raw = Q8Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return q80_load(row, u); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int) {
-    return q80_compute(r, u, xs);
-  }
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return q80_compute(r, u, X.xs); }
 };
 template <>
 struct Unit<GgmlType::F32> {
   using Raw = float4;
   __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return f32_load(row, u, n_cols % 4 == 0); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
-    return f32_compute(r, u, xs, n_cols % 4 == 0);
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int n_cols) {
+    return f32_compute(r, u, X.xs, n_cols % 4 == 0);
   }
 };
 template <>
 struct Unit<GgmlType::F16> {
   using Raw = uint4;
   __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return h16_load(row, u, n_cols % 8 == 0); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
-    return h16_compute<false>(r, u, xs, n_cols % 8 == 0);
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int n_cols) {
+    return h16_compute<false>(r, u, X.xs, n_cols % 8 == 0);
   }
 };
 template <>
 struct Unit<GgmlType::BF16> {
   using Raw = uint4;
   __device__ static Raw load(const uint8_t* row, int u, int n_cols) { return h16_load(row, u, n_cols % 8 == 0); }
-  __device__ static float compute(const Raw& r, int u, const float* xs, const float*, int n_cols) {
-    return h16_compute<true>(r, u, xs, n_cols % 8 == 0);
+  __device__ static float compute(const Raw& r, int u, const XStage& X, int n_cols) {
+    return h16_compute<true>(r, u, X.xs, n_cols % 8 == 0);
   }
 };
 
-// This lane's share (units sub, sub + G, ...) of dot(row, x). The loads of the first N units are
-// issued, then ready() runs (every thread of the block calls it exactly once: it may wait for the
-// previous kernel and stage x in shared memory, so the weight fetch overlaps both), then they are used.
-template <GgmlType T, class Ready>
-__device__ __forceinline__ float row_dot_t(const uint8_t* row, int n_cols, const float* xs, const float* s16, int sub,
-                                           int G, Ready&& ready) {
+template <GgmlType T, bool I8>
+__device__ __forceinline__ float unit_value(const typename Unit<T>::Raw& r, int u, const XStage& X, int n_cols) {
+  if constexpr (I8) {
+    return Unit<T>::compute_i8(r, u, X);
+  } else {
+    return Unit<T>::compute(r, u, X, n_cols);
+  }
+}
+
+// A lane's share (units sub, sub + G, ...) of dot(row, x): K units per loop step (all K loads issued
+// before the first use), the loop itself not unrolled. Measured on the H100 (docs/PERF.md): fully
+// unrolled forms, inlined for every type and mode, made the matvec kernel 1.1 MB of machine code, and
+// its launches spent half to three quarters of their cycles waiting for instruction fetch (each launch
+// runs a path once per SM, so nothing stays in the instruction cache). A rolled loop body of a few
+// hundred instructions runs from the cache after its first step; memory-level parallelism comes from
+// more resident warps instead (fewer registers per thread).
+template <GgmlType T, int K, bool I8>
+__device__ __forceinline__ float row_dot_rolled_t(const uint8_t* row, int n_cols, const XStage& X, int sub, int G) {
   using Op = Unit<T>;
-  constexpr int N = units_in_flight(T);
   const int U = units_per_row(T, n_cols);
   float acc = 0.0f;
-  typename Op::Raw r[N];
+#pragma unroll 1
+  for (int u = sub; u < U; u += K * G) {
+    typename Op::Raw r[K];
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int u = sub + i * G;
-    r[i] = Op::load(row, u < U ? u : U - 1, n_cols);  // unconditional: keeps r[] in registers
-  }
-  ready();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int u = sub + i * G;
-    if (u < U) acc += Op::compute(r[i], u, xs, s16, n_cols);
-  }
-  for (int base = sub + N * G; base < U; base += N * G) {  // rows longer than N * G units
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = base + i * G;
-      r[i] = Op::load(row, u < U ? u : U - 1, n_cols);  // unconditional: keeps r[] in registers
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      r[i] = Op::load(row, ui < U ? ui : u, n_cols);  // unconditional: keeps r[] in registers
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = base + i * G;
-      if (u < U) acc += Op::compute(r[i], u, xs, s16, n_cols);
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      if (ui < U) acc += unit_value<T, I8>(r[i], ui, X, n_cols);
     }
   }
   return acc;
 }
 
-// Two rows of the same type and shape (an expert's gate and up rows) in one pass: N/2 units of each
-// row in flight per chunk; ready() as in row_dot_t.
-template <GgmlType T, class Ready>
-__device__ __forceinline__ void row_dot2_t(const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
-                                           const float* s16, int sub, int G, float& oa, float& ob, Ready&& ready) {
+// Gate and up rows of the same type in one rolled pass: K units of each row per step.
+template <GgmlType T, int K, bool I8>
+__device__ __forceinline__ void row_dot2_rolled_t(const uint8_t* ra, const uint8_t* rb, int n_cols, const XStage& X,
+                                                  int sub, int G, float& oa, float& ob) {
   using Op = Unit<T>;
-  constexpr int N = units_in_flight_pair(T);
   const int U = units_per_row(T, n_cols);
   float a = 0.0f, b = 0.0f;
-  typename Op::Raw x[N], y[N];
+#pragma unroll 1
+  for (int u = sub; u < U; u += K * G) {
+    typename Op::Raw x[K], y[K];
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int u = sub + i * G;
-    const int uc = u < U ? u : U - 1;  // unconditional loads keep x[] and y[] in registers
-    x[i] = Op::load(ra, uc, n_cols);
-    y[i] = Op::load(rb, uc, n_cols);
-  }
-  ready();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int u = sub + i * G;
-    if (u < U) {
-      a += Op::compute(x[i], u, xs, s16, n_cols);
-      b += Op::compute(y[i], u, xs, s16, n_cols);
-    }
-  }
-  for (int base = sub + N * G; base < U; base += N * G) {  // rows longer than N * G units
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = base + i * G;
-      const int uc = u < U ? u : U - 1;  // unconditional loads keep x[] and y[] in registers
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      const int uc = ui < U ? ui : u;  // unconditional loads keep x[] and y[] in registers
       x[i] = Op::load(ra, uc, n_cols);
       y[i] = Op::load(rb, uc, n_cols);
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = base + i * G;
-      if (u < U) {
-        a += Op::compute(x[i], u, xs, s16, n_cols);
-        b += Op::compute(y[i], u, xs, s16, n_cols);
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      if (ui < U) {
+        a += unit_value<T, I8>(x[i], ui, X, n_cols);
+        b += unit_value<T, I8>(y[i], ui, X, n_cols);
       }
     }
   }
@@ -434,33 +475,53 @@ __device__ __forceinline__ void row_dot2_t(const uint8_t* ra, const uint8_t* rb,
   ob = b;
 }
 
-template <class Ready>
-__device__ __forceinline__ float row_dot(GgmlType t, const uint8_t* row, int n_cols, const float* xs, const float* s16,
-                                         int sub, int G, Ready&& ready) {
+// Units of each row per step of a gate/up pair (two rows: the same loads in flight as kStep).
+constexpr int kPairStep = 1;
+
+// Units of a single row per loop step. Measured on the H100 (docs/PERF.md): 4 per step (and the L2
+// prefetch of each block's next tile) decode slower than 2; more loads in flight per thread cost
+// registers, and resident warps matter more.
+constexpr int kStep = 2;
+constexpr int kStepQ6 = 2;
+
+// i8: the block staged the int8 form and t is an int8_path_type.
+__device__ __forceinline__ float row_dot_rolled(GgmlType t, bool i8, const uint8_t* row, int n_cols, const XStage& X,
+                                                int sub, int G) {
   switch (t) {
-    case GgmlType::Q4_K: return row_dot_t<GgmlType::Q4_K>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::Q5_K: return row_dot_t<GgmlType::Q5_K>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::Q6_K: return row_dot_t<GgmlType::Q6_K>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::Q8_0: return row_dot_t<GgmlType::Q8_0>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::F32: return row_dot_t<GgmlType::F32>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::F16: return row_dot_t<GgmlType::F16>(row, n_cols, xs, s16, sub, G, ready);
-    case GgmlType::BF16: return row_dot_t<GgmlType::BF16>(row, n_cols, xs, s16, sub, G, ready);
-    default: ready(); return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
+    case GgmlType::Q4_K:
+      return i8 ? row_dot_rolled_t<GgmlType::Q4_K, kStep, true>(row, n_cols, X, sub, G)
+                : row_dot_rolled_t<GgmlType::Q4_K, kStep, false>(row, n_cols, X, sub, G);
+    case GgmlType::Q5_K:
+      return i8 ? row_dot_rolled_t<GgmlType::Q5_K, kStep, true>(row, n_cols, X, sub, G)
+                : row_dot_rolled_t<GgmlType::Q5_K, kStep, false>(row, n_cols, X, sub, G);
+    case GgmlType::Q6_K:
+      return i8 ? row_dot_rolled_t<GgmlType::Q6_K, kStepQ6, true>(row, n_cols, X, sub, G)
+                : row_dot_rolled_t<GgmlType::Q6_K, kStepQ6, false>(row, n_cols, X, sub, G);
+    case GgmlType::Q8_0: return row_dot_rolled_t<GgmlType::Q8_0, kStep, false>(row, n_cols, X, sub, G);
+    case GgmlType::F32: return row_dot_rolled_t<GgmlType::F32, kStep, false>(row, n_cols, X, sub, G);
+    case GgmlType::F16: return row_dot_rolled_t<GgmlType::F16, kStep, false>(row, n_cols, X, sub, G);
+    case GgmlType::BF16: return row_dot_rolled_t<GgmlType::BF16, kStep, false>(row, n_cols, X, sub, G);
+    default: return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
   }
 }
 
-template <class Ready>
-__device__ __forceinline__ void row_dot2(GgmlType t, const uint8_t* ra, const uint8_t* rb, int n_cols, const float* xs,
-                                         const float* s16, int sub, int G, float& oa, float& ob, Ready&& ready) {
+__device__ __forceinline__ void row_dot2_rolled(GgmlType t, bool i8, const uint8_t* ra, const uint8_t* rb, int n_cols,
+                                                const XStage& X, int sub, int G, float& oa, float& ob) {
   switch (t) {
-    case GgmlType::Q4_K: return row_dot2_t<GgmlType::Q4_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::Q5_K: return row_dot2_t<GgmlType::Q5_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::Q6_K: return row_dot2_t<GgmlType::Q6_K>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::Q8_0: return row_dot2_t<GgmlType::Q8_0>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::F32: return row_dot2_t<GgmlType::F32>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::F16: return row_dot2_t<GgmlType::F16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    case GgmlType::BF16: return row_dot2_t<GgmlType::BF16>(ra, rb, n_cols, xs, s16, sub, G, oa, ob, ready);
-    default: ready(); oa = ob = __int_as_float(0x7fc00000);
+    case GgmlType::Q4_K:
+      return i8 ? row_dot2_rolled_t<GgmlType::Q4_K, kPairStep, true>(ra, rb, n_cols, X, sub, G, oa, ob)
+                : row_dot2_rolled_t<GgmlType::Q4_K, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::Q5_K:
+      return i8 ? row_dot2_rolled_t<GgmlType::Q5_K, kPairStep, true>(ra, rb, n_cols, X, sub, G, oa, ob)
+                : row_dot2_rolled_t<GgmlType::Q5_K, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::Q6_K:
+      return i8 ? row_dot2_rolled_t<GgmlType::Q6_K, 1, true>(ra, rb, n_cols, X, sub, G, oa, ob)
+                : row_dot2_rolled_t<GgmlType::Q6_K, 1, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::Q8_0: return row_dot2_rolled_t<GgmlType::Q8_0, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::F32: return row_dot2_rolled_t<GgmlType::F32, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::F16: return row_dot2_rolled_t<GgmlType::F16, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    case GgmlType::BF16: return row_dot2_rolled_t<GgmlType::BF16, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
+    default: oa = ob = __int_as_float(0x7fc00000);
   }
 }
 
