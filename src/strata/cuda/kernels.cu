@@ -474,9 +474,10 @@ __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, con
 
 // x += routed experts (ascending expert id) + gated shared expert, then xn = rmsnorm(x) * norm_w.
 // One block: the whole row is reduced for the norm.
-__global__ void moe_combine_norm_kernel(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
-                                        const float* ys, const float* shared_gate, const float* norm_w, float eps,
-                                        float* xn) {
+// Launched with 1024 threads: the bound keeps the combine's loads in flight within 64 registers.
+__global__ void __launch_bounds__(1024)
+    moe_combine_norm_kernel(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
+                            const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn) {
   pdl_enter();
   moe_combine_norm_block(x, ye, ids, weights, k, d, ys, shared_gate, norm_w, eps, xn);
 }
