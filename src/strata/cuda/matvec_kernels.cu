@@ -513,7 +513,9 @@ int log2_of(int p) {
 struct DeviceLimits {
   int sms = 0;
   int blocks_per_sm = 0;     // resident blocks per SM at 4096 columns
-  int units_per_thread = 4;  // units of a row per lane (STRATA_GEMV_UNITS, 1..16)
+  // Units of a row per lane (STRATA_GEMV_UNITS, 1..16). Measured on the H100 (docs/PERF.md): 4 beats 2
+  // and 8, also for gate/up pairs alone.
+  int units_per_thread = 4;
 };
 
 const DeviceLimits& limits() {

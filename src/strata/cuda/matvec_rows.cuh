@@ -475,7 +475,8 @@ __device__ __forceinline__ void row_dot2_rolled_t(const uint8_t* ra, const uint8
   ob = b;
 }
 
-// Units of each row per step of a gate/up pair (two rows: the same loads in flight as kStep).
+// Units of each row per step of a gate/up pair: 1 (two rows, the same loads in flight as kStep; 2 was
+// measured slower on the H100, docs/PERF.md).
 constexpr int kPairStep = 1;
 
 // Units of a single row per loop step. Measured on the H100 (docs/PERF.md): 4 per step (and the L2
