@@ -3,8 +3,8 @@
 // over the tiles. Each row is handled by a group of G threads (a power of two, 1..256; above 32 the
 // row spans several warps that meet in shared memory), chosen so that every thread takes about
 // units_per_thread units of its row, read by small rolled loops (matvec_rows.cuh) that stay in the
-// instruction cache. A block's first tile of a plain matrix is prefetched into L2 before the kernel
-// waits on the previous one (programmatic dependent launch), overlapping that kernel's tail.
+// instruction cache. L2 prefetches (of a block's first tile before the programmatic-dependent-launch
+// wait, of routed rows before staging, of the next tile) all measured slower on the H100 (docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -351,14 +351,6 @@ __device__ __forceinline__ int routed_slot(const DBatch& b, const DJob& J, bool&
   return J.slot_of_expert ? J.slot_of_expert[e] : e;
 }
 
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// The G lanes of a row ask L2 for its bytes (128-byte lines), without waiting for them.
-__device__ __forceinline__ void prefetch_row(const uint8_t* r, size_t bytes, int sub, int G) {
-  for (size_t off = static_cast<size_t>(sub) * 128; off < bytes; off += static_cast<size_t>(G) * 128)
-    prefetch_l2(r + off);
-}
-
 // Shared-memory layout of the staged input for n columns (in floats): xs (padded), s16, then the int8
 // form (q as n bytes, 16-byte aligned; d32; sum16; isum16).
 struct StageLayout {
@@ -457,9 +449,6 @@ __global__ void __launch_bounds__(kThreads, STRATA_GEMV_MIN_BLOCKS) gemv_kernel(
         base += static_cast<size_t>(s) * J.expert_stride;
         if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
       }
-    } else if (!waited) {  // weights are never written by a kernel: fetch them before the wait
-      prefetch_row(base + static_cast<size_t>(row_c) * J.row_bytes, J.row_bytes, sub, G);
-      if (base2) prefetch_row(base2 + static_cast<size_t>(row_c) * J.row_bytes2, J.row_bytes2, sub, G);
     }
     if (!waited) {
       pdl_wait();
