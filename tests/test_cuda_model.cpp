@@ -1,9 +1,10 @@
 // The whole model on the GPU against the CPU engine: logits of every prompt position and greedy
 // continuations, on the HF fixtures converted to several types and on the bundled strata-tiny model
 // (BF16, plus a copy re-encoded in K-quants to cover Q4_K/Q5_K/Q6_K routed experts).
-// The CPU engine runs at its scalar kernel level there, whose float path dots the dequantised weights
-// with float activations, the same function the GPU kernels compute; the fast CPU levels quantise
-// activations to int8 and differ by ~1e-3 by design. Skips where CUDA is not built or no GPU exists.
+// The CPU engine runs at its scalar kernel level there (float activations). The GPU decode dots K-quant
+// weights with int8 activations as the fast CPU levels do (matvec_kernels.h), and the batched prefill
+// uses fp16 tensor cores: both differ from the scalar path by ~1e-3 by design, inside the bounds below.
+// Skips where CUDA is not built or no GPU exists.
 #include <gtest/gtest.h>
 
 #ifndef STRATA_HAVE_CUDA
@@ -28,6 +29,7 @@ TEST(CudaModel, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
+#include "strata/sample/sampler.h"
 
 namespace {
 
@@ -119,6 +121,40 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunchesAndResetRestarts) {
   a.forward(prompt.data(), 4, lc.data(), true);
   a.forward(prompt.data() + 4, 6, lc.data() + 4 * vocab, true);
   EXPECT_EQ(la, lc) << "after reset, a prompt split in two calls must give the same logits";
+}
+
+// decode_and_pick's greedy arg-max on the device (the generation loop's decode step) equals the arg-max
+// of the logits forward() copies to the host, over the whole vocabulary and over a prefix of it that
+// leaves the best token out (ids >= n_allowed never win).
+TEST(CudaModel, DecodeAndPickGreedyOnTheDeviceEqualsTheHostArgmax) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int32_t vocab = static_cast<int32_t>(model->config().n_vocab);
+  const std::vector<int32_t> prompt = some_prompt(vocab, 8);
+  sc::GpuSession a(*model, 32), b(*model, 32), c(*model, 32);
+  std::vector<float> logits(static_cast<size_t>(prompt.size()) * vocab), scratch;
+  for (sc::GpuSession* s : {&a, &b, &c}) s->forward(prompt.data(), 8, logits.data(), false);
+  strata::SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  strata::Sampler sampler(greedy);
+  int32_t tok = prompt.back();
+  std::vector<int32_t> history = prompt;
+  int excluded = 0;
+  for (int i = 0; i < 12; ++i) {
+    const int32_t device_full = a.decode_and_pick(tok, sampler, history, vocab, scratch);
+    std::vector<float> host(static_cast<size_t>(vocab));
+    b.forward(&tok, 1, host.data(), false);
+    const int32_t best = strata::argmax_logit(host.data(), vocab);
+    EXPECT_EQ(device_full, best) << "step " << i;
+    const int32_t limit = best > 0 ? best : vocab;  // the prefix below the best token
+    excluded += limit == best;
+    const int32_t device_prefix = c.decode_and_pick(tok, sampler, history, limit, scratch);
+    EXPECT_EQ(device_prefix, strata::argmax_logit(host.data(), limit)) << "step " << i << " limit " << limit;
+    EXPECT_LT(device_prefix, limit);
+    tok = device_full;
+    history.push_back(tok);
+  }
+  EXPECT_GT(excluded, 0) << "no step left its best token out of the prefix";
 }
 
 // Not a benchmark (see docs/PERF.md for those): a rough decode rate of the tiny model, graph vs direct

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <random>
 
+#include <omp.h>
+
 #include "strata/base/error.h"
 #include "strata/sample/sampler.h"
 
@@ -146,6 +148,29 @@ TEST(Sampler, SeedReproduces) {
   }
   EXPECT_EQ(ra, rb);
   EXPECT_NE(ra, rc);
+}
+
+// The softmax of a large vocabulary runs on the OpenMP team: the same seed gives the same tokens with
+// one thread and with several (the probabilities are summed in one fixed order).
+TEST(Sampler, LargeVocabularyIsTheSameAtAnyThreadCount) {
+  const auto v = random_logits(200000, 9, 3.0f);
+  SamplerParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.9f;
+  p.seed = 77;
+  auto draws = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 40; ++i) {
+      auto l = v;
+      out.push_back(s.sample(l.data(), static_cast<int32_t>(l.size()), {}));
+    }
+    omp_set_num_threads(before);
+    return out;
+  };
+  EXPECT_EQ(draws(1), draws(4));
 }
 
 TEST(Sampler, FrequenciesMatchTheDistribution) {

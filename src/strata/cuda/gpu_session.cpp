@@ -430,6 +430,23 @@ int32_t GpuSession::decode_argmax(int32_t token) {
   return m.h_io[0];
 }
 
+int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history,
+                                    int32_t n_allowed, std::vector<float>& scratch) {
+  Impl& m = *impl_;
+  const SamplerParams& p = sampler.params();
+  const bool device_greedy = p.temperature <= 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+                             p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && n_allowed > 0;
+  if (!device_greedy) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
+  m.validate(&token, 1);
+  m.step(token);  // the step's own arg-max covers the whole vocabulary
+  if (n_allowed < m.c.n_vocab)
+    argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream);
+  check_cuda(cudaMemcpyAsync(m.h_io, m.d_argmax, sizeof(int), cudaMemcpyDeviceToHost, m.stream), "copy argmax");
+  m.sync();
+  if (route_sink_) collect_routing_counts();  // issue 8: --profile
+  return m.h_io[0];
+}
+
 void GpuSession::reset() {
   Impl& m = *impl_;
   m.st.reset(m.stream);

@@ -60,6 +60,12 @@ class GpuSession : public Sequence {
   // Runs one token and returns the arg-max of its logits, computed on the GPU (no logits copy).
   int32_t decode_argmax(int32_t token);
 
+  // Sequence::decode_and_pick: greedy picks with no penalties or logit bias take the arg-max on the
+  // GPU over ids < n_allowed (lowest id among equals, as argmax_logit); everything else copies the
+  // logits and samples on the host (the default).
+  int32_t decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history, int32_t n_allowed,
+                          std::vector<float>& scratch) override;
+
   void reset() override;
   int n_past() const override;
   int max_ctx() const override;

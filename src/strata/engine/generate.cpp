@@ -151,6 +151,7 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
   r.stop_reason = StopReason::MaxTokens;
   Clock::time_point decode_start{};
   for (int i = 0; i < params.max_new_tokens; ++i) {
+    int32_t id;
     if (i > 0) {
       if (cancelled()) {
         r.stop_reason = StopReason::Cancelled;
@@ -160,13 +161,15 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
         r.stop_reason = StopReason::ContextFull;
         break;
       }
-      session.forward(&r.tokens.back(), 1, logits.data(), false);
+      // Decode and pick in one call: a GPU session picks greedy tokens on the device.
+      id = session.decode_and_pick(r.tokens.back(), sampler, history, n_text, logits);
       ++r.tokens_in_session;
       ++r.stats.decode_steps;
+    } else {
+      for (int32_t t = n_text; t < n_vocab; ++t) logits[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+      if (!params.healed_prefix.empty()) constrain_to_prefix(tokenizer, params.healed_prefix, logits.data(), n_text);
+      id = sampler.sample(logits.data(), n_vocab, history);
     }
-    for (int32_t id = n_text; id < n_vocab; ++id) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
-    if (i == 0 && !params.healed_prefix.empty()) constrain_to_prefix(tokenizer, params.healed_prefix, logits.data(), n_text);
-    const int32_t id = sampler.sample(logits.data(), n_vocab, history);
     if (i == 0) {
       r.stats.ttft_seconds = seconds_since(start);
       decode_start = Clock::now();

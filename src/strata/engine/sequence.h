@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
+#include "strata/sample/sampler.h"
 
 namespace strata {
 
@@ -19,6 +22,20 @@ class Sequence {
   // Fails (strata::Error) when the tokens would exceed the context or an id is out of range; the
   // state is unchanged then.
   virtual void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) = 0;
+  // One decode step for `token`, then the next token picked by `sampler` among ids < n_allowed (the
+  // ids past it are treated as -inf logits; history is the penalties' window). The same choice as
+  // forward() then sampler.sample() on those logits, which is what this default does; a backend may
+  // pick on its device instead (the GPU session's greedy arg-max), saving the logits copy. scratch
+  // holds n_vocab floats on return only when the logits went to the host.
+  virtual int32_t decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history,
+                                  int32_t n_allowed, std::vector<float>& scratch) {
+    const int32_t n_vocab = static_cast<int32_t>(model().config().n_vocab);
+    scratch.resize(static_cast<size_t>(n_vocab));
+    forward(&token, 1, scratch.data(), false);
+    for (int32_t id = n_allowed; id < n_vocab; ++id)
+      scratch[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    return sampler.sample(scratch.data(), n_vocab, history);
+  }
   virtual void reset() = 0;
   virtual int n_past() const = 0;
   virtual int max_ctx() const = 0;

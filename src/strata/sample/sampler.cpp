@@ -8,6 +8,11 @@
 
 namespace strata {
 
+namespace {
+// Candidates from which the softmax runs on the OpenMP team (below, a thread start costs more).
+constexpr int64_t kParallelCandidates = 16384;
+}  // namespace
+
 void validate_sampler_params(const SamplerParams& p) {
   if (!std::isfinite(p.temperature) || p.temperature < 0) {
     fail("sampler: temperature must be a finite value >= 0 (0 = greedy), got ", p.temperature);
@@ -89,12 +94,17 @@ int32_t Sampler::sample(float* logits, int32_t n_vocab, const std::vector<int32_
   for (size_t i = 0; i < n; ++i) max_l = std::max(max_l, candidates_[i].logit);
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   probs_.resize(n_vocab > 0 ? static_cast<size_t>(n_vocab) : 0);
-  double total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t t = candidates_[i].id;
-    probs_[t] = std::exp((static_cast<double>(candidates_[i].logit) - max_l) * inv_t);
-    total += probs_[t];
+  // The exponentials are independent: computed in parallel over a large vocabulary (they are most of a
+  // sampled token's cost at 248k candidates: docs/PERF.md). The sum stays sequential in candidate
+  // order, so every result is bit-identical at any thread count.
+  const int64_t n_cand = static_cast<int64_t>(n);
+#pragma omp parallel for schedule(static) if (n_cand >= kParallelCandidates)
+  for (int64_t i = 0; i < n_cand; ++i) {
+    const Candidate& c = candidates_[static_cast<size_t>(i)];
+    probs_[c.id] = std::exp((static_cast<double>(c.logit) - max_l) * inv_t);
   }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += probs_[candidates_[i].id];
 
   if (p.top_p < 1.0f) {
     // The nucleus is the m best tokens, m the smallest count whose mass reaches top_p. Without
