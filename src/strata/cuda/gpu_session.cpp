@@ -19,6 +19,7 @@
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
+#include "strata/cuda/sample_kernels.h"
 
 namespace strata::cuda {
 
@@ -62,6 +63,8 @@ struct GpuSession::Impl {
   int* d_io = nullptr;
   int* h_io = nullptr;  // pinned
   int* d_argmax = nullptr;
+  int* d_pick = nullptr;             // sample_temperature's draw
+  double* sample_partial = nullptr;  // sample_temperature's chunk masses
   float *x, *xn, *y, *q, *kk, *vv, *o, *scores;
   float *qkv, *mixed, *z, *b, *alpha, *o2;
   float *router, *wts, *g, *u, *ye, *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
@@ -143,6 +146,8 @@ struct GpuSession::Impl {
       dn_counters = dalloc<unsigned int>(static_cast<size_t>(c.ssm_v_heads));
     }
     argmax_part = dalloc<unsigned long long>(static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
+    d_pick = dalloc<int>(1);
+    sample_partial = dalloc<double>(static_cast<size_t>(sample_partials(c.n_vocab)));
     argmax_counter = dalloc<unsigned int>(1);
     route_counts = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
@@ -434,16 +439,25 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                                     int32_t n_allowed, std::vector<float>& scratch) {
   Impl& m = *impl_;
   const SamplerParams& p = sampler.params();
-  const bool device_greedy = p.temperature <= 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
-                             p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && n_allowed > 0;
-  if (!device_greedy) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
+  const bool plain = p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+                     p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
+  const bool device_greedy = plain && p.temperature <= 0;
+  const bool device_sample = plain && p.temperature > 0 && p.top_k == 0 && p.top_p >= 1.0f;
+  if (!device_greedy && !device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
   m.validate(&token, 1);
   m.step(token);  // the step's own arg-max covers the whole vocabulary
   if (n_allowed < m.c.n_vocab)
     argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream);
-  check_cuda(cudaMemcpyAsync(m.h_io, m.d_argmax, sizeof(int), cudaMemcpyDeviceToHost, m.stream), "copy argmax");
+  const int* pick = m.d_argmax;
+  if (device_sample) {
+    sample_temperature(m.logits, n_allowed, m.d_argmax, 1.0 / static_cast<double>(p.temperature),
+                       static_cast<double>(p.min_p), sampler.draw_uniform(), m.sample_partial, m.d_pick, m.stream);
+    pick = m.d_pick;
+  }
+  check_cuda(cudaMemcpyAsync(m.h_io, pick, sizeof(int), cudaMemcpyDeviceToHost, m.stream), "copy the picked token");
   m.sync();
   if (route_sink_) collect_routing_counts();  // issue 8: --profile
+  if (m.h_io[0] < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
   return m.h_io[0];
 }
 

@@ -39,6 +39,10 @@ class Sampler {
 
   const SamplerParams& params() const { return params_; }
 
+  // The uniform draw in [0, 1) that sample() takes from the seeded stream for a non-greedy pick, for a
+  // backend that picks on its own device (cuda/sample_kernels.h) and keeps the stream's order.
+  double draw_uniform() { return uniform(); }
+
  private:
   double uniform();  // [0, 1) from 53 random bits: the same sequence everywhere for a given seed
 
