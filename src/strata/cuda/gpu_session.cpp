@@ -384,6 +384,13 @@ struct GpuSession::Impl {
     prof.collect();
   }
 
+  // The token id a step's pick left at d (the device arg-max or sampler), after the step completes.
+  int32_t read_token(const int* d) {
+    check_cuda(cudaMemcpyAsync(h_io, d, sizeof(int), cudaMemcpyDeviceToHost, stream), "copy the picked token");
+    sync();
+    return h_io[0];
+  }
+
   void validate(const int32_t* tokens, int n) const {
     if (n <= 0) fail("forward needs at least one token");
     if (n_past + n > max_ctx) fail("prompt of ", n_past + n, " tokens exceeds the context of ", max_ctx);
@@ -430,9 +437,7 @@ int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
   m.validate(&token, 1);
   m.step(token);
-  check_cuda(cudaMemcpyAsync(m.h_io, m.d_argmax, sizeof(int), cudaMemcpyDeviceToHost, m.stream), "copy argmax");
-  m.sync();
-  return m.h_io[0];
+  return m.read_token(m.d_argmax);
 }
 
 int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history,
@@ -454,11 +459,10 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                        static_cast<double>(p.min_p), sampler.draw_uniform(), m.sample_partial, m.d_pick, m.stream);
     pick = m.d_pick;
   }
-  check_cuda(cudaMemcpyAsync(m.h_io, pick, sizeof(int), cudaMemcpyDeviceToHost, m.stream), "copy the picked token");
-  m.sync();
+  const int32_t id = m.read_token(pick);
   if (route_sink_) collect_routing_counts();  // issue 8: --profile
-  if (m.h_io[0] < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
-  return m.h_io[0];
+  if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
+  return id;
 }
 
 void GpuSession::reset() {

@@ -166,7 +166,7 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
       ++r.tokens_in_session;
       ++r.stats.decode_steps;
     } else {
-      for (int32_t t = n_text; t < n_vocab; ++t) logits[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+      ban_ids_from(logits.data(), n_text, n_vocab);
       if (!params.healed_prefix.empty()) constrain_to_prefix(tokenizer, params.healed_prefix, logits.data(), n_text);
       id = sampler.sample(logits.data(), n_vocab, history);
     }

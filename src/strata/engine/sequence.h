@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "strata/base/error.h"
@@ -32,8 +31,7 @@ class Sequence {
     const int32_t n_vocab = static_cast<int32_t>(model().config().n_vocab);
     scratch.resize(static_cast<size_t>(n_vocab));
     forward(&token, 1, scratch.data(), false);
-    for (int32_t id = n_allowed; id < n_vocab; ++id)
-      scratch[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    ban_ids_from(scratch.data(), n_allowed, n_vocab);
     return sampler.sample(scratch.data(), n_vocab, history);
   }
   virtual void reset() = 0;

@@ -44,6 +44,10 @@ int32_t argmax_logit(const float* logits, int32_t n_vocab) {
   return best;
 }
 
+void ban_ids_from(float* logits, int32_t from, int32_t n_vocab) {
+  for (int32_t id = from; id < n_vocab; ++id) logits[id] = -INFINITY;
+}
+
 Sampler::Sampler(SamplerParams params) : params_(std::move(params)) {
   validate_sampler_params(params_);
   rng_.seed(params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());

@@ -62,4 +62,7 @@ class Sampler {
 // Greedy choice: the largest logit, lowest id among equals.
 int32_t argmax_logit(const float* logits, int32_t n_vocab);
 
+// Bans ids [from, n_vocab): their logits become -inf (padding rows past the tokenizer's vocabulary).
+void ban_ids_from(float* logits, int32_t from, int32_t n_vocab);
+
 }  // namespace strata
