@@ -108,6 +108,25 @@ sc::DevMatrix dev_matrix(GgmlType type, const Dev<uint8_t>& buf, int64_t rows, i
   return m;
 }
 
+// The CPU engine's routing of logits: softmax, top-k (ties to the lower id), weights renormalised
+// over the k picks when norm (in double, as route_topk does).
+struct CpuRoute {
+  std::vector<int> ids;
+  std::vector<float> weights;
+};
+CpuRoute cpu_route(const std::vector<float>& logits, int k, bool norm) {
+  std::vector<float> p = logits;
+  const int n = static_cast<int>(p.size());
+  strata::softmax_inplace(p.data(), n);
+  CpuRoute r;
+  r.ids.resize(k);
+  strata::top_k(p.data(), n, k, r.ids.data());
+  double sum = 0;
+  for (int j = 0; j < k; ++j) sum += p[r.ids[j]];
+  for (int j = 0; j < k; ++j) r.weights.push_back(norm ? static_cast<float>(p[r.ids[j]] / sum) : p[r.ids[j]]);
+  return r;
+}
+
 // The kernel tests compare with float64 references of the float arithmetic, so the matvec runs in
 // GemvMath::Float for the whole file; the int8 form (the default) has its own tests at the end.
 class FloatGemvEnvironment : public ::testing::Environment {
@@ -318,16 +337,9 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
       Dev<float> dl(logits), dw(k);
       Dev<int> dids(k);
       sc::route_topk(dl.p, n_expert, k, norm, dids.p, dw.p, nullptr);
-      std::vector<float> p(logits);
-      strata::softmax_inplace(p.data(), n_expert);
-      std::vector<int> idx(k);
-      strata::top_k(p.data(), n_expert, k, idx.data());
-      double sum = 0;
-      for (int j = 0; j < k; ++j) sum += p[idx[j]];
-      std::vector<float> wref(k);
-      for (int j = 0; j < k; ++j) wref[j] = norm ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
-      EXPECT_EQ(dids.get(), idx) << n_expert;
-      EXPECT_LE(rel_err(dw.get(), wref), 1e-6) << n_expert;
+      const CpuRoute want = cpu_route(logits, k, norm);
+      EXPECT_EQ(dids.get(), want.ids) << n_expert;
+      EXPECT_LE(rel_err(dw.get(), want.weights), 1e-6) << n_expert;
     }
   }
 }
@@ -797,15 +809,10 @@ TEST(CudaKernels, GemvRouteEpilogueMatchesCpuTopK) {
     sc::gemv_batch(jobs, 2, nullptr, nullptr, &rt);
     std::vector<float> p = dlog.get();
     EXPECT_LE(rel_err(p, ref_matvec(GgmlType::F32, w.data(), n_expert, cols, x.data())), 1e-5);
-    strata::softmax_inplace(p.data(), n_expert);
-    std::vector<int> idx(k);
-    strata::top_k(p.data(), n_expert, k, idx.data());
-    double sum = 0;
-    for (int j = 0; j < k; ++j) sum += p[idx[j]];
-    std::vector<float> wref(k);
-    for (int j = 0; j < k; ++j) wref[j] = norm ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
+    const CpuRoute want = cpu_route(p, k, norm);
+    const std::vector<int>& idx = want.ids;
     EXPECT_EQ(dids.get(), idx) << norm;
-    EXPECT_LE(rel_err(dwts.get(), wref), 1e-6) << norm;
+    EXPECT_LE(rel_err(dwts.get(), want.weights), 1e-6) << norm;
     for (int id : idx) ++want_counts[id];
     EXPECT_EQ(counter.get()[0], 0u);
   }
@@ -894,54 +901,51 @@ TEST(CudaKernels, GemvNormedInputEqualsRmsNormThenMatvec) {
 TEST(CudaKernels, GemvRouteInPicksExpertsLikeCpuTopK) {
   REQUIRE_GPU();
   std::mt19937 rng(43);
-  const int n_expert = 64, k = 8, ff = 128, d = 512;
-  const std::vector<uint8_t> gate = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
-  const std::vector<uint8_t> up = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
-  const std::vector<uint8_t> plain = make_weights(GgmlType::Q6_K, 300, d, rng);
-  Dev<uint8_t> dg(gate), du(up), dp(plain);
-  const sc::DevMatrix mg = dev_matrix(GgmlType::Q4_K, dg, ff, d, n_expert), mu = dev_matrix(GgmlType::Q4_K, du, ff, d, n_expert),
-                      mp = dev_matrix(GgmlType::Q6_K, dp, 300, d);
-  Dev<unsigned long long> counts(std::vector<unsigned long long>(n_expert, 0ull));
-  std::vector<unsigned long long> want_counts(n_expert, 0ull);
-  for (bool norm : {true, false}) {
-    std::vector<float> logits = randn(n_expert, rng, 2.0f);
-    logits[5] = logits[9];  // a tie: the lower id ranks first
-    const std::vector<float> x = randn(d, rng);
-    Dev<float> dlog(logits), dx(x), dh(static_cast<size_t>(k) * ff), dyp(300), dwts(k);
-    Dev<int> dids(k);
-    std::vector<sc::GemvJob> jobs(k + 1);
-    for (int j = 0; j < k; ++j) {
-      jobs[j].w = &mg, jobs[j].w2 = &mu, jobs[j].x = dx.p, jobs[j].y = dh.p + j * ff;
-      jobs[j].mode = sc::GemvMode::SwigluPair, jobs[j].ids = dids.p, jobs[j].slot = j;
+  // 64 and 256 experts take the register form of the routing (up to 256), 300 the shared-memory form.
+  for (const int n_expert : {64, 256, 300}) {
+    const int k = 8, ff = 128, d = 512;
+    const std::vector<uint8_t> gate = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+    const std::vector<uint8_t> up = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+    const std::vector<uint8_t> plain = make_weights(GgmlType::Q6_K, 300, d, rng);
+    Dev<uint8_t> dg(gate), du(up), dp(plain);
+    const sc::DevMatrix mg = dev_matrix(GgmlType::Q4_K, dg, ff, d, n_expert), mu = dev_matrix(GgmlType::Q4_K, du, ff, d, n_expert),
+                        mp = dev_matrix(GgmlType::Q6_K, dp, 300, d);
+    Dev<unsigned long long> counts(std::vector<unsigned long long>(n_expert, 0ull));
+    std::vector<unsigned long long> want_counts(n_expert, 0ull);
+    for (bool norm : {true, false}) {
+      std::vector<float> logits = randn(n_expert, rng, 2.0f);
+      logits[5] = logits[9];  // a tie: the lower id ranks first
+      const std::vector<float> x = randn(d, rng);
+      Dev<float> dlog(logits), dx(x), dh(static_cast<size_t>(k) * ff), dyp(300), dwts(k);
+      Dev<int> dids(k);
+      std::vector<sc::GemvJob> jobs(k + 1);
+      for (int j = 0; j < k; ++j) {
+        jobs[j].w = &mg, jobs[j].w2 = &mu, jobs[j].x = dx.p, jobs[j].y = dh.p + j * ff;
+        jobs[j].mode = sc::GemvMode::SwigluPair, jobs[j].ids = dids.p, jobs[j].slot = j;
+      }
+      jobs[k].w = &mp, jobs[k].x = dx.p, jobs[k].y = dyp.p;
+      sc::GemvRoute rt;
+      rt.logits = dlog.p, rt.n_expert = n_expert, rt.k = k, rt.norm_topk = norm, rt.ids = dids.p, rt.weights = dwts.p;
+      rt.counts = counts.p;
+      sc::gemv_batch(jobs.data(), k + 1, nullptr, nullptr, nullptr, nullptr, &rt);
+      const CpuRoute want = cpu_route(logits, k, norm);
+      const std::vector<int>& idx = want.ids;
+      EXPECT_EQ(dids.get(), idx) << norm << " " << n_expert;
+      EXPECT_LE(rel_err(dwts.get(), want.weights), 1e-6) << norm << " " << n_expert;
+      for (int id : idx) ++want_counts[id];
+      const std::vector<float> h = dh.get();
+      const size_t stride = strata::row_bytes(GgmlType::Q4_K, d) * ff;
+      for (int j = 0; j < k; ++j) {
+        const std::vector<float> gv = ref_matvec(GgmlType::Q4_K, gate.data() + stride * idx[j], ff, d, x.data());
+        const std::vector<float> uv = ref_matvec(GgmlType::Q4_K, up.data() + stride * idx[j], ff, d, x.data());
+        std::vector<float> href(ff);
+        for (int r = 0; r < ff; ++r) href[r] = strata::siluf(gv[r]) * uv[r];
+        EXPECT_LE(rel_err(std::vector<float>(h.begin() + j * ff, h.begin() + (j + 1) * ff), href), 1e-5) << "slot " << j;
+      }
+      EXPECT_LE(rel_err(dyp.get(), ref_matvec(GgmlType::Q6_K, plain.data(), 300, d, x.data())), 1e-5);
     }
-    jobs[k].w = &mp, jobs[k].x = dx.p, jobs[k].y = dyp.p;
-    sc::GemvRoute rt;
-    rt.logits = dlog.p, rt.n_expert = n_expert, rt.k = k, rt.norm_topk = norm, rt.ids = dids.p, rt.weights = dwts.p;
-    rt.counts = counts.p;
-    sc::gemv_batch(jobs.data(), k + 1, nullptr, nullptr, nullptr, nullptr, &rt);
-    std::vector<float> p = logits;
-    strata::softmax_inplace(p.data(), n_expert);
-    std::vector<int> idx(k);
-    strata::top_k(p.data(), n_expert, k, idx.data());
-    double sum = 0;
-    for (int j = 0; j < k; ++j) sum += p[idx[j]];
-    std::vector<float> wref(k);
-    for (int j = 0; j < k; ++j) wref[j] = norm ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
-    EXPECT_EQ(dids.get(), idx) << norm;
-    EXPECT_LE(rel_err(dwts.get(), wref), 1e-6) << norm;
-    for (int id : idx) ++want_counts[id];
-    const std::vector<float> h = dh.get();
-    const size_t stride = strata::row_bytes(GgmlType::Q4_K, d) * ff;
-    for (int j = 0; j < k; ++j) {
-      const std::vector<float> gv = ref_matvec(GgmlType::Q4_K, gate.data() + stride * idx[j], ff, d, x.data());
-      const std::vector<float> uv = ref_matvec(GgmlType::Q4_K, up.data() + stride * idx[j], ff, d, x.data());
-      std::vector<float> href(ff);
-      for (int r = 0; r < ff; ++r) href[r] = strata::siluf(gv[r]) * uv[r];
-      EXPECT_LE(rel_err(std::vector<float>(h.begin() + j * ff, h.begin() + (j + 1) * ff), href), 1e-5) << "slot " << j;
-    }
-    EXPECT_LE(rel_err(dyp.get(), ref_matvec(GgmlType::Q6_K, plain.data(), 300, d, x.data())), 1e-5);
+    EXPECT_EQ(counts.get(), want_counts);
   }
-  EXPECT_EQ(counts.get(), want_counts);
 }
 
 // ---- the int8 activation path (GemvMath::Int8, the default) ---------------------------------------

@@ -4,7 +4,7 @@
 //   x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
 //           (+ sigmoid(*shared_gate) * ys[j] when ys is not null),
 //   then, when norm_w is not null, xn = rmsnorm(x) * norm_w (mean of squares accumulated in double).
-// ye and ys are read through L2 (__ldcg): in the epilogue other blocks of the same launch wrote them.
+// Everything but norm_w is read through L2 (__ldcg): in an epilogue other blocks of the same launch wrote it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,17 +23,17 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
   __shared__ float sw[64];
   // Slots in ascending expert id: each slot finds its place by counting, in parallel (ids are distinct;
   // equal ones would keep slot order).
-  if (static_cast<int>(threadIdx.x) < k) sid[threadIdx.x] = ids[threadIdx.x];
+  if (static_cast<int>(threadIdx.x) < k) sid[threadIdx.x] = __ldcg(ids + threadIdx.x);
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < k) {
     const int t = static_cast<int>(threadIdx.x), me = sid[t];
     int r = 0;
     for (int u = 0; u < k; ++u) r += sid[u] < me || (sid[u] == me && u < t);
     order[r] = t;
-    sw[r] = weights[t];
+    sw[r] = __ldcg(weights + t);
   }
   __syncthreads();
-  const float sg = ys ? 1.0f / (1.0f + expf(-*shared_gate)) : 0.0f;
+  const float sg = ys ? 1.0f / (1.0f + expf(-__ldcg(shared_gate))) : 0.0f;
   double ss = 0.0;
   // kCols columns per thread at a time (j0 + i * blockDim.x, ascending j as a plain loop would take
   // them) and kSlots slots' loads for them in flight together: one block does this for the whole
@@ -71,7 +71,7 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
       if (j < d) {
         float a = acc[i];
         if (ys) a += sg * __ldcg(ys + j);
-        const float nx = x[j] + a;
+        const float nx = __ldcg(x + j) + a;
         x[j] = nx;
         ss += static_cast<double>(nx) * nx;
       }

@@ -183,32 +183,6 @@ struct GpuSession::Impl {
     stream = nullptr;
   }
 
-  // Each layer's mixer reads rmsnorm(x) * attn_norm (normalised by its input launch) and ends by adding
-  // its output projection into x (GemvMode::Accumulate).
-  void attention(const DevLayer& D, DeviceLayerState& L) {
-    const DevAttention& w = D.attn;
-    const int hd = c.head_dim;
-    const int* pos = d_io + 1;
-    GemvJob jobs[3];
-    jobs[0].w = &w.q, jobs[0].y = q;
-    jobs[1].w = &w.k, jobs[1].y = kk;
-    jobs[2].w = &w.v, jobs[2].y = vv;
-    for (GemvJob& j : jobs) normed_input(j, D.attn_norm);
-    gemv_batch(jobs, 3, stream);
-    prof.mark("attn q/k/v gemv", stream);
-    attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-              c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream);
-    prof.mark("attn norm+rope", stream);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale,
-                           c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream);
-    prof.mark("attn decode", stream);
-    GemvJob out;
-    out.w = &w.o, out.x = o, out.y = x, out.mode = GemvMode::Accumulate;
-    gemv_batch(&out, 1, stream);
-    prof.mark("attn out gemv", stream);
-  }
-
   // A job whose input is rmsnorm(x) * norm_w of the residual stream x: each block of the launch
   // computes the norm as it stages x (no separate norm pass, no single-block epilogue).
   void normed_input(GemvJob& j, const float* norm_w) const {
@@ -217,24 +191,50 @@ struct GpuSession::Impl {
     j.norm_eps = c.rms_eps;
   }
 
-  void deltanet(const DevLayer& D, DeviceLayerState& L) {
+  // A layer's mixer input projections, each reading rmsnorm(x) * attn_norm: attention q/k/v, or
+  // DeltaNet qkv (with the conv1d + SiLU fused in when fuse_conv) / z / beta / alpha. Returns the count.
+  int mixer_in_jobs(const DevLayer& D, DeviceLayerState& L, GemvJob* jobs) const {
+    if (D.kind == LayerKind::FullAttention) {
+      const DevAttention& w = D.attn;
+      jobs[0] = GemvJob{}, jobs[0].w = &w.q, jobs[0].y = q;
+      jobs[1] = GemvJob{}, jobs[1].w = &w.k, jobs[1].y = kk;
+      jobs[2] = GemvJob{}, jobs[2].w = &w.v, jobs[2].y = vv;
+      for (int i = 0; i < 3; ++i) normed_input(jobs[i], D.attn_norm);
+      return 3;
+    }
     const DevDeltaNet& w = D.deltanet;
-    GemvJob jobs[4];
-    jobs[0].w = &w.qkv, jobs[0].y = qkv;
-    jobs[1].w = &w.gate, jobs[1].y = z;
-    jobs[2].w = &w.beta, jobs[2].y = b;
-    jobs[3].w = &w.alpha, jobs[3].y = alpha;
-    for (GemvJob& j : jobs) normed_input(j, D.attn_norm);
-    const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
+    jobs[0] = GemvJob{}, jobs[0].w = &w.qkv, jobs[0].y = qkv;
+    jobs[1] = GemvJob{}, jobs[1].w = &w.gate, jobs[1].y = z;
+    jobs[2] = GemvJob{}, jobs[2].w = &w.beta, jobs[2].y = b;
+    jobs[3] = GemvJob{}, jobs[3].w = &w.alpha, jobs[3].y = alpha;
+    for (int i = 0; i < 4; ++i) normed_input(jobs[i], D.attn_norm);
     if (fuse_conv) {  // conv1d + SiLU per qkv row in the projection, q/k norms in the step: no conv launch
       jobs[0].y = mixed;
       jobs[0].conv_w = w.conv, jobs[0].conv_state = L.conv, jobs[0].conv_k = c.ssm_conv_kernel;
       jobs[0].conv_channels = c.ssm_conv_channels();
-      gemv_batch(jobs, 4, stream);
-      prof.mark("dn in gemv+conv", stream);
-    } else {
-      gemv_batch(jobs, 4, stream);
-      prof.mark("dn in gemv", stream);
+    }
+    return 4;
+  }
+
+  // What runs between a mixer's input and output projections: attention's q/k norm + rope + KV store and
+  // the split-K attention; DeltaNet's conv (when not fused into the projection) and recurrent step.
+  void mixer_core(const DevLayer& D, DeviceLayerState& L) {
+    if (D.kind == LayerKind::FullAttention) {
+      const DevAttention& w = D.attn;
+      const int hd = c.head_dim;
+      const int* pos = d_io + 1;
+      attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
+                c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream);
+      prof.mark("attn norm+rope", stream);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale,
+                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream);
+      prof.mark("attn decode", stream);
+      return;
+    }
+    const DevDeltaNet& w = D.deltanet;
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
+    if (!fuse_conv) {
       conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
                    c.ssm_head_v, q_scale, stream);
       prof.mark("dn conv+qknorm", stream);
@@ -242,10 +242,122 @@ struct GpuSession::Impl {
     deltanet_step_fast(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
                        c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream, fuse_conv, q_scale);
     prof.mark("dn step", stream);
+  }
+
+  // The mixer's output projection, added into the residual stream x.
+  GemvJob mixer_out_job(const DevLayer& D) const {
     GemvJob out;
-    out.w = &w.out, out.x = o2, out.y = x, out.mode = GemvMode::Accumulate;
+    const bool attn = D.kind == LayerKind::FullAttention;
+    out.w = attn ? &D.attn.o : &D.deltanet.out;
+    out.x = attn ? o : o2;
+    out.y = x;
+    out.mode = GemvMode::Accumulate;
+    return out;
+  }
+
+  // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))).
+  void mixer(const DevLayer& D, DeviceLayerState& L) {
+    const bool attn = D.kind == LayerKind::FullAttention;
+    GemvJob in[4];
+    const int n = mixer_in_jobs(D, L, in);
+    gemv_batch(in, n, stream);
+    prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv ? "dn in gemv+conv" : "dn in gemv"), stream);
+    mixer_core(D, L);
+    const GemvJob out = mixer_out_job(D);
     gemv_batch(&out, 1, stream);
-    prof.mark("dn out gemv", stream);
+    prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
+  }
+
+  // The lm_head over rmsnorm(x) * output_norm.
+  GemvJob head_job() const {
+    GemvJob head;
+    head.w = &dm.output, head.y = logits;
+    normed_input(head, dm.output_norm);
+    return head;
+  }
+
+  // The jobs of the MoE FFN x += experts(rmsnorm(x) * ffn_norm): the router (+ the shared expert's gate
+  // input), the shared expert's gate/up pair, the k routed gate/up pairs, the k routed down projections
+  // (+ the shared down) and the combine.
+  struct MoeJobs {
+    std::vector<GemvJob> first, up, down;
+    bool has_pair = false;
+    GemvJob pair;  // the shared expert's gate/up (has_pair)
+    GemvRoute rt;  // softmax + top-k of the router logits
+    GemvCombine cb;
+  };
+  MoeJobs moe_jobs(int il, const DevLayer& D) const {
+    const DevMoe& w = D.moe;
+    MoeJobs m;
+    const int k = c.n_expert_used;
+    const int64_t d = c.n_embd;
+    GemvRoute& rt = m.rt;
+    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
+    rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    m.first.resize(1);
+    m.first[0].w = &w.router, m.first[0].y = router;
+    if (w.has_shared) {
+      GemvJob gate_inp;
+      gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
+      m.first.push_back(gate_inp);
+      m.has_pair = true;
+      m.pair.w = &w.shared_gate, m.pair.w2 = &w.shared_up, m.pair.y = gs, m.pair.mode = GemvMode::SwigluPair;
+      normed_input(m.pair, D.ffn_norm);
+    }
+    for (GemvJob& j : m.first) normed_input(j, D.ffn_norm);
+    m.up.resize(static_cast<size_t>(k));
+    m.down.resize(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) {
+      GemvJob& a = m.up[j];
+      a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
+      a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
+      normed_input(a, D.ffn_norm);
+      GemvJob& e = m.down[j];
+      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
+    }
+    if (w.has_shared) {
+      GemvJob sd;
+      sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
+      m.down.push_back(sd);
+    }
+    GemvCombine& cb = m.cb;
+    cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+    cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
+    cb.counter = norm_counter;
+    return m;
+  }
+
+  // The MoE FFN in separate launches: router (+ shared gate), routed gate+up+SwiGLU with the top-k
+  // computed in every block (+ the shared expert's gate/up), routed + shared down + combine. The next
+  // layer's input norm is computed by its own launches.
+  void moe(int il, const DevLayer& D) {
+    if (hybrid) {  // issue 8: hot/cold experts read xn
+      rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
+      prof.mark("rmsnorm", stream);
+      hybrid->enqueue_decode(il, xn, x, stream);
+      prof.mark("hybrid moe", stream);
+      return;
+    }
+    MoeJobs m = moe_jobs(il, D);
+    if (m.has_pair) m.up.push_back(m.pair);
+    if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
+      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
+      prof.mark("moe router+shared gate", stream);
+      gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt);
+      prof.mark("moe top-k+experts gate+up+shared gate/up", stream);
+    } else {  // several launches: the router launch's last block routes once for all of them
+      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, &m.rt);
+      prof.mark("moe router+top-k+shared gate", stream);
+      gemv_chunks(m.up, "moe experts gate+up");
+    }
+    if (m.down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
+      gemv_batch(m.down.data(), static_cast<int>(m.down.size()), stream, nullptr, nullptr, &m.cb);
+      prof.mark("moe experts+shared down+combine", stream);
+    } else {
+      gemv_chunks(m.down, "moe experts+shared down");
+      moe_combine_add_norm(x, ye, ids, wts, m.cb.k, c.n_embd, m.cb.ys, sg, nullptr, c.rms_eps, xn, stream);
+      prof.mark("moe combine", stream);
+    }
   }
 
   // Runs jobs in launches of at most kMaxGemvJobs.
@@ -255,74 +367,6 @@ struct GpuSession::Impl {
     prof.mark(what, stream);
   }
 
-  // The MoE FFN: x += experts(rmsnorm(x) * ffn_norm). Launches: router (+ shared gate), routed
-  // gate+up+SwiGLU with the top-k computed in every block (+ the shared expert's gate/up), routed +
-  // shared down + combine. The next layer's input norm is computed by its own launches.
-  void moe(int il, const DevLayer& D) {
-    const DevMoe& w = D.moe;
-    if (hybrid) {  // issue 8: hot/cold experts read xn
-      rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-      prof.mark("rmsnorm", stream);
-      hybrid->enqueue_decode(il, xn, x, stream);
-      prof.mark("hybrid moe", stream);
-      return;
-    }
-    const int k = c.n_expert_used;
-    const int64_t d = c.n_embd;
-    GemvRoute rt;  // softmax + top-k
-    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
-    rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
-    std::vector<GemvJob> first(1);
-    first[0].w = &w.router, first[0].y = router;
-    GemvJob pair;
-    if (w.has_shared) {
-      GemvJob gate_inp;
-      gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
-      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.y = gs, pair.mode = GemvMode::SwigluPair;
-      normed_input(pair, D.ffn_norm);
-      first.push_back(gate_inp);
-    }
-    for (GemvJob& j : first) normed_input(j, D.ffn_norm);
-    std::vector<GemvJob> up(static_cast<size_t>(k)), down(static_cast<size_t>(k));
-    for (int j = 0; j < k; ++j) {
-      GemvJob& a = up[j];
-      a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
-      a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
-      normed_input(a, D.ffn_norm);
-      GemvJob& e = down[j];
-      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
-    }
-    if (w.has_shared) up.push_back(pair);
-    if (up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
-      gemv_batch(first.data(), static_cast<int>(first.size()), stream);
-      prof.mark("moe router+shared gate", stream);
-      gemv_batch(up.data(), static_cast<int>(up.size()), stream, nullptr, nullptr, nullptr, &rt);
-      prof.mark("moe top-k+experts gate+up+shared gate/up", stream);
-    } else {  // several launches: the router launch's last block routes once for all of them
-      gemv_batch(first.data(), static_cast<int>(first.size()), stream, nullptr, &rt);
-      prof.mark("moe router+top-k+shared gate", stream);
-      gemv_chunks(up, "moe experts gate+up");
-    }
-    if (w.has_shared) {
-      GemvJob sd;
-      sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
-      down.push_back(sd);
-    }
-    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
-      GemvCombine cb;
-      cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
-      cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
-      cb.counter = norm_counter;
-      gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
-      prof.mark("moe experts+shared down+combine", stream);
-    } else {
-      gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, w.has_shared ? ys : nullptr, sg, nullptr, c.rms_eps, xn,
-                           stream);
-      prof.mark("moe combine", stream);
-    }
-  }
-
   // Every kernel of one decode step, reading the token and position from d_io.
   void enqueue_step() {
     prof.mark(nullptr, stream);  // step start
@@ -330,16 +374,10 @@ struct GpuSession::Impl {
     prof.mark("embed", stream);
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
-      if (D.kind == LayerKind::FullAttention) {
-        attention(D, st.layers[il]);
-      } else {
-        deltanet(D, st.layers[il]);
-      }
+      mixer(D, st.layers[il]);
       moe(il, D);
     }
-    GemvJob head;
-    head.w = &dm.output, head.y = logits;
-    normed_input(head, dm.output_norm);
+    const GemvJob head = head_job();
     gemv_batch(&head, 1, stream);
     prof.mark("lm_head gemv+norm", stream);
     argmax_wide(logits, c.n_vocab, argmax_part, argmax_counter, d_argmax, stream);

@@ -1,10 +1,7 @@
-// The batched matvec kernel (matvec_kernels.h). One launch covers up to kMaxGemvJobs jobs; the row
-// space of all jobs is cut into tiles (256 threads / G rows) and a grid sized to fill the GPU loops
-// over the tiles. Each row is handled by a group of G threads (a power of two, 1..256; above 32 the
-// row spans several warps that meet in shared memory), chosen so that every thread takes about
-// units_per_thread units of its row, read by small rolled loops (matvec_rows.cuh) that stay in the
-// instruction cache. L2 prefetches (of a block's first tile before the programmatic-dependent-launch
-// wait, of routed rows before staging, of the next tile) all measured slower on the H100 (docs/PERF.md).
+// The batched matvec launch (matvec_kernels.h): one kernel covers up to kMaxGemvJobs jobs, with an
+// optional epilogue run by the last block to finish. The block-level work is in matvec_block.cuh. L2
+// prefetches (of a block's first tile before the programmatic-dependent-launch wait, of routed rows
+// before staging, of the next tile) all measured slower on the H100 (docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,477 +11,38 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
-#include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/decode_pdl.cuh"
-#include "strata/cuda/device_math.cuh"
+#include "strata/cuda/matvec_block.cuh"
 #include "strata/cuda/matvec_kernels.h"
-#include "strata/cuda/matvec_rows.cuh"
 
 namespace strata::cuda {
+namespace mv {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxCols = 16384;
-
-struct DJob {
-  const uint8_t* w;
-  const uint8_t* w2;
-  const float* x;
-  float* y;
-  const int* ids;
-  const int* slot_of_expert;
-  size_t row_bytes;
-  size_t row_bytes2;
-  size_t expert_stride;
-  size_t expert_stride2;
-  int n_rows;
-  int n_cols;
-  GgmlType type;
-  GgmlType type2;
-  GemvMode mode;
-  int slot;
-  int g_log2;     // threads per row = 1 << g_log2 (1..256)
-  int tile_rows;  // rows per tile = kThreads / G
-  int tile_begin;
-  const float* norm_w;  // GemvJob::norm_w
-  float norm_eps;
-  const float* conv_w;  // GemvJob::conv_*
-  float* conv_state;
-  int conv_k;
-  int conv_channels;
-};
 
 struct DBatch {
   DJob j[kMaxGemvJobs];
   int n_jobs;
   int n_tiles;
-  GemvNorm norm;    // norm.counter == nullptr: none
-  GemvRoute route;  // route.counter == nullptr: none
+  GemvNorm norm;        // norm.counter == nullptr: none
+  GemvRoute route;      // route.counter == nullptr: none
   GemvCombine combine;  // combine.counter == nullptr: none
   GemvRoute route_in;   // route_in.logits == nullptr: none (see gemv_batch)
   bool i8;              // GemvMath::Int8: K-quant jobs read the int8 form of x
 };
 
-// Whether this block is the last of the grid to get here (then every other block's outputs are visible
-// to it through L2); the last block resets the counter for the next launch.
-__device__ bool last_block(unsigned int* counter) {
-  __shared__ bool last;
-  __threadfence();  // this thread's outputs are visible device-wide before the block is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;
-  return true;
-}
-
-// Softmax + top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule: larger probability
-// first, the lower id among equals), by warp 0 of the block while the others wait at the closing
-// barrier: k rounds of a warp arg-max. (A rank count by the whole block, n_expert^2 comparisons, made the
-// routed launches issue-bound: every block of the expert launch routes for itself.) The k picks end
-// in chosen[] (shared memory, visible to every thread on return); with write_out the block also
-// writes ids / weights / counts.
-__device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
-  __shared__ float p[1024];
-  __shared__ float chosen_p[64];
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float mx = -INFINITY;
-    for (int i = lane; i < r.n_expert; i += 32) {
-      const float v = __ldcg(r.logits + i);
-      p[i] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = warp_max(mx);
-    double sum = 0.0;
-    for (int i = lane; i < r.n_expert; i += 32) {
-      const float e = expf(p[i] - mx);
-      p[i] = e;
-      sum += e;
-    }
-    sum = warp_sum_d(sum);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int i = lane; i < r.n_expert; i += 32) p[i] *= inv;
-    __syncwarp();
-    for (int j = 0; j < r.k; ++j) {
-      float best = -1.0f;
-      int bi = 0x7fffffff;
-      for (int i = lane; i < r.n_expert; i += 32) {  // ascending ids: '>' keeps the lowest among equals
-        const float v = p[i];
-        if (v > best) {
-          best = v;
-          bi = i;
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-          best = ov;
-          bi = oi;
-        }
-      }
-      if (lane == 0) {
-        chosen[j] = bi;
-        chosen_p[j] = best;
-        p[bi] = -1.0f;  // taken: below every probability
-      }
-      __syncwarp();
-    }
-    if (write_out) {
-      if (lane == 0) {
-        double s = 0.0;
-        for (int j = 0; j < r.k; ++j) s += chosen_p[j];
-        for (int j = 0; j < r.k; ++j) {
-          r.ids[j] = chosen[j];
-          r.weights[j] = r.norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
-        }
-      }
-      __syncwarp();
-      if (r.counts)
-        for (int j = lane; j < r.k; j += 32) atomicAdd(r.counts + chosen[j], 1ull);
-    }
-  }
-  __syncthreads();  // chosen[] is visible to every thread; p[] is free for a later call
-}
-
-__device__ __noinline__ void route_epilogue(const GemvRoute& r) {
-  if (!last_block(r.counter)) return;
-  __shared__ int chosen[64];
-  route_block(r, chosen, true);
-}
-
-__device__ __noinline__ void combine_epilogue(const GemvCombine& c) {
-  if (!last_block(c.counter)) return;
-  moe_combine_norm_block(c.x, c.ye, c.ids, c.weights, c.k, c.d, c.ys, c.shared_gate, c.norm_w, c.eps, c.xn);
-}
-
-// The epilogue norm, run by the last block to finish. Reads through L2 (__ldcg): other blocks wrote x.
-__device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
-  if (!last_block(nm.counter)) return;
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < nm.n; i += blockDim.x) {
-    const float v = __ldcg(nm.x + i);
-    ss += static_cast<double>(v) * v;
-  }
-  ss = block_sum_d(ss);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(nm.n) + nm.eps));
-  for (int i = threadIdx.x; i < nm.n; i += blockDim.x) nm.out[i] = __ldcg(nm.x + i) * inv * nm.w[i];
-}
-
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-
-// The conv1d + SiLU step of channel c whose newest input is v (conv1d_silu_kernel's arithmetic);
-// advances that channel's state.
-__device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
-  const int K = J.conv_k, ch = J.conv_channels;
-  const float* w = J.conv_w + static_cast<int64_t>(c) * K;
-  float* st = J.conv_state;
-  float acc = w[K - 1] * v;
-  for (int j = 0; j < K - 1; ++j) acc += w[j] * st[static_cast<int64_t>(j) * ch + c];
-  if (K > 1) {
-    for (int j = 0; j < K - 2; ++j) st[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
-    st[static_cast<int64_t>(K - 2) * ch + c] = v;
-  }
-  return silu_f(acc);
-}
-
-// Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
-// staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
-// The common case (16-byte aligned, n <= 4 * kHeld * blockDim.x: the 2048-float residual stream) holds
-// x and norm_w in registers, every load issued before the first use: a loop that loads, scales and
-// stores one element at a time waits about one L2 round trip per step.
-constexpr int kHeld = 2;  // float4 of x (and of norm_w) per thread; 4 would spill registers
-__device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps, bool sums) {
-  const int bd = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  const bool aligned = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0) &&
-                       (!norm_w || (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0);
-  if (aligned && n / 4 <= kHeld * bd) {  // block-uniform
-    const int n4 = n / 4;
-    float4 xv[kHeld], wv[kHeld];
-#pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int q = t + i * bd;
-      xv[i] = q < n4 ? reinterpret_cast<const float4*>(x)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      wv[i] = norm_w && q < n4 ? __ldg(reinterpret_cast<const float4*>(norm_w) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    if (norm_w) {
-      double ss = 0.0;
-#pragma unroll
-      for (int i = 0; i < kHeld; ++i)
-        ss += static_cast<double>(xv[i].x) * xv[i].x + static_cast<double>(xv[i].y) * xv[i].y +
-              static_cast<double>(xv[i].z) * xv[i].z + static_cast<double>(xv[i].w) * xv[i].w;
-      ss = block_sum_d(ss);
-      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
-#pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
-        xv[i].x = xv[i].x * inv * wv[i].x;
-        xv[i].y = xv[i].y * inv * wv[i].y;
-        xv[i].z = xv[i].z * inv * wv[i].z;
-        xv[i].w = xv[i].w * inv * wv[i].w;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int q = t + i * bd;
-      if (q < n4) *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = xv[i];
-    }
-  } else if (aligned) {  // longer rows: float4 steps
-    const int n4 = n / 4;
-    double ss = 0.0;
-    for (int q = t; q < n4; q += bd) {
-      const float4 v = reinterpret_cast<const float4*>(x)[q];
-      *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = v;
-      if (norm_w)
-        ss += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
-              static_cast<double>(v.w) * v.w;
-    }
-    if (norm_w) {  // block-uniform
-      ss = block_sum_d(ss);  // synchronises: every element is staged
-      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
-      for (int q = t; q < n4; q += bd) {
-        float4& v = *reinterpret_cast<float4*>(xs + rows::xpad(4 * q));
-        const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w) + q);
-        v.x = v.x * inv * w.x;
-        v.y = v.y * inv * w.y;
-        v.z = v.z * inv * w.z;
-        v.w = v.w * inv * w.w;
-      }
-    }
-  } else {  // any n and alignment: one element per step
-    double ss = 0.0;
-    for (int i = t; i < n; i += bd) {
-      const float v = x[i];
-      xs[rows::xpad(i)] = v;
-      if (norm_w) ss += static_cast<double>(v) * v;
-    }
-    if (norm_w) {  // block-uniform
-      ss = block_sum_d(ss);  // synchronises: every element is staged
-      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
-      for (int i = t; i < n; i += bd) {
-        float& v = xs[rows::xpad(i)];
-        v = v * inv * norm_w[i];
-      }
-    }
-  }
-  if (!sums) return;  // the caller synchronises before xs is read
-  __syncthreads();
-  for (int c = t; c < n / 16; c += bd) {
-    const float* p = xs + rows::xpad(16 * c);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s += p[i];
-    s16[c] = s;
-  }
-}
-
-// The end of a tile row: the G lanes of a row add their partial sums (across warps through red[] /
-// red2[] when G > 32, in warp order), and lane 0 stores the row by the job's mode.
-__device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, int sub, int G, bool skip, float a,
-                                           float a2, float* red, float* red2) {
-  for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    a2 += __shfl_xor_sync(0xffffffffu, a2, o);
-  }
-  if (G > 32) {  // block-uniform: the G/32 warps of a row add their sums in warp order
-    const int warp = threadIdx.x >> 5;
-    __syncthreads();  // the previous tile's readers of red[] are done
-    if ((threadIdx.x & 31) == 0) {
-      red[warp] = a;
-      red2[warp] = a2;
-    }
-    __syncthreads();
-    if (sub == 0) {
-      const int w0 = warp, nw = G >> 5;
-      a = 0.0f;
-      a2 = 0.0f;
-      for (int w = 0; w < nw; ++w) {
-        a += red[w0 + w];
-        a2 += red2[w0 + w];
-      }
-    }
-  }
-  if (live && sub == 0) {
-    if (skip) {
-      J.y[row] = 0.0f;
-    } else if (J.mode == GemvMode::Store) {
-      J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
-    } else if (J.mode == GemvMode::Accumulate) {
-      J.y[row] += a;
-    } else {
-      J.y[row] = silu_f(a) * a2;
-    }
-  }
-}
-
-// After a block's last tile: the route_in outputs (block 0, when it had no routed tile) and the
-// launch's epilogue (run by the last block to finish).
-__device__ __forceinline__ void launch_tail(const DBatch& b, bool waited, bool routed, int* route_ids) {
-  if (!waited) pdl_wait();  // a block without tiles still orders its epilogue after the previous kernel
-  if (b.route_in.logits && blockIdx.x == 0 && !routed) route_block(b.route_in, route_ids, true);  // block-uniform
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const __grid_constant__ DBatch b) {
+  // The next kernel may start now (it waits for this one's completion before touching its outputs).
+  pdl_launch_dependents();
+  pdl_wait();
+  extern __shared__ float smem[];
+  __shared__ float red[kWarps], red2[kWarps];
+  __shared__ int route_ids[64];
+  BlockStage st;
+  const BlockScratch S{smem, red, red2, route_ids};
+  run_tiles(b.j, b.n_jobs, b.n_tiles, b.route_in, b.i8, st, S);
   if (b.norm.counter) norm_epilogue(b.norm);
   if (b.route.counter) route_epilogue(b.route);
   if (b.combine.counter) combine_epilogue(b.combine);
-}
-
-// The expert slot of a routed job's tile (waits for the previous kernel first: the ids are its output).
-// With route_in, the block routes once and keeps the picks in route_ids. Returns the slot, or -1 when
-// the expert is not resident.
-__device__ __forceinline__ int routed_slot(const DBatch& b, const DJob& J, bool& waited, bool& routed, int* route_ids) {
-  if (!waited) {
-    pdl_wait();
-    waited = true;
-  }
-  int e;
-  if (b.route_in.logits) {
-    if (!routed) {  // block-uniform
-      route_block(b.route_in, route_ids, blockIdx.x == 0);
-      routed = true;
-    }
-    e = route_ids[J.slot];
-  } else {
-    e = J.ids[J.slot];
-  }
-  return J.slot_of_expert ? J.slot_of_expert[e] : e;
-}
-
-// Shared-memory layout of the staged input for n columns (in floats): xs (padded), s16, then the int8
-// form (q as n bytes, 16-byte aligned; d32; sum16; isum16).
-struct StageLayout {
-  int s16, q, d32, sum16, isum16, total;
-};
-__host__ __device__ inline StageLayout stage_layout(int n) {
-  StageLayout l{};
-  l.s16 = rows::xpad_size(n);
-  l.q = (l.s16 + n / 16 + 3) & ~3;
-  l.d32 = l.q + (n + 15) / 16 * 4;
-  l.sum16 = l.d32 + n / 32;
-  l.isum16 = l.sum16 + n / 16;
-  l.total = l.isum16 + n / 16;
-  return l;
-}
-
-// The int8 form of the staged x (quantize_activations_i8_scalar's arithmetic: the same q, d32 and
-// sum16 as the CPU engine computes for this vector). Eight lanes per block of 32 values, four values
-// each, so a 2048-float vector takes two passes of the block. n % 256 == 0 (the K-quant widths), so
-// every warp's lanes take the same number of passes.
-__device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16) {
-  const int lane = threadIdx.x & 31;
-  for (int base = 4 * static_cast<int>(threadIdx.x); base < n; base += 4 * static_cast<int>(blockDim.x)) {
-    const float4 v = *reinterpret_cast<const float4*>(xs + rows::xpad(base));
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int c[4] = {__float2int_rn(v.x * inv), __float2int_rn(v.y * inv), __float2int_rn(v.z * inv),
-                __float2int_rn(v.w * inv)};
-    int sum = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      c[i] = c[i] > 127 ? 127 : (c[i] < -127 ? -127 : c[i]);
-      sum += c[i];
-    }
-    *reinterpret_cast<int*>(q + base) =
-        (c[0] & 0xff) | ((c[1] & 0xff) << 8) | ((c[2] & 0xff) << 16) | (static_cast<int>(static_cast<unsigned>(c[3]) << 24));
-#pragma unroll
-    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // four lanes = 16 values
-    if ((lane & 7) == 0) d32[base >> 5] = d;
-    if ((lane & 3) == 0) {
-      isum16[base >> 4] = sum;
-      sum16[base >> 4] = d * static_cast<float>(sum);
-    }
-  }
-}
-
-// Resident blocks per SM the register budget is sized for: 3 = 80 registers per thread, no spills (at 4,
-// 64 registers, the int8 path spills and decodes slower; the earlier unrolled kernel ran at 2 with 128
-// registers; docs/PERF.md has the comparisons).
-#ifndef STRATA_GEMV_MIN_BLOCKS
-#define STRATA_GEMV_MIN_BLOCKS 3
-#endif
-__global__ void __launch_bounds__(kThreads, STRATA_GEMV_MIN_BLOCKS) gemv_kernel(const __grid_constant__ DBatch b) {
-  // The next kernel may start now (it waits for this one's completion before touching its outputs).
-  pdl_launch_dependents();
-  extern __shared__ float smem[];
-  __shared__ float red[kWarps], red2[kWarps];
-  __shared__ int route_ids[64];  // route_in's picks, computed by this block
-  const float* staged = nullptr;
-  const float* staged_norm = nullptr;
-  int staged_n = -1;
-  bool staged_i8 = false;
-  bool staged_s16 = false;
-  bool waited = false;  // block-uniform: griddepcontrol.wait done
-  bool routed = false;  // block-uniform: route_ids[] holds route_in's picks
-  for (int tile = blockIdx.x; tile < b.n_tiles; tile += gridDim.x) {
-    int ji = 0;
-    while (ji + 1 < b.n_jobs && tile >= b.j[ji + 1].tile_begin) ++ji;
-    const DJob& J = b.j[ji];
-    const StageLayout L = stage_layout(J.n_cols);
-    const rows::XStage X{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32,
-                         smem + L.sum16, reinterpret_cast<const int*>(smem + L.isum16)};
-    const bool i8a = b.i8 && rows::int8_path_type(J.type);
-    const bool i8b = b.i8 && J.w2 && rows::int8_path_type(J.type2);
-    // The float path's 16-sums are read by K-quant rows only.
-    const bool want_s16 = (!i8a && rows::int8_path_type(J.type)) || (J.w2 && !i8b && rows::int8_path_type(J.type2));
-    // block-uniform
-    const bool restage = J.x != staged || J.n_cols != staged_n || J.norm_w != staged_norm ||
-                         ((i8a || i8b) && !staged_i8) || (want_s16 && !staged_s16);
-    const int G = 1 << J.g_log2;
-    const int sub = threadIdx.x & (G - 1);
-    const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
-    const bool live = row < J.n_rows;
-    const int row_c = live ? row : J.n_rows - 1;  // threads past the last row work on it and store nothing
-    const uint8_t* base = J.w;
-    const uint8_t* base2 = J.w2;
-    bool skip = false;
-    if (J.ids) {
-      const int s = routed_slot(b, J, waited, routed, route_ids);
-      if (s < 0) {
-        skip = true;  // not resident: the rows of slot 0 are read (harmlessly) and zeros stored
-      } else {
-        base += static_cast<size_t>(s) * J.expert_stride;
-        if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
-      }
-    }
-    if (!waited) {
-      pdl_wait();
-      waited = true;
-    }
-    if (restage) {
-      __syncthreads();  // the previous tile's readers of the staged input are done
-      stage_x(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, want_s16);
-      staged_s16 = want_s16;
-      staged_i8 = i8a || i8b;
-      if (staged_i8) {
-        __syncthreads();
-        stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
-                 reinterpret_cast<int*>(smem + L.isum16));
-      }
-      __syncthreads();
-      staged = J.x;
-      staged_n = J.n_cols;
-      staged_norm = J.norm_w;
-    }
-    float a = 0.0f, a2 = 0.0f;
-    const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
-    if (J.mode != GemvMode::SwigluPair) {
-      a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
-    } else {
-      const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
-      if (J.type == J.type2) {
-        rows::row_dot2_rolled(J.type, i8a, ra, rb, J.n_cols, X, sub, G, a, a2);
-      } else {
-        a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
-        a2 = rows::row_dot_rolled(J.type2, i8b, rb, J.n_cols, X, sub, G);
-      }
-    }
-    finish_row(J, row, live, sub, G, skip, a, a2, red, red2);
-  }
-  launch_tail(b, waited, routed, route_ids);
 }
 
 int pow2_ceil(int v) {
@@ -499,32 +57,20 @@ int log2_of(int p) {
   return l;
 }
 
-struct DeviceLimits {
-  int sms = 0;
-  int blocks_per_sm = 0;     // resident blocks per SM at 4096 columns
-  // Units of a row per lane (STRATA_GEMV_UNITS, 1..16). Measured on the H100 (docs/PERF.md): 4 beats 2
-  // and 8, also for gate/up pairs alone.
-  int units_per_thread = 4;
-};
-
-const DeviceLimits& limits() {
-  static const DeviceLimits lim = [] {
-    DeviceLimits l;
-    int dev = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+// Resident gemv_kernel blocks per SM at the common 2048..4096-column size; larger inputs simply run
+// fewer blocks per SM.
+int gemv_blocks_per_sm() {
+  static const int n = [] {
     const int smem = stage_layout(kMaxCols).total * static_cast<int>(sizeof(float));
     check_cuda(cudaFuncSetAttribute(gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(gemv)");
-    // Occupancy at the common 2048..4096-column size; larger inputs simply run fewer blocks per SM.
     const int smem_typ = stage_layout(4096).total * static_cast<int>(sizeof(float));
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, gemv_kernel, kThreads, smem_typ),
+    int b = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel, kThreads, smem_typ),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    l.blocks_per_sm = std::max(1, l.blocks_per_sm);
-    if (const char* v = std::getenv("STRATA_GEMV_UNITS")) l.units_per_thread = std::max(1, std::min(16, std::atoi(v)));
-    return l;
+    return std::max(1, b);
   }();
-  return lim;
+  return n;
 }
 
 // STRATA_GEMV_MATH=float|int8 sets the starting value (for comparisons); set_gemv_math overrides it.
@@ -538,78 +84,114 @@ GemvMath initial_math() {
 }
 GemvMath g_math = initial_math();
 
+// Units of a row per lane. Measured on the H100 (docs/PERF.md): 4 beats 2 and 8, also for gate/up
+// pairs alone.
+int units_per_thread() {
+  static const int u = [] {
+    const char* v = std::getenv("STRATA_GEMV_UNITS");
+    return v ? std::max(1, std::min(16, std::atoi(v))) : 4;
+  }();
+  return u;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    return sms;
+  }();
+  return n;
+}
+
+bool int8_math() { return g_math == GemvMath::Int8; }
+
+DJob describe_job(const GemvJob& in, int& tiles) {
+  const DevMatrix& w = *in.w;
+  if (!supported_type(w.type)) fail_unsupported_type("gemv_batch", w.type);
+  if (w.n_cols > kMaxCols || w.n_cols < 1)
+    fail("CUDA backend: gemv_batch: a row of ", w.n_cols, " columns is outside 1..", kMaxCols);
+  if (w.n_cols % type_traits(w.type).block_elems != 0)
+    fail("CUDA backend: gemv_batch: ", w.n_cols, " columns is not a whole number of ", type_traits(w.type).name,
+         " blocks");
+  const int U = rows::units_per_row(w.type, static_cast<int>(w.n_cols));
+  DJob d{};
+  d.w = w.data;
+  d.row_bytes = w.row_bytes;
+  d.expert_stride = w.expert_stride;
+  d.type = w.type;
+  d.type2 = w.type;
+  if (in.mode == GemvMode::SwigluPair) {
+    check_arg(in.w2 != nullptr, "gemv_batch: SwigluPair needs w2");
+    const DevMatrix& u = *in.w2;
+    if (!supported_type(u.type)) fail_unsupported_type("gemv_batch", u.type);
+    check_arg(u.n_rows == w.n_rows && u.n_cols == w.n_cols, "gemv_batch: gate/up shapes differ");
+    d.w2 = u.data;
+    d.row_bytes2 = u.row_bytes;
+    d.expert_stride2 = u.expert_stride;
+    d.type2 = u.type;
+  }
+  d.x = in.x;
+  d.y = in.y;
+  d.ids = in.ids;
+  d.slot = in.slot;
+  d.slot_of_expert = in.slot_of_expert;
+  d.n_rows = static_cast<int>(w.n_rows);
+  d.n_cols = static_cast<int>(w.n_cols);
+  d.mode = in.mode;
+  d.norm_w = in.norm_w;
+  d.norm_eps = in.norm_eps;
+  d.conv_w = in.conv_w;
+  d.conv_state = in.conv_state;
+  d.conv_k = in.conv_k;
+  d.conv_channels = in.conv_channels;
+  if (in.conv_w)
+    check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
+              "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
+  // Threads per row: enough that each lane takes about units_per_thread units of the row (two loop
+  // steps' worth at most): many short rows per tile keep every resident warp busy.
+  const int per_thread = units_per_thread();
+  const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
+  d.g_log2 = log2_of(G);
+  d.tile_rows = kThreads / G;
+  d.tile_begin = tiles;
+  tiles += static_cast<int>((w.n_rows + d.tile_rows - 1) / d.tile_rows);
+  return d;
+}
+
+void check_route(const GemvRoute& r, bool needs_counter, const char* what) {
+  check_arg(r.logits && r.ids && r.weights && (!needs_counter || r.counter), what);
+  check_arg(r.n_expert <= 1024 && r.k <= 64 && r.k <= r.n_expert && r.k >= 1,
+            "gemv_batch: routing needs n_expert <= 1024 and 1 <= k <= 64");
+}
+
+void check_combine(const GemvCombine& c, bool needs_counter) {
+  check_arg((!needs_counter || c.counter) && c.x && c.ye && c.ids && c.weights && c.k >= 1 && c.k <= 64 && c.d > 0 &&
+                (!c.ys || c.shared_gate) && (!c.norm_w || c.xn),
+            "gemv_batch: incomplete GemvCombine (k must be 1..64)");
+}
+
 }  // namespace
+}  // namespace mv
 
-int64_t max_gemv_cols() { return kMaxCols; }
+int64_t max_gemv_cols() { return mv::kMaxCols; }
 
-void set_gemv_math(GemvMath m) { g_math = m; }
-GemvMath gemv_math() { return g_math; }
+void set_gemv_math(GemvMath m) { mv::g_math = m; }
+GemvMath gemv_math() { return mv::g_math; }
 
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
                 const GemvCombine* combine, const GemvRoute* route_in) {
+  using namespace mv;
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
-  const DeviceLimits& lim = limits();
   DBatch b{};
   b.n_jobs = n_jobs;
-  b.i8 = g_math == GemvMath::Int8;
+  b.i8 = int8_math();
   int tiles = 0, max_cols = 0;
   for (int i = 0; i < n_jobs; ++i) {
-    const GemvJob& in = jobs[i];
-    const DevMatrix& w = *in.w;
-    if (!supported_type(w.type)) fail_unsupported_type("gemv_batch", w.type);
-    if (w.n_cols > kMaxCols || w.n_cols < 1)
-      fail("CUDA backend: gemv_batch: a row of ", w.n_cols, " columns is outside 1..", kMaxCols);
-    if (w.n_cols % type_traits(w.type).block_elems != 0)
-      fail("CUDA backend: gemv_batch: ", w.n_cols, " columns is not a whole number of ", type_traits(w.type).name,
-           " blocks");
-    const int U = rows::units_per_row(w.type, static_cast<int>(w.n_cols));
-    DJob& d = b.j[i];
-    d.w = w.data;
-    d.row_bytes = w.row_bytes;
-    d.expert_stride = w.expert_stride;
-    d.type = w.type;
-    d.type2 = w.type;
-    d.w2 = nullptr;
-    d.row_bytes2 = 0;
-    d.expert_stride2 = 0;
-    if (in.mode == GemvMode::SwigluPair) {
-      check_arg(in.w2 != nullptr, "gemv_batch: SwigluPair needs w2");
-      const DevMatrix& u = *in.w2;
-      if (!supported_type(u.type)) fail_unsupported_type("gemv_batch", u.type);
-      check_arg(u.n_rows == w.n_rows && u.n_cols == w.n_cols, "gemv_batch: gate/up shapes differ");
-      d.w2 = u.data;
-      d.row_bytes2 = u.row_bytes;
-      d.expert_stride2 = u.expert_stride;
-      d.type2 = u.type;
-    }
-    d.x = in.x;
-    d.y = in.y;
-    d.ids = in.ids;
-    d.slot = in.slot;
-    d.slot_of_expert = in.slot_of_expert;
-    d.n_rows = static_cast<int>(w.n_rows);
-    d.n_cols = static_cast<int>(w.n_cols);
-    d.mode = in.mode;
-    d.norm_w = in.norm_w;
-    d.norm_eps = in.norm_eps;
-    d.conv_w = in.conv_w;
-    d.conv_state = in.conv_state;
-    d.conv_k = in.conv_k;
-    d.conv_channels = in.conv_channels;
-    if (in.conv_w)
-      check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
-                "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
-    if (route_in && in.ids)
-      check_arg(in.ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
-    // Threads per row: enough that each lane takes about units_per_thread units of the row (two loop
-    // steps' worth at most): many short rows per tile keep every resident warp busy.
-    const int per_thread = lim.units_per_thread;
-    const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
-    d.g_log2 = log2_of(G);
-    d.tile_rows = kThreads / G;
-    d.tile_begin = tiles;
-    tiles += static_cast<int>((w.n_rows + d.tile_rows - 1) / d.tile_rows);
-    max_cols = std::max(max_cols, d.n_cols);
+    if (route_in && jobs[i].ids)
+      check_arg(jobs[i].ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
+    b.j[i] = describe_job(jobs[i], tiles);
+    max_cols = std::max(max_cols, b.j[i].n_cols);
   }
   b.n_tiles = tiles;
   if (norm) {
@@ -618,27 +200,19 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   }
   if (route) {
     check_arg(!norm, "gemv_batch: one epilogue at most");
-    check_arg(route->counter && route->logits && route->ids && route->weights, "gemv_batch: incomplete GemvRoute");
-    check_arg(route->n_expert <= 1024 && route->k <= 64 && route->k <= route->n_expert && route->k >= 1,
-              "gemv_batch: route needs n_expert <= 1024 and 1 <= k <= 64");
+    check_route(*route, true, "gemv_batch: incomplete GemvRoute");
     b.route = *route;
   }
   if (combine) {
     check_arg(!norm && !route, "gemv_batch: one epilogue at most");
-    check_arg(combine->counter && combine->x && combine->ye && combine->ids && combine->weights && combine->k >= 1 &&
-                  combine->k <= 64 && combine->d > 0 && (!combine->ys || combine->shared_gate) &&
-                  (!combine->norm_w || combine->xn),
-              "gemv_batch: incomplete GemvCombine (k must be 1..64)");
+    check_combine(*combine, true);
     b.combine = *combine;
   }
   if (route_in) {
-    check_arg(route_in->logits && route_in->ids && route_in->weights, "gemv_batch: incomplete route_in");
-    check_arg(route_in->n_expert <= 1024 && route_in->k <= 64 && route_in->k <= route_in->n_expert &&
-                  route_in->k >= 1,
-              "gemv_batch: route_in needs n_expert <= 1024 and 1 <= k <= 64");
+    check_route(*route_in, false, "gemv_batch: incomplete route_in");
     b.route_in = *route_in;
   }
-  const int grid = std::max(1, std::min(tiles, lim.sms * lim.blocks_per_sm));
+  const int grid = std::max(1, std::min(tiles, sm_count() * gemv_blocks_per_sm()));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   launch_pdl("gemv_batch", gemv_kernel, dim3(grid), dim3(kThreads), smem, s, b);
 }

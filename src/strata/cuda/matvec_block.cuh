@@ -1,0 +1,531 @@
+// Block-level pieces of the decode matvec (gemv_batch, matvec_kernels.cu: one launch of up to
+// kMaxGemvJobs jobs): the staging of the input, routing, the tile loop and the epilogues. The row space of a launch's jobs is cut into
+// tiles (256 threads / G rows) and the grid loops over the tiles. Each row is handled by a group of G
+// threads (a power of two, 1..256; above 32 the row spans several warps that meet in shared memory),
+// chosen so that every thread takes about units_per_thread units of its row, read by small rolled loops
+// (matvec_rows.cuh) that stay in the instruction cache. Values other blocks of the same launch may have
+// written (the residual stream, router logits, expert outputs, ids) are read through L2 (__ldcg).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "strata/cuda/decode_combine.cuh"
+#include "strata/cuda/device_math.cuh"
+#include "strata/cuda/matvec_kernels.h"
+#include "strata/cuda/matvec_rows.cuh"
+
+namespace strata::cuda::mv {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCols = 16384;
+
+// Resident blocks per SM the register budget is sized for: 3 = 80 registers per thread, no spills (at 4,
+// 64 registers, the int8 path spills and decodes slower; the earlier unrolled kernel ran at 2 with 128
+// registers; docs/PERF.md has the comparisons).
+constexpr int kMinBlocksPerSm = 3;
+
+
+struct DJob {
+  const uint8_t* w;
+  const uint8_t* w2;
+  const float* x;
+  float* y;
+  const int* ids;
+  const int* slot_of_expert;
+  size_t row_bytes;
+  size_t row_bytes2;
+  size_t expert_stride;
+  size_t expert_stride2;
+  int n_rows;
+  int n_cols;
+  GgmlType type;
+  GgmlType type2;
+  GemvMode mode;
+  int slot;
+  int g_log2;     // threads per row = 1 << g_log2 (1..256)
+  int tile_rows;  // rows per tile = kThreads / G
+  int tile_begin;
+  const float* norm_w;  // GemvJob::norm_w
+  float norm_eps;
+  const float* conv_w;  // GemvJob::conv_*
+  float* conv_state;
+  int conv_k;
+  int conv_channels;
+};
+
+// Whether this block is the last of the grid to get here (then every other block's outputs are visible
+// to it through L2); the last block resets the counter for the next launch.
+static __device__ bool last_block(unsigned int* counter) {
+  __shared__ bool last;
+  __threadfence();  // this thread's outputs are visible device-wide before the block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  return true;
+}
+
+// A float's order as an unsigned key (larger float, larger key), so a warp arg-max is one redux.sync.
+__device__ __forceinline__ unsigned int order_key(float v) {
+  const unsigned int b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Softmax + top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule: larger probability
+// first, the lower id among equals), by warp 0 of the block while the others wait at the closing
+// barrier. (A rank count by the whole block, n_expert^2 comparisons, made the routed launches
+// issue-bound: every block of the expert launch routes for itself.) The k picks end in chosen[] (shared
+// memory, visible to every thread on return); with write_out the block also writes ids / weights /
+// counts. Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in
+// flight at once, and a round's arg-max is two warp reductions (the largest key, then the lowest id
+// holding it); beyond that the probabilities live in shared memory and a round is a shuffle arg-max.
+// Both forms sum the softmax in the same order (per lane by ascending id, then the warp's xor tree).
+constexpr int kRouteRegs = 8;
+static __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
+  __shared__ float p[1024];
+  __shared__ float chosen_p[64];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (r.n_expert <= 32 * kRouteRegs) {
+      float v[kRouteRegs];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int m = 0; m < kRouteRegs; ++m) {
+        const int i = lane + 32 * m;
+        v[m] = i < r.n_expert ? __ldcg(r.logits + i) : -INFINITY;
+        mx = fmaxf(mx, v[m]);
+      }
+      mx = warp_max(mx);
+      double sum = 0.0;
+#pragma unroll
+      for (int m = 0; m < kRouteRegs; ++m) {
+        if (lane + 32 * m < r.n_expert) {
+          v[m] = expf(v[m] - mx);
+          sum += v[m];
+        }
+      }
+      sum = warp_sum_d(sum);
+      const float inv = static_cast<float>(1.0 / sum);
+#pragma unroll
+      for (int m = 0; m < kRouteRegs; ++m) v[m] = lane + 32 * m < r.n_expert ? v[m] * inv : -1.0f;
+      for (int j = 0; j < r.k; ++j) {
+        float best = v[0];
+        int bi = lane;
+#pragma unroll
+        for (int m = 1; m < kRouteRegs; ++m)  // ascending ids: '>' keeps the lowest among equals
+          if (v[m] > best) {
+            best = v[m];
+            bi = lane + 32 * m;
+          }
+        const unsigned int top = __reduce_max_sync(0xffffffffu, order_key(best));
+        const int win = static_cast<int>(
+            __reduce_min_sync(0xffffffffu, order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
+        if (lane == (win & 31)) {
+#pragma unroll
+          for (int m = 0; m < kRouteRegs; ++m)
+            if (win == lane + 32 * m) v[m] = -1.0f;  // taken: below every probability
+        }
+        if (lane == 0) {
+          chosen[j] = win;
+          chosen_p[j] = key_value(top);
+        }
+      }
+      __syncwarp();
+    } else {
+      float mx = -INFINITY;
+      for (int i = lane; i < r.n_expert; i += 32) {
+        const float v = __ldcg(r.logits + i);
+        p[i] = v;
+        mx = fmaxf(mx, v);
+      }
+      mx = warp_max(mx);
+      double sum = 0.0;
+      for (int i = lane; i < r.n_expert; i += 32) {
+        const float e = expf(p[i] - mx);
+        p[i] = e;
+        sum += e;
+      }
+      sum = warp_sum_d(sum);
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int i = lane; i < r.n_expert; i += 32) p[i] *= inv;
+      __syncwarp();
+      for (int j = 0; j < r.k; ++j) {
+        float best = -1.0f;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < r.n_expert; i += 32) {  // ascending ids: '>' keeps the lowest among equals
+          const float v = p[i];
+          if (v > best) {
+            best = v;
+            bi = i;
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+          const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+          }
+        }
+        if (lane == 0) {
+          chosen[j] = bi;
+          chosen_p[j] = best;
+          p[bi] = -1.0f;  // taken: below every probability
+        }
+        __syncwarp();
+      }
+    }
+    if (write_out) {
+      if (lane == 0) {
+        double s = 0.0;
+        for (int j = 0; j < r.k; ++j) s += chosen_p[j];
+        for (int j = 0; j < r.k; ++j) {
+          r.ids[j] = chosen[j];
+          r.weights[j] = r.norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
+        }
+      }
+      __syncwarp();
+      if (r.counts)
+        for (int j = lane; j < r.k; j += 32) atomicAdd(r.counts + chosen[j], 1ull);
+    }
+  }
+  __syncthreads();  // chosen[] is visible to every thread; p[] is free for a later call
+}
+
+static __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
+  if (!last_block(r.counter)) return;
+  __shared__ int chosen[64];
+  route_block(r, chosen, true);
+}
+
+static __device__ __noinline__ void combine_epilogue(const GemvCombine& c) {
+  if (!last_block(c.counter)) return;
+  moe_combine_norm_block(c.x, c.ye, c.ids, c.weights, c.k, c.d, c.ys, c.shared_gate, c.norm_w, c.eps, c.xn);
+}
+
+// The epilogue norm, run by the last block to finish. Reads through L2 (__ldcg): other blocks wrote x.
+static __device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
+  if (!last_block(nm.counter)) return;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < nm.n; i += blockDim.x) {
+    const float v = __ldcg(nm.x + i);
+    ss += static_cast<double>(v) * v;
+  }
+  ss = block_sum_d(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(nm.n) + nm.eps));
+  for (int i = threadIdx.x; i < nm.n; i += blockDim.x) nm.out[i] = __ldcg(nm.x + i) * inv * nm.w[i];
+}
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+// The conv1d + SiLU step of channel c whose newest input is v (conv1d_silu_kernel's arithmetic);
+// advances that channel's state.
+static __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
+  const int K = J.conv_k, ch = J.conv_channels;
+  const float* w = J.conv_w + static_cast<int64_t>(c) * K;
+  float* st = J.conv_state;
+  float acc = w[K - 1] * v;
+  for (int j = 0; j < K - 1; ++j) acc += w[j] * st[static_cast<int64_t>(j) * ch + c];
+  if (K > 1) {
+    for (int j = 0; j < K - 2; ++j) st[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
+    st[static_cast<int64_t>(K - 2) * ch + c] = v;
+  }
+  return silu_f(acc);
+}
+
+// Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
+// staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
+// The common case (16-byte aligned, n <= 4 * kHeld * blockDim.x: the 2048-float residual stream) holds
+// x and norm_w in registers, every load issued before the first use: a loop that loads, scales and
+// stores one element at a time waits about one L2 round trip per step.
+constexpr int kHeld = 2;  // float4 of x (and of norm_w) per thread; 4 would spill registers
+static __device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps, bool sums) {
+  const int bd = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  const bool aligned = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0) &&
+                       (!norm_w || (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0);
+  if (aligned && n / 4 <= kHeld * bd) {  // block-uniform
+    const int n4 = n / 4;
+    float4 xv[kHeld], wv[kHeld];
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int q = t + i * bd;
+      xv[i] = q < n4 ? __ldcg(reinterpret_cast<const float4*>(x) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      wv[i] = norm_w && q < n4 ? __ldg(reinterpret_cast<const float4*>(norm_w) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (norm_w) {
+      double ss = 0.0;
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i)
+        ss += static_cast<double>(xv[i].x) * xv[i].x + static_cast<double>(xv[i].y) * xv[i].y +
+              static_cast<double>(xv[i].z) * xv[i].z + static_cast<double>(xv[i].w) * xv[i].w;
+      ss = block_sum_d(ss);
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        xv[i].x = xv[i].x * inv * wv[i].x;
+        xv[i].y = xv[i].y * inv * wv[i].y;
+        xv[i].z = xv[i].z * inv * wv[i].z;
+        xv[i].w = xv[i].w * inv * wv[i].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int q = t + i * bd;
+      if (q < n4) *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = xv[i];
+    }
+  } else if (aligned) {  // longer rows: float4 steps
+    const int n4 = n / 4;
+    double ss = 0.0;
+    for (int q = t; q < n4; q += bd) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(x) + q);
+      *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = v;
+      if (norm_w)
+        ss += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+              static_cast<double>(v.w) * v.w;
+    }
+    if (norm_w) {  // block-uniform
+      ss = block_sum_d(ss);  // synchronises: every element is staged
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+      for (int q = t; q < n4; q += bd) {
+        float4& v = *reinterpret_cast<float4*>(xs + rows::xpad(4 * q));
+        const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w) + q);
+        v.x = v.x * inv * w.x;
+        v.y = v.y * inv * w.y;
+        v.z = v.z * inv * w.z;
+        v.w = v.w * inv * w.w;
+      }
+    }
+  } else {  // any n and alignment: one element per step
+    double ss = 0.0;
+    for (int i = t; i < n; i += bd) {
+      const float v = __ldcg(x + i);
+      xs[rows::xpad(i)] = v;
+      if (norm_w) ss += static_cast<double>(v) * v;
+    }
+    if (norm_w) {  // block-uniform
+      ss = block_sum_d(ss);  // synchronises: every element is staged
+      const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+      for (int i = t; i < n; i += bd) {
+        float& v = xs[rows::xpad(i)];
+        v = v * inv * norm_w[i];
+      }
+    }
+  }
+  if (!sums) return;  // the caller synchronises before xs is read
+  __syncthreads();
+  for (int c = t; c < n / 16; c += bd) {
+    const float* p = xs + rows::xpad(16 * c);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s += p[i];
+    s16[c] = s;
+  }
+}
+
+// The end of a tile row: the G lanes of a row add their partial sums (across warps through red[] /
+// red2[] when G > 32, in warp order), and lane 0 stores the row by the job's mode.
+__device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, int sub, int G, bool skip, float a,
+                                           float a2, float* red, float* red2) {
+  for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    a2 += __shfl_xor_sync(0xffffffffu, a2, o);
+  }
+  if (G > 32) {  // block-uniform: the G/32 warps of a row add their sums in warp order
+    const int warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous tile's readers of red[] are done
+    if ((threadIdx.x & 31) == 0) {
+      red[warp] = a;
+      red2[warp] = a2;
+    }
+    __syncthreads();
+    if (sub == 0) {
+      const int w0 = warp, nw = G >> 5;
+      a = 0.0f;
+      a2 = 0.0f;
+      for (int w = 0; w < nw; ++w) {
+        a += red[w0 + w];
+        a2 += red2[w0 + w];
+      }
+    }
+  }
+  if (live && sub == 0) {
+    if (skip) {
+      J.y[row] = 0.0f;
+    } else if (J.mode == GemvMode::Store) {
+      J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
+    } else if (J.mode == GemvMode::Accumulate) {
+      J.y[row] = __ldcg(J.y + row) + a;
+    } else {
+      J.y[row] = silu_f(a) * a2;
+    }
+  }
+}
+
+// Shared-memory layout of the staged input for n columns (in floats): xs (padded), s16, then the int8
+// form (q as n bytes, 16-byte aligned; d32; sum16; isum16).
+struct StageLayout {
+  int s16, q, d32, sum16, isum16, total;
+};
+__host__ __device__ inline StageLayout stage_layout(int n) {
+  StageLayout l{};
+  l.s16 = rows::xpad_size(n);
+  l.q = (l.s16 + n / 16 + 3) & ~3;
+  l.d32 = l.q + (n + 15) / 16 * 4;
+  l.sum16 = l.d32 + n / 32;
+  l.isum16 = l.sum16 + n / 16;
+  l.total = l.isum16 + n / 16;
+  return l;
+}
+
+// The int8 form of the staged x (quantize_activations_i8_scalar's arithmetic: the same q, d32 and
+// sum16 as the CPU engine computes for this vector). Eight lanes per block of 32 values, four values
+// each, so a 2048-float vector takes two passes of the block. n % 256 == 0 (the K-quant widths), so
+// every warp's lanes take the same number of passes.
+static __device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16) {
+  const int lane = threadIdx.x & 31;
+  for (int base = 4 * static_cast<int>(threadIdx.x); base < n; base += 4 * static_cast<int>(blockDim.x)) {
+    const float4 v = *reinterpret_cast<const float4*>(xs + rows::xpad(base));
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int c[4] = {__float2int_rn(v.x * inv), __float2int_rn(v.y * inv), __float2int_rn(v.z * inv),
+                __float2int_rn(v.w * inv)};
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      c[i] = c[i] > 127 ? 127 : (c[i] < -127 ? -127 : c[i]);
+      sum += c[i];
+    }
+    *reinterpret_cast<int*>(q + base) =
+        (c[0] & 0xff) | ((c[1] & 0xff) << 8) | ((c[2] & 0xff) << 16) | (static_cast<int>(static_cast<unsigned>(c[3]) << 24));
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // four lanes = 16 values
+    if ((lane & 7) == 0) d32[base >> 5] = d;
+    if ((lane & 3) == 0) {
+      isum16[base >> 4] = sum;
+      sum16[base >> 4] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+// What a block has staged in shared memory (block-uniform), and whose route_in picks route_ids holds;
+// kept across the tiles of a launch.
+struct BlockStage {
+  const float* x = nullptr;
+  const float* norm = nullptr;
+  int n = -1;
+  bool i8 = false;
+  bool s16 = false;
+  const float* routed_from = nullptr;  // the route_in logits route_ids[] was computed from
+};
+
+// The block's shared scratch of one launch.
+struct BlockScratch {
+  float* smem;    // the staged input (stage_layout of the widest row)
+  float* red;     // kWarps floats
+  float* red2;    // kWarps floats
+  int* route_ids; // 64 ints: route_in's picks
+};
+
+// The expert slot of a routed job's tile. With route_in, the block routes once per logits vector and
+// keeps the picks in route_ids (block 0 also writes ids / weights / counts). Returns the slot, or -1
+// when the expert is not resident.
+__device__ __forceinline__ int routed_slot(const GemvRoute& rin, const DJob& J, BlockStage& st, const BlockScratch& S) {
+  int e;
+  if (rin.logits) {
+    if (st.routed_from != rin.logits) {  // block-uniform
+      route_block(rin, S.route_ids, blockIdx.x == 0);
+      st.routed_from = rin.logits;
+    }
+    e = S.route_ids[J.slot];
+  } else {
+    e = __ldcg(J.ids + J.slot);
+  }
+  return J.slot_of_expert ? __ldcg(J.slot_of_expert + e) : e;
+}
+
+// The tiles blockIdx.x, + gridDim.x, ... of n_tiles over jobs[0..n_jobs) (tile_begin ascending from 0).
+// The caller has waited for the previous kernel. Ends with route_in's outputs written (block 0 routes
+// here when it had no routed tile).
+__device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_tiles, const GemvRoute& rin, bool i8,
+                                          BlockStage& st, const BlockScratch& S) {
+  for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    int ji = 0;
+    while (ji + 1 < n_jobs && tile >= jobs[ji + 1].tile_begin) ++ji;
+    const DJob& J = jobs[ji];
+    const StageLayout L = stage_layout(J.n_cols);
+    float* smem = S.smem;
+    const rows::XStage X{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32,
+                         smem + L.sum16, reinterpret_cast<const int*>(smem + L.isum16)};
+    const bool i8a = i8 && rows::int8_path_type(J.type);
+    const bool i8b = i8 && J.w2 && rows::int8_path_type(J.type2);
+    // The float path's 16-sums are read by K-quant rows only.
+    const bool want_s16 = (!i8a && rows::int8_path_type(J.type)) || (J.w2 && !i8b && rows::int8_path_type(J.type2));
+    // block-uniform
+    const bool restage = J.x != st.x || J.n_cols != st.n || J.norm_w != st.norm || ((i8a || i8b) && !st.i8) ||
+                         (want_s16 && !st.s16);
+    const int G = 1 << J.g_log2;
+    const int sub = threadIdx.x & (G - 1);
+    const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
+    const bool live = row < J.n_rows;
+    const int row_c = live ? row : J.n_rows - 1;  // threads past the last row work on it and store nothing
+    const uint8_t* base = J.w;
+    const uint8_t* base2 = J.w2;
+    bool skip = false;
+    if (J.ids) {
+      const int s = routed_slot(rin, J, st, S);
+      if (s < 0) {
+        skip = true;  // not resident: the rows of slot 0 are read (harmlessly) and zeros stored
+      } else {
+        base += static_cast<size_t>(s) * J.expert_stride;
+        if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
+      }
+    }
+    if (restage) {
+      __syncthreads();  // the previous tile's readers of the staged input are done
+      stage_x(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, want_s16);
+      st.s16 = want_s16;
+      st.i8 = i8a || i8b;
+      if (st.i8) {
+        __syncthreads();
+        stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
+                 reinterpret_cast<int*>(smem + L.isum16));
+      }
+      __syncthreads();
+      st.x = J.x;
+      st.n = J.n_cols;
+      st.norm = J.norm_w;
+    }
+    float a = 0.0f, a2 = 0.0f;
+    const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
+    if (J.mode != GemvMode::SwigluPair) {
+      a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
+    } else {
+      const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
+      if (J.type == J.type2) {
+        rows::row_dot2_rolled(J.type, i8a, ra, rb, J.n_cols, X, sub, G, a, a2);
+      } else {
+        a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
+        a2 = rows::row_dot_rolled(J.type2, i8b, rb, J.n_cols, X, sub, G);
+      }
+    }
+    finish_row(J, row, live, sub, G, skip, a, a2, S.red, S.red2);
+  }
+  if (rin.logits && blockIdx.x == 0 && st.routed_from != rin.logits) {  // block-uniform
+    route_block(rin, S.route_ids, true);
+    st.routed_from = rin.logits;
+  }
+}
+
+}  // namespace strata::cuda::mv
