@@ -1,6 +1,7 @@
 // The GPU sampler (cuda/sample_kernels.h) against the host Sampler and a float64 reference: the same
-// distribution (temperature, min-p, ids past n never drawn), the same token as the host Sampler for the
-// same uniform draws, and GpuSession::decode_and_pick's sampled continuation equal to the host path's.
+// distribution (temperature, top-k, top-p, min-p, ids past n never drawn), the same token as the host
+// Sampler for the same uniform draws (cuts through runs of equal logits included), and
+// GpuSession::decode_and_pick's sampled continuation equal to the host path's.
 // Skips where CUDA is not built or no GPU exists.
 #include <gtest/gtest.h>
 
@@ -10,7 +11,10 @@ TEST(CudaSample, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <filesystem>
 #include <limits>
 #include <random>
@@ -32,7 +36,7 @@ struct DeviceLogits {
   float* logits = nullptr;
   int* argmax = nullptr;
   int* out = nullptr;
-  double* partial = nullptr;
+  void* scratch = nullptr;
   unsigned long long* part = nullptr;
   unsigned int* counter = nullptr;
   int64_t n = 0;
@@ -41,7 +45,8 @@ struct DeviceLogits {
     EXPECT_EQ(cudaMemcpy(logits, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&argmax, sizeof(int)), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&out, sizeof(int)), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&partial, sc::sample_partials(n) * sizeof(double)), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&scratch, sc::sample_scratch_bytes(n)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(scratch, 0, sc::sample_scratch_bytes(n)), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&part, sc::argmax_wide_blocks(n) * sizeof(unsigned long long)), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&counter, sizeof(unsigned int)), cudaSuccess);
     EXPECT_EQ(cudaMemset(counter, 0, sizeof(unsigned int)), cudaSuccess);
@@ -49,11 +54,17 @@ struct DeviceLogits {
   }
   ~DeviceLogits() {
     for (void* p : {static_cast<void*>(logits), static_cast<void*>(argmax), static_cast<void*>(out),
-                    static_cast<void*>(partial), static_cast<void*>(part), static_cast<void*>(counter)})
+                    scratch, static_cast<void*>(part), static_cast<void*>(counter)})
       cudaFree(p);
   }
   int draw(double inv_t, double min_p, double u) {
-    sc::sample_temperature(logits, n, argmax, inv_t, min_p, u, partial, out, nullptr);
+    sc::GpuSampling p;
+    p.inv_temperature = inv_t;
+    p.min_p = min_p;
+    return draw(p, u);
+  }
+  int draw(const sc::GpuSampling& p, double u) {
+    sc::sample_token(logits, n, argmax, p, u, scratch, out, nullptr);
     int id = -2;
     EXPECT_EQ(cudaMemcpy(&id, out, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
     return id;
@@ -83,6 +94,60 @@ std::vector<double> reference(const std::vector<float>& l, int64_t n, double tem
   }
   for (double& q : p) q /= z;
   return p;
+}
+
+// Float64 reference with top-k and top-p: candidates by larger logit then lower id, the k best, then the
+// shortest best-first prefix whose mass reaches top_p of theirs, then min-p; normalised.
+std::vector<double> reference_cut(const std::vector<float>& l, int64_t n, double temp, int top_k, double top_p,
+                                  double min_p) {
+  std::vector<int> ids;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(l[i])) ids.push_back(static_cast<int>(i));
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+  if (top_k > 0 && static_cast<size_t>(top_k) < ids.size()) ids.resize(static_cast<size_t>(top_k));
+  const double mx = l[ids[0]];
+  std::vector<double> q(ids.size());
+  long double total = 0;
+  for (size_t i = 0; i < ids.size(); ++i) total += q[i] = std::exp((l[ids[i]] - mx) / temp);
+  size_t m = ids.size();
+  if (top_p < 1.0) {
+    long double acc = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      acc += q[i];
+      if (acc >= top_p * total) {
+        m = i + 1;
+        break;
+      }
+    }
+  }
+  std::vector<double> p(l.size(), 0.0);
+  double z = 0;
+  for (size_t i = 0; i < m; ++i)
+    if (q[i] >= min_p) p[static_cast<size_t>(ids[i])] = q[i], z += q[i];
+  for (double& v : p) v /= z;
+  return p;
+}
+
+// Draw frequencies against a float64 distribution (5 sd), and no draw outside its support.
+void expect_frequencies(DeviceLogits& dev, const sc::GpuSampling& p, const std::vector<double>& want, int draws,
+                        uint64_t seed, const char* what) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::vector<int> counts(want.size(), 0);
+  for (int i = 0; i < draws; ++i) {
+    const int id = dev.draw(p, uni(rng));
+    ASSERT_GE(id, 0) << what;
+    ASSERT_LT(id, dev.n) << what;
+    ++counts[static_cast<size_t>(id)];
+  }
+  for (size_t t = 0; t < want.size(); ++t) {
+    if (want[t] == 0) {
+      EXPECT_EQ(counts[t], 0) << "token " << t << " is outside the kept set (" << what << ")";
+      continue;
+    }
+    const double mean = want[t] * draws, sd = std::sqrt(draws * want[t] * (1 - want[t]));
+    EXPECT_NEAR(counts[t], mean, 5 * sd + 1) << "token " << t << " p=" << want[t] << " (" << what << ")";
+  }
 }
 
 // Three chunks of ids (the kernel sums 2048 per block), banned ids, and a prefix that excludes the tail.
@@ -152,6 +217,98 @@ TEST(CudaSample, EdgesOfTheDrawAndNothingToDraw) {
   EXPECT_EQ(empty.draw(1.0, 0.0, 0.5), -1);
 }
 
+// Top-k and top-p cut where the float64 reference does, alone, together and with min-p, on three chunks
+// of ids with banned tokens and a prefix; the draws follow the reference distribution.
+TEST(CudaSample, TopKAndTopPKeepTheReferenceSet) {
+  REQUIRE_GPU();
+  std::vector<float> l = random_logits(5000, 7);
+  for (int i = 0; i < 5000; i += 89) l[i] = -std::numeric_limits<float>::infinity();
+  const int64_t n = 4700;
+  DeviceLogits dev(l, n);
+  struct Case {
+    int top_k;
+    double top_p, min_p;
+  };
+  for (const Case& c : {Case{40, 1.0, 0.0}, Case{0, 0.9, 0.0}, Case{300, 0.5, 0.0}, Case{0, 0.95, 0.01},
+                        Case{1, 1.0, 0.0}, Case{10000, 1.0, 0.0}}) {
+    sc::GpuSampling p;
+    p.inv_temperature = 1.0 / 0.8;
+    p.top_k = c.top_k, p.top_p = c.top_p, p.min_p = c.min_p;
+    const std::vector<double> want = reference_cut(l, n, 0.8, c.top_k, c.top_p, c.min_p);
+    const std::string what = "top_k " + std::to_string(c.top_k) + " top_p " + std::to_string(c.top_p) + " min_p " +
+                             std::to_string(c.min_p);
+    expect_frequencies(dev, p, want, 20000, 13 + c.top_k, what.c_str());
+  }
+}
+
+// Runs of equal logits at the cut: the host keeps the lowest ids of the run first (its sort), so must the
+// GPU; for the same uniform draws both pick the same token.
+TEST(CudaSample, CutsThroughEqualLogitsTakeTheLowestIds) {
+  REQUIRE_GPU();
+  std::vector<float> l = random_logits(7000, 9);
+  for (float& v : l) v *= 0.3f;                      // about 19 random logits above 2.5
+  for (int i = 100; i < 7000; i += 37) l[i] = 2.5f;  // a run of 187 equal logits below those
+  for (int i = 0; i < 7000; i += 53) l[i] = 6.0f;    // and one of 133 at the top (about 57% of the mass)
+  DeviceLogits dev(l, 7000);
+  struct Case {
+    int top_k;
+    float top_p;
+  };
+  for (const Case& c : {Case{100, 1.0f}, Case{200, 1.0f}, Case{0, 0.3f}, Case{0, 0.6f}, Case{170, 0.99f}}) {
+    strata::SamplerParams sp;
+    sp.temperature = 1.3f;
+    sp.top_k = c.top_k;
+    sp.top_p = c.top_p;
+    sp.seed = 5;
+    strata::Sampler host(sp), twin(sp);
+    sc::GpuSampling p;
+    p.inv_temperature = 1.0 / 1.3;
+    p.top_k = c.top_k, p.top_p = c.top_p;
+    int same = 0;
+    std::vector<int> seen(l.size(), 0);
+    for (int i = 0; i < 400; ++i) {
+      std::vector<float> copy = l;
+      const int32_t want = host.sample(copy.data(), static_cast<int32_t>(copy.size()), {});
+      const int got = dev.draw(p, twin.draw_uniform());
+      same += got == want;
+      ++seen[static_cast<size_t>(got)];
+    }
+    EXPECT_GE(same, 399) << "top_k " << c.top_k << " top_p " << c.top_p;
+    const std::vector<double> want = reference_cut(l, 7000, 1.3, c.top_k, c.top_p, 0.0);
+    for (size_t t = 0; t < l.size(); ++t) {
+      if (want[t] == 0) {
+        EXPECT_EQ(seen[t], 0) << "token " << t << " outside the kept set";
+      }
+    }
+  }
+}
+
+// The host Sampler's tokens for the same draws at a real vocabulary size, with the run's default top-p.
+TEST(CudaSample, TopPSameTokensAsTheHostSamplerAtAFullVocabulary) {
+  REQUIRE_GPU();
+  std::vector<float> l = random_logits(248320, 17);
+  for (int i = 0; i < 40; ++i) l[static_cast<size_t>(i) * 6007] += 12.0f + 0.25f * i;  // a peaked head, as a model's
+  DeviceLogits dev(l, static_cast<int64_t>(l.size()));
+  for (const auto& [top_k, top_p] : std::vector<std::pair<int, float>>{{0, 0.9f}, {40, 0.95f}, {0, 0.999f}}) {
+    strata::SamplerParams sp;
+    sp.temperature = 0.7f;
+    sp.top_k = top_k;
+    sp.top_p = top_p;
+    sp.seed = 23;
+    strata::Sampler host(sp), twin(sp);
+    sc::GpuSampling p;
+    p.inv_temperature = 1.0 / static_cast<double>(0.7f);
+    p.top_k = top_k, p.top_p = top_p;
+    int same = 0;
+    for (int i = 0; i < 200; ++i) {
+      std::vector<float> copy = l;
+      const int32_t want = host.sample(copy.data(), static_cast<int32_t>(copy.size()), {});
+      same += dev.draw(p, twin.draw_uniform()) == want;
+    }
+    EXPECT_GE(same, 199) << "top_k " << top_k << " top_p " << top_p;
+  }
+}
+
 // GpuSession::decode_and_pick samples on the device: a seeded continuation equals the host path's
 // (the default Sequence::decode_and_pick: logits copied, host Sampler), and repeats with the same seed.
 TEST(CudaSample, DecodeAndPickSamplesLikeTheHostPath) {
@@ -181,9 +338,13 @@ TEST(CudaSample, DecodeAndPickSamplesLikeTheHostPath) {
     }
     return out;
   };
-  const std::vector<int32_t> gpu = continuation(true);
-  EXPECT_EQ(gpu, continuation(true)) << "the same seed must repeat on the GPU";
-  EXPECT_EQ(gpu, continuation(false)) << "the GPU draw must pick what the host Sampler picks";
+  for (const auto& [top_k, top_p] : std::vector<std::pair<int, float>>{{0, 1.0f}, {0, 0.9f}, {20, 0.95f}}) {
+    p.top_k = top_k;
+    p.top_p = top_p;
+    const std::vector<int32_t> gpu = continuation(true);
+    EXPECT_EQ(gpu, continuation(true)) << "the same seed must repeat on the GPU (top_k " << top_k << ")";
+    EXPECT_EQ(gpu, continuation(false)) << "the GPU draw must pick what the host Sampler picks (top_p " << top_p << ")";
+  }
 }
 
 }  // namespace

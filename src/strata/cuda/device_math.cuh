@@ -56,6 +56,21 @@ __device__ __forceinline__ float block_max(float v) {
   return t;
 }
 
+// Whether this block is the last of the grid to reach this call (then every other block's writes before
+// it are visible to this block through L2: read them with __ldcg); the last block resets the counter for
+// the next launch. Every thread of every block calls it.
+__device__ inline bool last_block_of(unsigned int* counter) {
+  __shared__ bool last;
+  __threadfence();  // this thread's outputs are visible device-wide before the block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  return true;
+}
+
 __device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
 

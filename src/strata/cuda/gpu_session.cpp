@@ -63,8 +63,8 @@ struct GpuSession::Impl {
   int* d_io = nullptr;
   int* h_io = nullptr;  // pinned
   int* d_argmax = nullptr;
-  int* d_pick = nullptr;             // sample_temperature's draw
-  double* sample_partial = nullptr;  // sample_temperature's chunk masses
+  int* d_pick = nullptr;                       // sample_token's draw
+  unsigned char* sample_scratch = nullptr;     // sample_token's scratch
   float *x, *xn, *y, *q, *kk, *vv, *o, *scores;
   float *qkv, *mixed, *z, *b, *alpha, *o2;
   float *router, *wts, *g, *u, *ye, *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
@@ -147,7 +147,7 @@ struct GpuSession::Impl {
     }
     argmax_part = dalloc<unsigned long long>(static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
     d_pick = dalloc<int>(1);
-    sample_partial = dalloc<double>(static_cast<size_t>(sample_partials(c.n_vocab)));
+    sample_scratch = dalloc<unsigned char>(sample_scratch_bytes(c.n_vocab));
     argmax_counter = dalloc<unsigned int>(1);
     route_counts = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
@@ -485,7 +485,7 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
   const bool plain = p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
-  const bool device_sample = plain && p.temperature > 0 && p.top_k == 0 && p.top_p >= 1.0f;
+  const bool device_sample = plain && p.temperature > 0;
   if (!device_greedy && !device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
   m.validate(&token, 1);
   m.step(token);  // the step's own arg-max covers the whole vocabulary
@@ -493,8 +493,12 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
     argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream);
   const int* pick = m.d_argmax;
   if (device_sample) {
-    sample_temperature(m.logits, n_allowed, m.d_argmax, 1.0 / static_cast<double>(p.temperature),
-                       static_cast<double>(p.min_p), sampler.draw_uniform(), m.sample_partial, m.d_pick, m.stream);
+    GpuSampling gp;
+    gp.inv_temperature = 1.0 / static_cast<double>(p.temperature);
+    gp.top_k = p.top_k;
+    gp.top_p = static_cast<double>(p.top_p);
+    gp.min_p = static_cast<double>(p.min_p);
+    sample_token(m.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
     pick = m.d_pick;
   }
   const int32_t id = m.read_token(pick);

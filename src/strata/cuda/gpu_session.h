@@ -61,9 +61,9 @@ class GpuSession : public Sequence {
   int32_t decode_argmax(int32_t token);
 
   // Sequence::decode_and_pick: with no penalties or logit bias, greedy picks take the arg-max on the
-  // GPU over ids < n_allowed (lowest id among equals, as argmax_logit), and temperature (+ min-p)
-  // sampling draws on the GPU (cuda/sample_kernels.h) with the Sampler's uniform draw; top-k, top-p,
-  // penalties and bias copy the logits and sample on the host (the default).
+  // GPU over ids < n_allowed (lowest id among equals, as argmax_logit), and sampling (temperature,
+  // top-k, top-p, min-p) draws on the GPU (cuda/sample_kernels.h) with the Sampler's uniform draw;
+  // penalties and logit bias copy the logits and sample on the host (the default).
   int32_t decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history, int32_t n_allowed,
                           std::vector<float>& scratch) override;
 

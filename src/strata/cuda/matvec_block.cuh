@@ -56,20 +56,6 @@ struct DJob {
   int conv_channels;
 };
 
-// Whether this block is the last of the grid to get here (then every other block's outputs are visible
-// to it through L2); the last block resets the counter for the next launch.
-static __device__ bool last_block(unsigned int* counter) {
-  __shared__ bool last;
-  __threadfence();  // this thread's outputs are visible device-wide before the block is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;
-  return true;
-}
-
 // A float's order as an unsigned key (larger float, larger key), so a warp arg-max is one redux.sync.
 __device__ __forceinline__ unsigned int order_key(float v) {
   const unsigned int b = __float_as_uint(v);
@@ -202,19 +188,19 @@ static __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen,
 }
 
 static __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
-  if (!last_block(r.counter)) return;
+  if (!last_block_of(r.counter)) return;
   __shared__ int chosen[64];
   route_block(r, chosen, true);
 }
 
 static __device__ __noinline__ void combine_epilogue(const GemvCombine& c) {
-  if (!last_block(c.counter)) return;
+  if (!last_block_of(c.counter)) return;
   moe_combine_norm_block(c.x, c.ye, c.ids, c.weights, c.k, c.d, c.ys, c.shared_gate, c.norm_w, c.eps, c.xn);
 }
 
 // The epilogue norm, run by the last block to finish. Reads through L2 (__ldcg): other blocks wrote x.
 static __device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
-  if (!last_block(nm.counter)) return;
+  if (!last_block_of(nm.counter)) return;
   double ss = 0.0;
   for (int i = threadIdx.x; i < nm.n; i += blockDim.x) {
     const float v = __ldcg(nm.x + i);
