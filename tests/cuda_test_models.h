@@ -1,8 +1,9 @@
-// What the GPU test files share: the skip when no GPU is present, model files made from the HF
+// What the GPU test files share: the skip when no GPU is present, device buffers, model files made from the HF
 // fixtures (converted, or re-encoded in K-quants), and the logits comparison they all use.
 // Include only where STRATA_HAVE_CUDA is defined.
 #pragma once
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +26,30 @@
   } while (0)
 
 namespace strata::cuda_test {
+
+// A device buffer holding a copy of a host vector, poisoned (all bits set: NaN for floats) when made
+// empty (a buffer that must start at zero is made from a vector of zeros).
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
 
 inline std::filesystem::path tmp_dir() {
   const std::filesystem::path d = std::filesystem::path(STRATA_BINARY_DIR) / "test_tmp";

@@ -22,6 +22,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
+#include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/session.h"
 #include "strata/quant/quantize.h"
 #include "cuda_test_models.h"
@@ -30,28 +31,7 @@ namespace {
 
 using strata::GgmlType;
 namespace sc = strata::cuda;
-
-// A device buffer holding a copy of a host vector, poisoned (all bits set: NaN for floats) when empty.
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
+using strata::cuda_test::Dev;
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -329,7 +309,7 @@ TEST(CudaKernels, DeltaNetStepMatchesCpuRecurrence) {
 TEST(CudaKernels, RouterTopKMatchesCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(19);
-  for (int n_expert : {32, 128, 256}) {
+  for (int n_expert : {32, 128, 256, 300, 1000}) {  // registers up to 256, shared memory beyond
     for (bool norm : {true, false}) {
       const int k = 8;
       std::vector<float> logits = randn(n_expert, rng, 2.0f);
@@ -340,6 +320,37 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
       const CpuRoute want = cpu_route(logits, k, norm);
       EXPECT_EQ(dids.get(), want.ids) << n_expert;
       EXPECT_LE(rel_err(dw.get(), want.weights), 1e-6) << n_expert;
+    }
+  }
+}
+
+// The batched prefill's routing (one warp per token) picks what the CPU picks for every token, and
+// exactly what the decode's route_topk picks (the same routine), at both of its forms.
+TEST(CudaKernels, PrefillRoutingRowsEqualTheCpuAndTheDecodeRouting) {
+  REQUIRE_GPU();
+  std::mt19937 rng(23);
+  const int n = 37, k = 8;  // not a whole number of the kernel's four tokens per block
+  for (int n_expert : {128, 300}) {
+    for (bool norm : {true, false}) {
+      std::vector<float> logits = randn(static_cast<size_t>(n) * n_expert, rng, 2.0f);
+      for (int t = 0; t < n; t += 5) logits[static_cast<size_t>(t) * n_expert + 7] = logits[static_cast<size_t>(t) * n_expert + 2];
+      Dev<float> dl(logits), dw(static_cast<size_t>(n) * k), dw1(k);
+      Dev<int> dids(static_cast<size_t>(n) * k), dids1(k);
+      sc::prefill::route_topk_rows(dl.p, n, n_expert, k, norm, dids.p, dw.p, nullptr);
+      const std::vector<int> ids = dids.get();
+      const std::vector<float> wts = dw.get();
+      for (int t = 0; t < n; ++t) {
+        const std::vector<float> row(logits.begin() + static_cast<int64_t>(t) * n_expert,
+                                     logits.begin() + static_cast<int64_t>(t + 1) * n_expert);
+        const CpuRoute want = cpu_route(row, k, norm);
+        const std::vector<int> got_ids(ids.begin() + t * k, ids.begin() + (t + 1) * k);
+        const std::vector<float> got_w(wts.begin() + t * k, wts.begin() + (t + 1) * k);
+        EXPECT_EQ(got_ids, want.ids) << "token " << t << " n_expert " << n_expert;
+        EXPECT_LE(rel_err(got_w, want.weights), 1e-6) << "token " << t;
+        sc::route_topk(dl.p + static_cast<int64_t>(t) * n_expert, n_expert, k, norm, dids1.p, dw1.p, nullptr);
+        EXPECT_EQ(dids1.get(), got_ids) << "token " << t;
+        EXPECT_EQ(dw1.get(), got_w) << "token " << t;
+      }
     }
   }
 }

@@ -30,32 +30,21 @@ TEST(CudaSample, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 namespace {
 
 namespace sc = strata::cuda;
+using strata::cuda_test::Dev;
 
-// The logits on the device, their arg-max over the first n ids, and the sampler's scratch.
+// The logits on the device, their arg-max over the first n ids, and the sampler's scratch (zeroed, as
+// sample_token requires; the arg-max counter too).
 struct DeviceLogits {
-  float* logits = nullptr;
-  int* argmax = nullptr;
-  int* out = nullptr;
-  void* scratch = nullptr;
-  unsigned long long* part = nullptr;
-  unsigned int* counter = nullptr;
+  Dev<float> logits;
+  Dev<int> argmax, out;
+  Dev<unsigned char> scratch;
+  Dev<unsigned long long> part;
+  Dev<unsigned int> counter;
   int64_t n = 0;
-  DeviceLogits(const std::vector<float>& host, int64_t n_used) : n(n_used) {
-    EXPECT_EQ(cudaMalloc(&logits, host.size() * sizeof(float)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(logits, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&argmax, sizeof(int)), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&out, sizeof(int)), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&scratch, sc::sample_scratch_bytes(n)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(scratch, 0, sc::sample_scratch_bytes(n)), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&part, sc::argmax_wide_blocks(n) * sizeof(unsigned long long)), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&counter, sizeof(unsigned int)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(counter, 0, sizeof(unsigned int)), cudaSuccess);
-    sc::argmax_wide(logits, n, part, counter, argmax, nullptr);
-  }
-  ~DeviceLogits() {
-    for (void* p : {static_cast<void*>(logits), static_cast<void*>(argmax), static_cast<void*>(out),
-                    scratch, static_cast<void*>(part), static_cast<void*>(counter)})
-      cudaFree(p);
+  DeviceLogits(const std::vector<float>& host, int64_t n_used)
+      : logits(host), argmax(1), out(1), scratch(std::vector<unsigned char>(sc::sample_scratch_bytes(n_used), 0)),
+        part(static_cast<size_t>(sc::argmax_wide_blocks(n_used))), counter(std::vector<unsigned int>{0u}), n(n_used) {
+    sc::argmax_wide(logits.p, n, part.p, counter.p, argmax.p, nullptr);
   }
   int draw(double inv_t, double min_p, double u) {
     sc::GpuSampling p;
@@ -64,10 +53,8 @@ struct DeviceLogits {
     return draw(p, u);
   }
   int draw(const sc::GpuSampling& p, double u) {
-    sc::sample_token(logits, n, argmax, p, u, scratch, out, nullptr);
-    int id = -2;
-    EXPECT_EQ(cudaMemcpy(&id, out, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
-    return id;
+    sc::sample_token(logits.p, n, argmax.p, p, u, scratch.p, out.p, nullptr);
+    return out.get()[0];
   }
 };
 

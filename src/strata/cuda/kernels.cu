@@ -10,6 +10,7 @@
 #include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/device_math.cuh"
+#include "strata/cuda/route_warp.cuh"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
@@ -197,48 +198,14 @@ __global__ void deltanet_step_kernel(float* S_all, const float* mixed, const flo
 }
 
 // ---- MoE --------------------------------------------------------------------------------------------
-// One block of 1024 threads at most; the probabilities live in shared memory. Top-k by rank: the expert
-// whose probability is beaten by r others (ties: lower id first) is pick r, so every thread finds its
-// own place in one pass (no k rounds of block-wide arg-max).
+// One warp (route_warp.cuh: the routine every GPU routing path shares).
 __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
                              unsigned long long* counts) {
   __shared__ float p[1024];
   __shared__ int chosen[64];
-  const int t = threadIdx.x;
-  float mx = -INFINITY;
-  for (int i = t; i < n_expert; i += blockDim.x) {
-    p[i] = logits[i];
-    mx = fmaxf(mx, p[i]);
-  }
-  mx = block_max(mx);
-  double sum = 0.0;
-  for (int i = t; i < n_expert; i += blockDim.x) {
-    p[i] = expf(p[i] - mx);
-    sum += p[i];
-  }
-  sum = block_sum_d(sum);
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int i = t; i < n_expert; i += blockDim.x) p[i] *= inv;
-  __syncthreads();
-  for (int i = t; i < n_expert; i += blockDim.x) {
-    const float v = p[i];
-    int rank = 0;
-    for (int j = 0; j < n_expert; ++j) {
-      const float o = p[j];
-      rank += (o > v) || (o == v && j < i);
-    }
-    if (rank < k) chosen[rank] = i;
-  }
-  __syncthreads();
-  if (t == 0) {
-    double s = 0.0;
-    for (int j = 0; j < k; ++j) s += p[chosen[j]];
-    for (int j = 0; j < k; ++j) {
-      ids[j] = chosen[j];
-      weights[j] = norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
-    }
-  }
-  if (counts && t < k) atomicAdd(counts + chosen[t], 1ull);
+  __shared__ float chosen_p[64];
+  warp_route(logits, n_expert, k, chosen, chosen_p, p);
+  warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, counts);
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -730,8 +697,7 @@ void deltanet_step_gated(float* S, const float* mixed, const float* b, const flo
 void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s,
                 unsigned long long* counts) {
   check_arg(n_expert <= 1024 && k <= 64 && k <= n_expert, "route_topk: n_expert <= 1024 and k <= 64");
-  route_kernel<<<1, std::min(1024, warp_round(n_expert)), 0, s>>>(logits, n_expert, k, norm_topk, ids, weights,
-                                                                    counts);
+  route_kernel<<<1, 32, 0, s>>>(logits, n_expert, k, norm_topk, ids, weights, counts);
   check_launch("route_topk");
 }
 

@@ -15,6 +15,7 @@
 #include "strata/cuda/device_math.cuh"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/matvec_rows.cuh"
+#include "strata/cuda/route_warp.cuh"
 
 namespace strata::cuda::mv {
 
@@ -56,133 +57,16 @@ struct DJob {
   int conv_channels;
 };
 
-// A float's order as an unsigned key (larger float, larger key), so a warp arg-max is one redux.sync.
-__device__ __forceinline__ unsigned int order_key(float v) {
-  const unsigned int b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float key_value(unsigned int k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-// Softmax + top-k, as route_kernel in kernels.cu (the same arithmetic and tie rule: larger probability
-// first, the lower id among equals), by warp 0 of the block while the others wait at the closing
-// barrier. (A rank count by the whole block, n_expert^2 comparisons, made the routed launches
-// issue-bound: every block of the expert launch routes for itself.) The k picks end in chosen[] (shared
-// memory, visible to every thread on return); with write_out the block also writes ids / weights /
-// counts. Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in
-// flight at once, and a round's arg-max is two warp reductions (the largest key, then the lowest id
-// holding it); beyond that the probabilities live in shared memory and a round is a shuffle arg-max.
-// Both forms sum the softmax in the same order (per lane by ascending id, then the warp's xor tree).
-constexpr int kRouteRegs = 8;
+// Softmax + top-k (route_warp.cuh) by warp 0 of the block while the others wait at the closing barrier.
+// (A rank count by the whole block, n_expert^2 comparisons, made the routed launches issue-bound: every
+// block of the expert launch routes for itself.) The k picks end in chosen[] (shared memory, visible to
+// every thread on return); with write_out the block also writes ids / weights / counts.
 static __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
   if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    if (r.n_expert <= 32 * kRouteRegs) {
-      float v[kRouteRegs];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int m = 0; m < kRouteRegs; ++m) {
-        const int i = lane + 32 * m;
-        v[m] = i < r.n_expert ? __ldcg(r.logits + i) : -INFINITY;
-        mx = fmaxf(mx, v[m]);
-      }
-      mx = warp_max(mx);
-      double sum = 0.0;
-#pragma unroll
-      for (int m = 0; m < kRouteRegs; ++m) {
-        if (lane + 32 * m < r.n_expert) {
-          v[m] = expf(v[m] - mx);
-          sum += v[m];
-        }
-      }
-      sum = warp_sum_d(sum);
-      const float inv = static_cast<float>(1.0 / sum);
-#pragma unroll
-      for (int m = 0; m < kRouteRegs; ++m) v[m] = lane + 32 * m < r.n_expert ? v[m] * inv : -1.0f;
-      for (int j = 0; j < r.k; ++j) {
-        float best = v[0];
-        int bi = lane;
-#pragma unroll
-        for (int m = 1; m < kRouteRegs; ++m)  // ascending ids: '>' keeps the lowest among equals
-          if (v[m] > best) {
-            best = v[m];
-            bi = lane + 32 * m;
-          }
-        const unsigned int top = __reduce_max_sync(0xffffffffu, order_key(best));
-        const int win = static_cast<int>(
-            __reduce_min_sync(0xffffffffu, order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
-        if (lane == (win & 31)) {
-#pragma unroll
-          for (int m = 0; m < kRouteRegs; ++m)
-            if (win == lane + 32 * m) v[m] = -1.0f;  // taken: below every probability
-        }
-        if (lane == 0) {
-          chosen[j] = win;
-          chosen_p[j] = key_value(top);
-        }
-      }
-      __syncwarp();
-    } else {
-      float mx = -INFINITY;
-      for (int i = lane; i < r.n_expert; i += 32) {
-        const float v = __ldcg(r.logits + i);
-        p[i] = v;
-        mx = fmaxf(mx, v);
-      }
-      mx = warp_max(mx);
-      double sum = 0.0;
-      for (int i = lane; i < r.n_expert; i += 32) {
-        const float e = expf(p[i] - mx);
-        p[i] = e;
-        sum += e;
-      }
-      sum = warp_sum_d(sum);
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int i = lane; i < r.n_expert; i += 32) p[i] *= inv;
-      __syncwarp();
-      for (int j = 0; j < r.k; ++j) {
-        float best = -1.0f;
-        int bi = 0x7fffffff;
-        for (int i = lane; i < r.n_expert; i += 32) {  // ascending ids: '>' keeps the lowest among equals
-          const float v = p[i];
-          if (v > best) {
-            best = v;
-            bi = i;
-          }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-          const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-          if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-          }
-        }
-        if (lane == 0) {
-          chosen[j] = bi;
-          chosen_p[j] = best;
-          p[bi] = -1.0f;  // taken: below every probability
-        }
-        __syncwarp();
-      }
-    }
-    if (write_out) {
-      if (lane == 0) {
-        double s = 0.0;
-        for (int j = 0; j < r.k; ++j) s += chosen_p[j];
-        for (int j = 0; j < r.k; ++j) {
-          r.ids[j] = chosen[j];
-          r.weights[j] = r.norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
-        }
-      }
-      __syncwarp();
-      if (r.counts)
-        for (int j = lane; j < r.k; j += 32) atomicAdd(r.counts + chosen[j], 1ull);
-    }
+    warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p);
+    if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts);
   }
   __syncthreads();  // chosen[] is visible to every thread; p[] is free for a later call
 }

@@ -10,6 +10,7 @@
 #include "strata/cuda/prefill_common.cuh"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
+#include "strata/cuda/route_warp.cuh"
 
 namespace strata::cuda::prefill {
 namespace {
@@ -173,80 +174,18 @@ __global__ void gated_rmsnorm_kernel(float* o_all, const float* z_all, const flo
   }
 }
 
-// ---- routing (as route_kernel of kernels.cu, one block per token) ---------------------------------------
-__global__ void route_rows_kernel(const float* logits_all, int n_expert, int k, bool norm_topk, int* ids_all,
+// ---- routing: one warp per token (route_warp.cuh: the routine every GPU routing path shares) ----------
+constexpr int kRouteWarps = 4;  // tokens per block
+__global__ void route_rows_kernel(const float* logits_all, int n, int n_expert, int k, bool norm_topk, int* ids_all,
                                   float* weights_all) {
-  __shared__ float p[1024];
-  __shared__ float best_val[32];
-  __shared__ int best_idx[32];
-  __shared__ int chosen[64];
-  const float* logits = logits_all + static_cast<int64_t>(blockIdx.x) * n_expert;
-  int* ids = ids_all + static_cast<int64_t>(blockIdx.x) * k;
-  float* weights = weights_all + static_cast<int64_t>(blockIdx.x) * k;
-  const int t = threadIdx.x;
-  float mx = -INFINITY;
-  for (int i = t; i < n_expert; i += blockDim.x) {
-    p[i] = logits[i];
-    mx = fmaxf(mx, p[i]);
-  }
-  mx = block_max(mx);
-  double sum = 0.0;
-  for (int i = t; i < n_expert; i += blockDim.x) {
-    p[i] = expf(p[i] - mx);
-    sum += p[i];
-  }
-  sum = block_sum_d(sum);
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int i = t; i < n_expert; i += blockDim.x) p[i] *= inv;
-  __syncthreads();
-  for (int r = 0; r < k; ++r) {
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = t; i < n_expert; i += blockDim.x) {
-      bool used = false;
-      for (int q = 0; q < r; ++q) used |= chosen[q] == i;
-      if (used) continue;
-      if (bi < 0 || p[i] > bv) {
-        bv = p[i];
-        bi = i;
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if ((t & 31) == 0) {
-      best_val[t >> 5] = bv;
-      best_idx[t >> 5] = bi;
-    }
-    __syncthreads();
-    if (t == 0) {
-      float v0 = best_val[0];
-      int i0 = best_idx[0];
-      for (int w = 1; w < static_cast<int>((blockDim.x + 31) >> 5); ++w) {
-        const float ov = best_val[w];
-        const int oi = best_idx[w];
-        if (oi >= 0 && (i0 < 0 || ov > v0 || (ov == v0 && oi < i0))) {
-          v0 = ov;
-          i0 = oi;
-        }
-      }
-      chosen[r] = i0;
-    }
-    __syncthreads();
-  }
-  if (t == 0) {
-    double s = 0.0;
-    for (int j = 0; j < k; ++j) s += p[chosen[j]];
-    for (int j = 0; j < k; ++j) {
-      ids[j] = chosen[j];
-      weights[j] = norm_topk ? static_cast<float>(p[chosen[j]] / s) : p[chosen[j]];
-    }
-  }
+  __shared__ float p[kRouteWarps][1024];
+  __shared__ int chosen[kRouteWarps][64];
+  __shared__ float chosen_p[kRouteWarps][64];
+  const int w = threadIdx.x >> 5;
+  const int64_t tok = static_cast<int64_t>(blockIdx.x) * kRouteWarps + w;
+  if (tok >= n) return;  // warp-uniform
+  warp_route(logits_all + tok * n_expert, n_expert, k, chosen[w], chosen_p[w], p[w]);
+  warp_route_store(chosen[w], chosen_p[w], k, norm_topk, ids_all + tok * k, weights_all + tok * k, nullptr);
 }
 
 __global__ void swiglu_rows_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -344,7 +283,8 @@ void gated_rmsnorm_rows(float* o, const float* z, const float* norm_w, float eps
 void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_topk, int* ids, float* weights,
                      cudaStream_t s) {
   check_arg(n_expert <= 1024 && k <= 64 && k <= n_expert, "prefill route_topk_rows: n_expert <= 1024 and k <= 64");
-  route_rows_kernel<<<n, 256, 0, s>>>(logits, n_expert, k, norm_topk, ids, weights);
+  route_rows_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, s>>>(logits, n, n_expert, k, norm_topk,
+                                                                                   ids, weights);
   check_launch("prefill route_topk_rows");
 }
 

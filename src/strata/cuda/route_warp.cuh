@@ -1,0 +1,146 @@
+// The router's softmax + top-k for one token, computed by one warp: the one routine behind every GPU
+// routing path (the decode's expert launches, matvec_block.cuh; the standalone route_topk of the hybrid
+// step, kernels.cu; the batched prefill, prefill_rows.cu), so all of them pick the same experts with the
+// same weights. Arithmetic of the CPU's route_topk: softmax relative to the largest logit with expf and
+// the sum in double, probabilities scaled by the float reciprocal; larger probability first, the lower
+// id among equals; weights renormalised over the picks in double when norm_topk.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "strata/cuda/device_math.cuh"
+
+namespace strata::cuda {
+
+// A float's order as an unsigned key (larger float, larger key), so a warp arg-max is one redux.sync.
+__device__ __forceinline__ unsigned int route_order_key(float v) {
+  const unsigned int b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float route_key_value(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+constexpr int kRouteRegs = 8;  // experts per lane held in registers: up to 256 experts
+
+// Every lane of one warp calls it. Leaves the k picks in chosen[] / chosen_p[] (written by lane 0;
+// visible to the warp on return). p: n_expert floats of shared memory, used only past 256 experts.
+// Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in flight at
+// once, and a round's arg-max is two warp reductions (the largest key, then the lowest id holding it);
+// beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
+// in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
+// (an earlier kernel or another block wrote them).
+static __device__ __noinline__ void warp_route(const float* logits, int n_expert, int k, int* chosen, float* chosen_p,
+                                        float* p) {
+  const int lane = threadIdx.x & 31;
+  if (n_expert <= 32 * kRouteRegs) {
+    float v[kRouteRegs];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m) {
+      const int i = lane + 32 * m;
+      v[m] = i < n_expert ? __ldcg(logits + i) : -INFINITY;
+      mx = fmaxf(mx, v[m]);
+    }
+    mx = warp_max(mx);
+    double sum = 0.0;
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m) {
+      if (lane + 32 * m < n_expert) {
+        v[m] = expf(v[m] - mx);
+        sum += v[m];
+      }
+    }
+    sum = warp_sum_d(sum);
+    const float inv = static_cast<float>(1.0 / sum);
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m) v[m] = lane + 32 * m < n_expert ? v[m] * inv : -1.0f;
+    for (int j = 0; j < k; ++j) {
+      float best = v[0];
+      int bi = lane;
+#pragma unroll
+      for (int m = 1; m < kRouteRegs; ++m)  // ascending ids: '>' keeps the lowest among equals
+        if (v[m] > best) {
+          best = v[m];
+          bi = lane + 32 * m;
+        }
+      const unsigned int top = __reduce_max_sync(0xffffffffu, route_order_key(best));
+      const int win = static_cast<int>(__reduce_min_sync(
+          0xffffffffu, route_order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
+      if (lane == (win & 31)) {
+#pragma unroll
+        for (int m = 0; m < kRouteRegs; ++m)
+          if (win == lane + 32 * m) v[m] = -1.0f;  // taken: below every probability
+      }
+      if (lane == 0) {
+        chosen[j] = win;
+        chosen_p[j] = route_key_value(top);
+      }
+    }
+  } else {
+    float mx = -INFINITY;
+    for (int i = lane; i < n_expert; i += 32) {
+      const float v = __ldcg(logits + i);
+      p[i] = v;
+      mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    double sum = 0.0;
+    for (int i = lane; i < n_expert; i += 32) {
+      const float e = expf(p[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    sum = warp_sum_d(sum);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int i = lane; i < n_expert; i += 32) p[i] *= inv;
+    __syncwarp();
+    for (int j = 0; j < k; ++j) {
+      float best = -1.0f;
+      int bi = 0x7fffffff;
+      for (int i = lane; i < n_expert; i += 32) {  // ascending ids: '>' keeps the lowest among equals
+        const float v = p[i];
+        if (v > best) {
+          best = v;
+          bi = i;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+          best = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        chosen[j] = bi;
+        chosen_p[j] = best;
+        p[bi] = -1.0f;  // taken: below every probability
+      }
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+}
+
+// The routing outputs of warp_route's picks, by the same warp: ids and weights (renormalised in double
+// when norm_topk) in pick order, and counts[id] += 1 per pick when counts is not null.
+__device__ __forceinline__ void warp_route_store(const int* chosen, const float* chosen_p, int k, bool norm_topk,
+                                                 int* ids, float* weights, unsigned long long* counts) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) s += chosen_p[j];
+    for (int j = 0; j < k; ++j) {
+      ids[j] = chosen[j];
+      weights[j] = norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
+    }
+  }
+  if (counts)
+    for (int j = lane; j < k; j += 32) atomicAdd(counts + chosen[j], 1ull);
+  __syncwarp();
+}
+
+}  // namespace strata::cuda
