@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "strata/base/error.h"
@@ -106,7 +107,15 @@ int sm_count() {
 
 bool int8_math() { return g_math == GemvMath::Int8; }
 
-DJob describe_job(const GemvJob& in, int& tiles) {
+bool fill_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_GEMV_FILL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+DJob describe_job(const GemvJob& in, int per_thread, int& tiles) {
   const DevMatrix& w = *in.w;
   if (!supported_type(w.type)) fail_unsupported_type("gemv_batch", w.type);
   if (w.n_cols > kMaxCols || w.n_cols < 1)
@@ -148,9 +157,8 @@ DJob describe_job(const GemvJob& in, int& tiles) {
   if (in.conv_w)
     check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
               "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
-  // Threads per row: enough that each lane takes about units_per_thread units of the row (two loop
-  // steps' worth at most): many short rows per tile keep every resident warp busy.
-  const int per_thread = units_per_thread();
+  // Threads per row: enough that each lane takes about per_thread units of the row (two loop steps'
+  // worth at most): many short rows per tile keep every resident warp busy.
   const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
   d.g_log2 = log2_of(G);
   d.tile_rows = kThreads / G;
@@ -186,11 +194,22 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   DBatch b{};
   b.n_jobs = n_jobs;
   b.i8 = int8_math();
+  // Units per lane: units_per_thread(), halved while the launch still fits one wave of resident blocks
+  // (STRATA_GEMV_FILL=0: never): a launch of few tiles otherwise leaves SMs with one block or none.
+  const int capacity = sm_count() * gemv_blocks_per_sm();
+  auto tiles_at = [&](int per_thread) {
+    int t = 0;
+    for (int i = 0; i < n_jobs; ++i) describe_job(jobs[i], per_thread, t);
+    return t;
+  };
+  int per_thread = units_per_thread();
+  if (fill_enabled())
+    while (per_thread > 1 && tiles_at(per_thread / 2) <= capacity) per_thread /= 2;
   int tiles = 0, max_cols = 0;
   for (int i = 0; i < n_jobs; ++i) {
     if (route_in && jobs[i].ids)
       check_arg(jobs[i].ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
-    b.j[i] = describe_job(jobs[i], tiles);
+    b.j[i] = describe_job(jobs[i], per_thread, tiles);
     max_cols = std::max(max_cols, b.j[i].n_cols);
   }
   b.n_tiles = tiles;
@@ -212,7 +231,7 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
     check_route(*route_in, false, "gemv_batch: incomplete route_in");
     b.route_in = *route_in;
   }
-  const int grid = std::max(1, std::min(tiles, sm_count() * gemv_blocks_per_sm()));
+  const int grid = std::max(1, std::min(tiles, capacity));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   launch_pdl("gemv_batch", gemv_kernel, dim3(grid), dim3(kThreads), smem, s, b);
 }
