@@ -58,17 +58,22 @@ __device__ __forceinline__ float block_max(float v) {
 
 // Whether this block is the last of the grid to reach this call (then every other block's writes before
 // it are visible to this block through L2: read them with __ldcg); the last block resets the counter for
-// the next launch. Every thread of every block calls it.
+// the next launch. Every thread of every block calls it. One thread per block fences, after the block's
+// barrier (the pattern of cooperative groups' grid sync: the fence is cumulative over the writes the
+// barrier ordered before it); a fence in every thread stalled every warp on the memory barrier.
 __device__ inline bool last_block_of(unsigned int* counter) {
   __shared__ bool last;
-  __threadfence();  // this thread's outputs are visible device-wide before the block is counted
+  __syncthreads();  // the block's writes are ordered before thread 0's fence
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) {
+      __threadfence();  // the other blocks' writes are visible to this block's reads that follow
+      *counter = 0;
+    }
+  }
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;
-  return true;
+  return last;
 }
 
 __device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }

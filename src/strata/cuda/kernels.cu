@@ -555,12 +555,14 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
     part[0] = mx;
     part[1] = static_cast<float>(l);
   }
-  __threadfence();  // every thread's partial outputs are visible device-wide before the block is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == static_cast<unsigned>(n_act - 1);
+  __syncthreads();  // the block's partial outputs are ordered before thread 0's fence (last_block_of's pattern)
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counters + h, 1u) == static_cast<unsigned>(n_act - 1);
+    if (last) __threadfence();
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   const float* base = scratch + static_cast<int64_t>(h) * S * (head_dim + 2);
   float M = -INFINITY;
   for (int i = 0; i < n_act; ++i) M = fmaxf(M, __ldcg(base + static_cast<int64_t>(i) * (head_dim + 2)));

@@ -130,16 +130,15 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
 __device__ __forceinline__ void warp_route_store(const int* chosen, const float* chosen_p, int k, bool norm_topk,
                                                  int* ids, float* weights, unsigned long long* counts) {
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    double s = 0.0;
+  double s = 0.0;  // the picks' sum in pick order (the CPU's order), by lane 0, then shared
+  if (lane == 0 && norm_topk)
     for (int j = 0; j < k; ++j) s += chosen_p[j];
-    for (int j = 0; j < k; ++j) {
-      ids[j] = chosen[j];
-      weights[j] = norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
-    }
+  s = __shfl_sync(0xffffffffu, s, 0);
+  for (int j = lane; j < k; j += 32) {  // one division per lane, not k in a row
+    ids[j] = chosen[j];
+    weights[j] = norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
+    if (counts) atomicAdd(counts + chosen[j], 1ull);
   }
-  if (counts)
-    for (int j = lane; j < k; j += 32) atomicAdd(counts + chosen[j], 1ull);
   __syncwarp();
 }
 
