@@ -483,47 +483,54 @@ constexpr int kPairStep = 1;
 // prefetch of each block's next tile) decode slower than 2; more loads in flight per thread cost
 // registers, and resident warps matter more.
 constexpr int kStep = 2;
-constexpr int kStepQ6 = 2;
 
-// i8: the block staged the int8 form and t is an int8_path_type.
-__device__ __forceinline__ float row_dot_rolled(GgmlType t, bool i8, const uint8_t* row, int n_cols, const XStage& X,
-                                                int sub, int G) {
+template <GgmlType T>
+struct TypeTag {
+  static constexpr GgmlType value = T;
+};
+template <bool B>
+struct MathTag {
+  static constexpr bool int8 = B;
+};
+
+// The one run-time type switch of the row dots: calls f(TypeTag<T>{}, MathTag<I8>{}) for weight type t,
+// with the int8 form only for the K-quants (i8: the block staged the int8 input and t is an
+// int8_path_type). Returns false for a type the kernels do not take (the host checks types first).
+template <class F>
+__device__ __forceinline__ bool with_row_type(GgmlType t, bool i8, F&& f) {
   switch (t) {
     case GgmlType::Q4_K:
-      return i8 ? row_dot_rolled_t<GgmlType::Q4_K, kStep, true>(row, n_cols, X, sub, G)
-                : row_dot_rolled_t<GgmlType::Q4_K, kStep, false>(row, n_cols, X, sub, G);
+      i8 ? f(TypeTag<GgmlType::Q4_K>{}, MathTag<true>{}) : f(TypeTag<GgmlType::Q4_K>{}, MathTag<false>{});
+      return true;
     case GgmlType::Q5_K:
-      return i8 ? row_dot_rolled_t<GgmlType::Q5_K, kStep, true>(row, n_cols, X, sub, G)
-                : row_dot_rolled_t<GgmlType::Q5_K, kStep, false>(row, n_cols, X, sub, G);
+      i8 ? f(TypeTag<GgmlType::Q5_K>{}, MathTag<true>{}) : f(TypeTag<GgmlType::Q5_K>{}, MathTag<false>{});
+      return true;
     case GgmlType::Q6_K:
-      return i8 ? row_dot_rolled_t<GgmlType::Q6_K, kStepQ6, true>(row, n_cols, X, sub, G)
-                : row_dot_rolled_t<GgmlType::Q6_K, kStepQ6, false>(row, n_cols, X, sub, G);
-    case GgmlType::Q8_0: return row_dot_rolled_t<GgmlType::Q8_0, kStep, false>(row, n_cols, X, sub, G);
-    case GgmlType::F32: return row_dot_rolled_t<GgmlType::F32, kStep, false>(row, n_cols, X, sub, G);
-    case GgmlType::F16: return row_dot_rolled_t<GgmlType::F16, kStep, false>(row, n_cols, X, sub, G);
-    case GgmlType::BF16: return row_dot_rolled_t<GgmlType::BF16, kStep, false>(row, n_cols, X, sub, G);
-    default: return __int_as_float(0x7fc00000);  // NaN: the host checks types before launching
+      i8 ? f(TypeTag<GgmlType::Q6_K>{}, MathTag<true>{}) : f(TypeTag<GgmlType::Q6_K>{}, MathTag<false>{});
+      return true;
+    case GgmlType::Q8_0: f(TypeTag<GgmlType::Q8_0>{}, MathTag<false>{}); return true;
+    case GgmlType::F32: f(TypeTag<GgmlType::F32>{}, MathTag<false>{}); return true;
+    case GgmlType::F16: f(TypeTag<GgmlType::F16>{}, MathTag<false>{}); return true;
+    case GgmlType::BF16: f(TypeTag<GgmlType::BF16>{}, MathTag<false>{}); return true;
+    default: return false;
   }
+}
+
+__device__ __forceinline__ float row_dot_rolled(GgmlType t, bool i8, const uint8_t* row, int n_cols, const XStage& X,
+                                                int sub, int G) {
+  float acc = __int_as_float(0x7fc00000);  // NaN for a type the kernels do not take
+  with_row_type(t, i8, [&](auto type, auto math) {
+    acc = row_dot_rolled_t<decltype(type)::value, kStep, decltype(math)::int8>(row, n_cols, X, sub, G);
+  });
+  return acc;
 }
 
 __device__ __forceinline__ void row_dot2_rolled(GgmlType t, bool i8, const uint8_t* ra, const uint8_t* rb, int n_cols,
                                                 const XStage& X, int sub, int G, float& oa, float& ob) {
-  switch (t) {
-    case GgmlType::Q4_K:
-      return i8 ? row_dot2_rolled_t<GgmlType::Q4_K, kPairStep, true>(ra, rb, n_cols, X, sub, G, oa, ob)
-                : row_dot2_rolled_t<GgmlType::Q4_K, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::Q5_K:
-      return i8 ? row_dot2_rolled_t<GgmlType::Q5_K, kPairStep, true>(ra, rb, n_cols, X, sub, G, oa, ob)
-                : row_dot2_rolled_t<GgmlType::Q5_K, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::Q6_K:
-      return i8 ? row_dot2_rolled_t<GgmlType::Q6_K, 1, true>(ra, rb, n_cols, X, sub, G, oa, ob)
-                : row_dot2_rolled_t<GgmlType::Q6_K, 1, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::Q8_0: return row_dot2_rolled_t<GgmlType::Q8_0, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::F32: return row_dot2_rolled_t<GgmlType::F32, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::F16: return row_dot2_rolled_t<GgmlType::F16, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    case GgmlType::BF16: return row_dot2_rolled_t<GgmlType::BF16, kPairStep, false>(ra, rb, n_cols, X, sub, G, oa, ob);
-    default: oa = ob = __int_as_float(0x7fc00000);
-  }
+  oa = ob = __int_as_float(0x7fc00000);
+  with_row_type(t, i8, [&](auto type, auto math) {
+    row_dot2_rolled_t<decltype(type)::value, kPairStep, decltype(math)::int8>(ra, rb, n_cols, X, sub, G, oa, ob);
+  });
 }
 
 }  // namespace strata::cuda::rows
