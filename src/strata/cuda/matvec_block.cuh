@@ -57,18 +57,21 @@ struct DJob {
   int conv_channels;
 };
 
-// Softmax + top-k (route_warp.cuh) by warp 0 of the block while the others wait at the closing barrier.
-// (A rank count by the whole block, n_expert^2 comparisons, made the routed launches issue-bound: every
-// block of the expert launch routes for itself.) The k picks end in chosen[] (shared memory, visible to
-// every thread on return); with write_out the block also writes ids / weights / counts.
-static __device__ __noinline__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
+// Softmax + top-k (route_warp.cuh) by warp 0 of the block (the caller's threads 0..31; no block barrier).
+// The k picks end in chosen[] (shared memory); with write_out the warp also writes ids / weights /
+// counts. (A rank count by the whole block, n_expert^2 comparisons, made the routed launches
+// issue-bound: every block of the expert launch routes for itself.)
+static __device__ __noinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
-  if (threadIdx.x < 32) {
-    warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p);
-    if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts);
-  }
-  __syncthreads();  // chosen[] is visible to every thread; p[] is free for a later call
+  warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p);
+  if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts);
+}
+
+// route_warp0 while the other warps wait; chosen[] is visible to every thread on return.
+static __device__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
+  if (threadIdx.x < 32) route_warp0(r, chosen, write_out);
+  __syncthreads();
 }
 
 static __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
@@ -112,21 +115,52 @@ static __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, flo
   return silu_f(acc);
 }
 
+// A group of the block's threads that stages the input: thread t of nt (threads first .. first + nt - 1,
+// whole warps), meeting at hardware barrier `bar` (0: the whole block, __syncthreads). The routed
+// launches stage with warps 1.. while warp 0 routes (run_tiles).
+struct Group {
+  int t, nt, bar;
+};
+__device__ __forceinline__ Group whole_block() {
+  return Group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), 0};
+}
+__device__ __forceinline__ void group_sync(const Group& g) {
+  if (g.bar == 0) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(g.bar), "r"(g.nt) : "memory");
+  }
+}
+// The group's sum in double: warp sums, then the warps' sums in warp order (block_sum_d's arithmetic for
+// the whole block).
+__device__ __forceinline__ double group_sum_d(double v, const Group& g) {
+  __shared__ double part[32];
+  v = warp_sum_d(v);
+  group_sync(g);  // part[] may still be read by a previous call
+  if ((g.t & 31) == 0) part[g.t >> 5] = v;
+  group_sync(g);
+  double s = 0.0;
+  for (int i = 0; i < g.nt >> 5; ++i) s += part[i];
+  return s;
+}
+
 // Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
 // staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
-// The common case (16-byte aligned, n <= 4 * kHeld * blockDim.x: the 2048-float residual stream) holds
-// x and norm_w in registers, every load issued before the first use: a loop that loads, scales and
-// stores one element at a time waits about one L2 round trip per step.
-constexpr int kHeld = 2;  // float4 of x (and of norm_w) per thread; 4 would spill registers
-static __device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps, bool sums) {
-  const int bd = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+// The common case (16-byte aligned, n <= 4 * H * nt: the 2048-float residual stream) holds x and norm_w
+// in registers, every load issued before the first use: a loop that loads, scales and stores one
+// element at a time waits about one L2 round trip per step. H = 2 for the whole block; 3 for the
+// 224-thread group (4 would spill registers).
+template <int H>
+static __device__ void stage_x(const float* x, int n, float* xs, float* s16, const float* norm_w, float eps, bool sums,
+                               const Group& g) {
+  const int bd = g.nt, t = g.t;
   const bool aligned = (n % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0) &&
                        (!norm_w || (reinterpret_cast<uintptr_t>(norm_w) & 15) == 0);
-  if (aligned && n / 4 <= kHeld * bd) {  // block-uniform
+  if (aligned && n / 4 <= H * bd) {  // block-uniform
     const int n4 = n / 4;
-    float4 xv[kHeld], wv[kHeld];
+    float4 xv[H], wv[H];
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
+    for (int i = 0; i < H; ++i) {
       const int q = t + i * bd;
       xv[i] = q < n4 ? __ldcg(reinterpret_cast<const float4*>(x) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       wv[i] = norm_w && q < n4 ? __ldg(reinterpret_cast<const float4*>(norm_w) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -134,13 +168,13 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
     if (norm_w) {
       double ss = 0.0;
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i)
+      for (int i = 0; i < H; ++i)
         ss += static_cast<double>(xv[i].x) * xv[i].x + static_cast<double>(xv[i].y) * xv[i].y +
               static_cast<double>(xv[i].z) * xv[i].z + static_cast<double>(xv[i].w) * xv[i].w;
-      ss = block_sum_d(ss);
+      ss = group_sum_d(ss, g);
       const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
+      for (int i = 0; i < H; ++i) {
         xv[i].x = xv[i].x * inv * wv[i].x;
         xv[i].y = xv[i].y * inv * wv[i].y;
         xv[i].z = xv[i].z * inv * wv[i].z;
@@ -148,7 +182,7 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
       }
     }
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
+    for (int i = 0; i < H; ++i) {
       const int q = t + i * bd;
       if (q < n4) *reinterpret_cast<float4*>(xs + rows::xpad(4 * q)) = xv[i];
     }
@@ -163,7 +197,7 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
               static_cast<double>(v.w) * v.w;
     }
     if (norm_w) {  // block-uniform
-      ss = block_sum_d(ss);  // synchronises: every element is staged
+      ss = group_sum_d(ss, g);  // synchronises: every element is staged
       const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
       for (int q = t; q < n4; q += bd) {
         float4& v = *reinterpret_cast<float4*>(xs + rows::xpad(4 * q));
@@ -182,7 +216,7 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
       if (norm_w) ss += static_cast<double>(v) * v;
     }
     if (norm_w) {  // block-uniform
-      ss = block_sum_d(ss);  // synchronises: every element is staged
+      ss = group_sum_d(ss, g);  // synchronises: every element is staged
       const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
       for (int i = t; i < n; i += bd) {
         float& v = xs[rows::xpad(i)];
@@ -191,7 +225,7 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
     }
   }
   if (!sums) return;  // the caller synchronises before xs is read
-  __syncthreads();
+  group_sync(g);
   for (int c = t; c < n / 16; c += bd) {
     const float* p = xs + rows::xpad(16 * c);
     float s = 0.0f;
@@ -260,9 +294,10 @@ __host__ __device__ inline StageLayout stage_layout(int n) {
 // sum16 as the CPU engine computes for this vector). Eight lanes per block of 32 values, four values
 // each, so a 2048-float vector takes two passes of the block. n % 256 == 0 (the K-quant widths), so
 // every warp's lanes take the same number of passes.
-static __device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16) {
+static __device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16,
+                                const Group& g) {
   const int lane = threadIdx.x & 31;
-  for (int base = 4 * static_cast<int>(threadIdx.x); base < n; base += 4 * static_cast<int>(blockDim.x)) {
+  for (int base = 4 * g.t; base < n; base += 4 * g.nt) {
     const float4 v = *reinterpret_cast<const float4*>(xs + rows::xpad(base));
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
@@ -298,7 +333,27 @@ struct BlockStage {
   bool i8 = false;
   bool s16 = false;
   const float* routed_from = nullptr;  // the route_in logits route_ids[] was computed from
+  __device__ void note_staged(const DJob& J, bool sums, bool int8) {
+    x = J.x;
+    n = J.n_cols;
+    norm = J.norm_w;
+    s16 = sums;
+    i8 = int8;
+  }
 };
+
+// Stages job J's input (stage_x, then the int8 form when int8) by thread group g; the caller
+// synchronises the block before the staged input is read.
+template <int H>
+__device__ __forceinline__ void stage_input(const DJob& J, const StageLayout& L, bool sums, bool int8, float* smem,
+                                            const Group& g) {
+  stage_x<H>(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, sums, g);
+  if (int8) {
+    group_sync(g);
+    stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
+             reinterpret_cast<int*>(smem + L.isum16), g);
+  }
+}
 
 // The block's shared scratch of one launch.
 struct BlockScratch {
@@ -343,7 +398,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     // The float path's 16-sums are read by K-quant rows only.
     const bool want_s16 = (!i8a && rows::int8_path_type(J.type)) || (J.w2 && !i8b && rows::int8_path_type(J.type2));
     // block-uniform
-    const bool restage = J.x != st.x || J.n_cols != st.n || J.norm_w != st.norm || ((i8a || i8b) && !st.i8) ||
+    bool restage = J.x != st.x || J.n_cols != st.n || J.norm_w != st.norm || ((i8a || i8b) && !st.i8) ||
                          (want_s16 && !st.s16);
     const int G = 1 << J.g_log2;
     const int sub = threadIdx.x & (G - 1);
@@ -353,6 +408,21 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     const uint8_t* base = J.w;
     const uint8_t* base2 = J.w2;
     bool skip = false;
+    if (J.ids && rin.logits && st.routed_from != rin.logits && restage && blockDim.x > 32) {  // block-uniform
+      // Both the picks and the staged input are needed before the rows: warp 0 routes while the other
+      // warps stage (the routing took a third of the expert launch's time with the block waiting).
+      __syncthreads();  // the previous tile's readers of the staged input are done
+      if (threadIdx.x < 32) {
+        route_warp0(rin, S.route_ids, blockIdx.x == 0);
+      } else {
+        const Group g{static_cast<int>(threadIdx.x) - 32, static_cast<int>(blockDim.x) - 32, 1};
+        stage_input<3>(J, L, want_s16, i8a || i8b, smem, g);
+      }
+      __syncthreads();
+      st.routed_from = rin.logits;
+      st.note_staged(J, want_s16, i8a || i8b);
+      restage = false;
+    }
     if (J.ids) {
       const int s = routed_slot(rin, J, st, S);
       if (s < 0) {
@@ -364,18 +434,9 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     }
     if (restage) {
       __syncthreads();  // the previous tile's readers of the staged input are done
-      stage_x(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, want_s16);
-      st.s16 = want_s16;
-      st.i8 = i8a || i8b;
-      if (st.i8) {
-        __syncthreads();
-        stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
-                 reinterpret_cast<int*>(smem + L.isum16));
-      }
+      stage_input<2>(J, L, want_s16, i8a || i8b, smem, whole_block());
       __syncthreads();
-      st.x = J.x;
-      st.n = J.n_cols;
-      st.norm = J.norm_w;
+      st.note_staged(J, want_s16, i8a || i8b);
     }
     float a = 0.0f, a2 = 0.0f;
     const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
