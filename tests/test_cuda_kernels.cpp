@@ -25,6 +25,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/session.h"
 #include "strata/quant/quantize.h"
+#include "strata/sample/sampler.h"
 #include "cuda_test_models.h"
 
 namespace {
@@ -313,7 +314,7 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
     for (bool norm : {true, false}) {
       const int k = 8;
       std::vector<float> logits = randn(n_expert, rng, 2.0f);
-      logits[3] = logits[n_expert - 1];  // a tie: the lower id must win
+      logits[3] = logits[n_expert - 1] = *std::max_element(logits.begin(), logits.end()) + 1.0f;  // a tie at the top: the lower id first
       Dev<float> dl(logits), dw(k);
       Dev<int> dids(k);
       sc::route_topk(dl.p, n_expert, k, norm, dids.p, dw.p, nullptr);
@@ -333,7 +334,10 @@ TEST(CudaKernels, PrefillRoutingRowsEqualTheCpuAndTheDecodeRouting) {
   for (int n_expert : {128, 300}) {
     for (bool norm : {true, false}) {
       std::vector<float> logits = randn(static_cast<size_t>(n) * n_expert, rng, 2.0f);
-      for (int t = 0; t < n; t += 5) logits[static_cast<size_t>(t) * n_expert + 7] = logits[static_cast<size_t>(t) * n_expert + 2];
+      for (int t = 0; t < n; t += 5) {  // ties inside the top k: the lower id first
+        float* row = logits.data() + static_cast<size_t>(t) * n_expert;
+        row[7] = row[2] = *std::max_element(row, row + n_expert) + 0.5f;
+      }
       Dev<float> dl(logits), dw(static_cast<size_t>(n) * k), dw1(k);
       Dev<int> dids(static_cast<size_t>(n) * k), dids1(k);
       sc::prefill::route_topk_rows(dl.p, n, n_expert, k, norm, dids.p, dw.p, nullptr);
@@ -712,10 +716,27 @@ TEST(CudaKernels, ArgmaxWideAndRouteCounts) {
     x[n - 3 - rep] = top;
     x[1000 + rep] = top;  // tie: the lower index wins
     if (rep == 2) std::fill(x.begin(), x.end(), -1e30f), x[n - 1] = -1e29f;
+    x[77] = NAN;  // never wins, as the host's argmax_logit skips it
+    x[78] = -INFINITY;
     Dev<float> dx(x);
     Dev<int> out(1);
     sc::argmax_wide(dx.p, n, part.p, counter.p, out.p, nullptr);
-    EXPECT_EQ(out.get()[0], strata::argmax(x.data(), n)) << rep;
+    EXPECT_EQ(out.get()[0], strata::argmax_logit(x.data(), static_cast<int32_t>(n))) << rep;
+  }
+  {  // +inf wins unless finite_only; nothing finite: -1
+    std::vector<float> x(5000, -INFINITY);
+    x[10] = 1.0f, x[20] = INFINITY, x[30] = NAN;
+    Dev<float> dx(x);
+    Dev<int> out(1);
+    sc::argmax_wide(dx.p, 5000, part.p, counter.p, out.p, nullptr);
+    EXPECT_EQ(out.get()[0], 20);
+    sc::argmax_wide(dx.p, 5000, part.p, counter.p, out.p, nullptr, true);
+    EXPECT_EQ(out.get()[0], 10);
+    std::vector<float> none(5000, NAN);
+    none[3] = -INFINITY;
+    Dev<float> dn(none);
+    sc::argmax_wide(dn.p, 5000, part.p, counter.p, out.p, nullptr);
+    EXPECT_EQ(out.get()[0], -1);
   }
 
   const int n_expert = 64, k = 4;
@@ -925,7 +946,7 @@ TEST(CudaKernels, GemvRouteInPicksExpertsLikeCpuTopK) {
     std::vector<unsigned long long> want_counts(n_expert, 0ull);
     for (bool norm : {true, false}) {
       std::vector<float> logits = randn(n_expert, rng, 2.0f);
-      logits[5] = logits[9];  // a tie: the lower id ranks first
+      logits[5] = logits[9] = *std::max_element(logits.begin(), logits.end()) + 1.0f;  // a tie at the top: id 5 first
       const std::vector<float> x = randn(d, rng);
       Dev<float> dlog(logits), dx(x), dh(static_cast<size_t>(k) * ff), dyp(300), dwts(k);
       Dev<int> dids(k);
@@ -1045,6 +1066,55 @@ TEST(CudaKernels, GemvInt8RoutedPairsBesideAFloatJob) {
 
 // With the RMSNorm done in-block, the int8 result stays within the activation-rounding bound of the
 // exact float64 product: |error_r| <= sum_i |W_ri| * d32(i) / 2 (cpu_kernels.h's bound) + float slack.
+// The expert launch's production shape: int8 arithmetic, the input normalised in the block (2048 wide)
+// and route_in, where warp 0 routes while the other seven warps stage and quantise x: every routed row
+// (the CPU's picks, 256 experts) stays within the activation-rounding bound of the float64 product on
+// rmsnorm(x), and the ids / weights are the CPU's.
+TEST(CudaKernels, GemvInt8RouteInWithNormedInputAtModelWidth) {
+  REQUIRE_GPU();
+  Int8Gemv int8;
+  std::mt19937 rng(46);
+  const int n_expert = 256, k = 8, ff = 64, cols = 2048;
+  const GgmlType type = GgmlType::Q4_K;
+  const std::vector<uint8_t> w = make_weights(type, int64_t{ff} * n_expert, cols, rng);
+  const std::vector<float> x = randn(cols, rng, 3.0f), nw = randn(cols, rng), logits = randn(n_expert, rng, 2.0f);
+  Dev<uint8_t> dw(w);
+  Dev<float> dx(x), dn(nw), dlog(logits), dy(static_cast<size_t>(k) * ff), dwts(k);
+  Dev<int> dids(k);
+  const sc::DevMatrix m = dev_matrix(type, dw, ff, cols, n_expert);
+  std::vector<sc::GemvJob> jobs(k);
+  for (int j = 0; j < k; ++j) {
+    jobs[j].w = &m, jobs[j].x = dx.p, jobs[j].y = dy.p + j * ff, jobs[j].ids = dids.p, jobs[j].slot = j;
+    jobs[j].norm_w = dn.p, jobs[j].norm_eps = 1e-6f;
+  }
+  sc::GemvRoute rt;
+  rt.logits = dlog.p, rt.n_expert = n_expert, rt.k = k, rt.norm_topk = true, rt.ids = dids.p, rt.weights = dwts.p;
+  sc::gemv_batch(jobs.data(), k, nullptr, nullptr, nullptr, nullptr, &rt);
+  const CpuRoute want = cpu_route(logits, k, true);
+  EXPECT_EQ(dids.get(), want.ids);
+  EXPECT_LE(rel_err(dwts.get(), want.weights), 1e-6);
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+  std::vector<float> xn(cols), d32(cols / 32, 0.0f), row(cols);
+  for (int i = 0; i < cols; ++i) xn[i] = static_cast<float>(x[i] * inv * nw[i]);
+  for (int i = 0; i < cols; ++i) d32[i / 32] = std::max(d32[i / 32], std::fabs(xn[i]) / 127.0f);
+  const std::vector<float> got = dy.get();
+  const size_t stride = strata::row_bytes(type, cols) * ff;
+  for (int j = 0; j < k; ++j) {
+    const uint8_t* ew = w.data() + stride * want.ids[j];
+    const std::vector<float> ref = ref_matvec(type, ew, ff, cols, xn.data());
+    double ymax = 0;
+    for (float v : ref) ymax = std::max(ymax, std::fabs(double(v)));
+    for (int r = 0; r < ff; ++r) {
+      strata::dequantize_row(type, ew + r * strata::row_bytes(type, cols), row.data(), cols);
+      double bound = 1e-5 * ymax;
+      for (int i = 0; i < cols; ++i) bound += std::fabs(double(row[i])) * d32[i / 32] * 0.5 * 1.001;
+      ASSERT_LE(std::fabs(double(got[j * ff + r]) - ref[r]), bound) << "slot " << j << " row " << r;
+    }
+  }
+}
+
 TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
   REQUIRE_GPU();
   Int8Gemv int8;

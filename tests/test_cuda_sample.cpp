@@ -44,7 +44,7 @@ struct DeviceLogits {
   DeviceLogits(const std::vector<float>& host, int64_t n_used)
       : logits(host), argmax(1), out(1), scratch(std::vector<unsigned char>(sc::sample_scratch_bytes(n_used), 0)),
         part(static_cast<size_t>(sc::argmax_wide_blocks(n_used))), counter(std::vector<unsigned int>{0u}), n(n_used) {
-    sc::argmax_wide(logits.p, n, part.p, counter.p, argmax.p, nullptr);
+    sc::argmax_wide(logits.p, n, part.p, counter.p, argmax.p, nullptr, true);  // the sampler's reference
   }
   int draw(double inv_t, double min_p, double u) {
     sc::GpuSampling p;
@@ -200,8 +200,21 @@ TEST(CudaSample, EdgesOfTheDrawAndNothingToDraw) {
   EXPECT_EQ(dev.draw(1.0, 0.0, 0.0), 10) << "u = 0: the first id with mass";
   EXPECT_EQ(dev.draw(1.0, 0.0, std::nextafter(1.0, 0.0)), 2500) << "u -> 1: the last id with mass below n";
   std::vector<float> none(100, -std::numeric_limits<float>::infinity());
+  none[7] = std::numeric_limits<float>::quiet_NaN();
   DeviceLogits empty(none, 100);
-  EXPECT_EQ(empty.draw(1.0, 0.0, 0.5), -1);
+  EXPECT_EQ(empty.draw(1.0, 0.0, 0.5), -1) << "nothing finite: nothing drawn (the host Sampler fails)";
+  // NaN and +inf are not candidates (the host Sampler keeps finite logits only), with or without a cut.
+  std::vector<float> odd(4000, -std::numeric_limits<float>::infinity());
+  odd[5] = std::numeric_limits<float>::quiet_NaN(), odd[6] = std::numeric_limits<float>::infinity();
+  odd[100] = 1.0f, odd[3000] = 2.0f;
+  DeviceLogits dodd(odd, 4000);
+  sc::GpuSampling cut;
+  cut.top_p = 0.999;
+  for (double u : {0.0, 0.3, 0.7, std::nextafter(1.0, 0.0)}) {
+    const int a = dodd.draw(1.0, 0.0, u), b = dodd.draw(cut, u);
+    EXPECT_TRUE(a == 100 || a == 3000) << u;
+    EXPECT_TRUE(b == 100 || b == 3000) << u;
+  }
 }
 
 // Top-k and top-p cut where the float64 reference does, alone, together and with min-p, on three chunks
@@ -249,7 +262,7 @@ TEST(CudaSample, CutsThroughEqualLogitsTakeTheLowestIds) {
     sp.seed = 5;
     strata::Sampler host(sp), twin(sp);
     sc::GpuSampling p;
-    p.inv_temperature = 1.0 / 1.3;
+    p.inv_temperature = 1.0 / static_cast<double>(1.3f);  // the host's 1 / (double)temperature
     p.top_k = c.top_k, p.top_p = c.top_p;
     int same = 0;
     std::vector<int> seen(l.size(), 0);
@@ -257,6 +270,7 @@ TEST(CudaSample, CutsThroughEqualLogitsTakeTheLowestIds) {
       std::vector<float> copy = l;
       const int32_t want = host.sample(copy.data(), static_cast<int32_t>(copy.size()), {});
       const int got = dev.draw(p, twin.draw_uniform());
+      ASSERT_GE(got, 0);
       same += got == want;
       ++seen[static_cast<size_t>(got)];
     }

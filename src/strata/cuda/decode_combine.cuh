@@ -4,7 +4,8 @@
 //   x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
 //           (+ sigmoid(*shared_gate) * ys[j] when ys is not null),
 //   then, when norm_w is not null, xn = rmsnorm(x) * norm_w (mean of squares accumulated in double).
-// Everything but norm_w is read through L2 (__ldcg): in an epilogue other blocks of the same launch wrote it.
+// Everything but norm_w is read through L2 (__ldcg): in an epilogue other blocks of the same launch wrote ye
+// and ys (the rest comes from earlier launches; reading it the same way costs nothing).
 #pragma once
 
 #include <cuda_runtime.h>

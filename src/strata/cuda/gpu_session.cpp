@@ -475,7 +475,9 @@ int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
   m.validate(&token, 1);
   m.step(token);
-  return m.read_token(m.d_argmax);
+  const int32_t id = m.read_token(m.d_argmax);
+  if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");  // argmax_logit's rule
+  return id;
 }
 
 int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history,
@@ -485,12 +487,12 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
   const bool plain = p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
-  const bool device_sample = plain && p.temperature > 0;
+  const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
   if (!device_greedy && !device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
   m.validate(&token, 1);
   m.step(token);  // the step's own arg-max covers the whole vocabulary
-  if (n_allowed < m.c.n_vocab)
-    argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream);
+  if (n_allowed < m.c.n_vocab || device_sample)  // the sampler's reference is the largest finite logit
+    argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, device_sample);
   const int* pick = m.d_argmax;
   if (device_sample) {
     GpuSampling gp;

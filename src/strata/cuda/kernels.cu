@@ -452,21 +452,24 @@ __global__ void __launch_bounds__(1024)
 // Arg-max over many blocks: each block's best as an orderable key (value bits, then ~index so that the
 // lower index wins ties) in partial[blockIdx.x]; the last block to finish reduces them (counter reset
 // for the next launch).
-__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
+// Larger logit, larger key; the lower index among equals. NaN and -inf (and, with finite_only, +inf) get
+// key 0 and never win, as the host's argmax_logit skips them (and the sampler's max is over finite logits).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i, bool finite_only) {
+  if (isnan(v) || v == -INFINITY || (finite_only && isinf(v))) return 0ull;
   uint32_t u = __float_as_uint(v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(i));
 }
 
 __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter,
-                                   int* out) {
+                                   int* out, bool finite_only) {
   __shared__ unsigned long long best[32];
   pdl_enter();
   __shared__ bool last;
   unsigned long long k = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    k = max(k, argmax_key(x[i], i));
+    k = max(k, argmax_key(x[i], i, finite_only));
   for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
   if ((threadIdx.x & 31) == 0) best[threadIdx.x >> 5] = k;
   __syncthreads();
@@ -487,7 +490,7 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = max(m, best[w]);
-    *out = m == 0 ? 0 : static_cast<int>(~static_cast<uint32_t>(m & 0xffffffffull));
+    *out = m == 0 ? -1 : static_cast<int>(~static_cast<uint32_t>(m & 0xffffffffull));  // -1: no candidate
     *counter = 0;
   }
 }
@@ -787,9 +790,9 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
 int argmax_wide_blocks(int64_t n) { return static_cast<int>(std::min<int64_t>(264, std::max<int64_t>(1, (n + 1023) / 1024))); }
 
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s) {
+                 cudaStream_t s, bool finite_only) {
   launch_pdl("argmax_wide", argmax_wide_kernel, dim3(argmax_wide_blocks(n)), dim3(256), 0, s, x, n, partial, counter,
-             out);
+             out, finite_only);
 }
 
 int attention_splits(int max_ctx) {

@@ -137,11 +137,13 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
                           const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn,
                           cudaStream_t s);
 
-// argmax over many blocks. partial: argmax_wide_blocks(n) entries of scratch; counter: one unsigned
-// int, zero before the first call (each call leaves it zero again).
+// argmax over many blocks: the largest logit, the lowest index among equals; NaN and -inf never win (as
+// the host's argmax_logit), nor +inf with finite_only (the sampler's maximum); *out = -1 when no element
+// qualifies. partial: argmax_wide_blocks(n) entries of scratch; counter: one unsigned int, zero before
+// the first call (each call leaves it zero again).
 int argmax_wide_blocks(int64_t n);
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s);
+                 cudaStream_t s, bool finite_only = false);
 
 // attention_decode split over the cache positions (flash-decoding) so long contexts use the whole GPU:
 // up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least

@@ -145,7 +145,9 @@ __device__ __forceinline__ double group_sum_d(double v, const Group& g) {
 }
 
 // Copies x (n floats) into the padded shared layout and computes the 16-element sums. With norm_w, the
-// staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic; every block computes the same sum).
+// staged vector is rmsnorm(x) * norm_w (norm_epilogue's arithmetic). Every block staging with the whole
+// block computes the same sum; the 224-thread group of a routed launch sums in another grouping (equal
+// to rounding), and a given launch shape on a given GPU always stages each tile the same way.
 // The common case (16-byte aligned, n <= 4 * H * nt: the 2048-float residual stream) holds x and norm_w
 // in registers, every load issued before the first use: a loop that loads, scales and stores one
 // element at a time waits about one L2 round trip per step. H = 2 for the whole block; 3 for the
@@ -292,8 +294,8 @@ __host__ __device__ inline StageLayout stage_layout(int n) {
 
 // The int8 form of the staged x (quantize_activations_i8_scalar's arithmetic: the same q, d32 and
 // sum16 as the CPU engine computes for this vector). Eight lanes per block of 32 values, four values
-// each, so a 2048-float vector takes two passes of the block. n % 256 == 0 (the K-quant widths), so
-// every warp's lanes take the same number of passes.
+// each, so a 2048-float vector takes two passes of the whole block (three of the 224-thread group).
+// n % 256 == 0 (the K-quant widths), so every warp's lanes take the same number of passes.
 static __device__ void stage_i8(const float* xs, int n, int8_t* q, float* d32, float* sum16, int* isum16,
                                 const Group& g) {
   const int lane = threadIdx.x & 31;

@@ -208,7 +208,8 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   int tiles = 0, max_cols = 0;
   for (int i = 0; i < n_jobs; ++i) {
     if (route_in && jobs[i].ids)
-      check_arg(jobs[i].ids == route_in->ids, "gemv_batch: with route_in, routed jobs must read route_in->ids");
+      check_arg(jobs[i].ids == route_in->ids && jobs[i].slot >= 0 && jobs[i].slot < route_in->k,
+                "gemv_batch: with route_in, routed jobs must read route_in->ids at a slot below its k");
     b.j[i] = describe_job(jobs[i], per_thread, tiles);
     max_cols = std::max(max_cols, b.j[i].n_cols);
   }

@@ -1,14 +1,19 @@
 // The router's softmax + top-k for one token, computed by one warp: the one routine behind every GPU
 // routing path (the decode's expert launches, matvec_block.cuh; the standalone route_topk of the hybrid
 // step, kernels.cu; the batched prefill, prefill_rows.cu), so all of them pick the same experts with the
-// same weights. Arithmetic of the CPU's route_topk: softmax relative to the largest logit with expf and
-// the sum in double, probabilities scaled by the float reciprocal; larger probability first, the lower
-// id among equals; weights renormalised over the picks in double when norm_topk.
+// same weights. The CPU engine's routing (moe_block.cpp: softmax_inplace, top_k): softmax relative to the
+// largest logit with expf, probabilities scaled by the float reciprocal of the sum (here summed in double
+// over a warp tree, so weights agree with the CPU's to rounding, not bit for bit); larger probability
+// first, the lower id among equals; weights renormalised over the picks in double when norm_topk.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "strata/cuda/device_math.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "route_warp.cuh uses __reduce_max_sync / __reduce_min_sync (sm_80 or newer): set CMAKE_CUDA_ARCHITECTURES >= 80"
+#endif
 
 namespace strata::cuda {
 
@@ -115,6 +120,11 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
         }
       }
       if (lane == 0) {
+        if (bi >= n_expert) {  // no probability beat -1 (NaN logits): the lowest id not yet taken
+          bi = 0;
+          while (bi < n_expert - 1 && p[bi] == -1.0f) ++bi;
+          best = p[bi];
+        }
         chosen[j] = bi;
         chosen_p[j] = best;
         p[bi] = -1.0f;  // taken: below every probability

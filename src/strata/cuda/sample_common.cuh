@@ -14,7 +14,7 @@ namespace strata::cuda::samp {
 constexpr int kThreads = 256;
 constexpr int kPerThread = 8;                  // consecutive ids per thread
 constexpr int kChunk = kThreads * kPerThread;  // ids per block
-constexpr int kMaxChunks = kThreads;           // n <= kChunk * kMaxChunks (2^19) ... see sample_token
+constexpr int kMaxChunks = kThreads;           // n <= kChunk * kMaxChunks = 2^19 (sample_max_ids)
 
 // A finite logit's place in the candidate order as an unsigned key: larger logit, larger key (-0 and +0
 // are one logit, as the host compares them).
@@ -37,6 +37,13 @@ __device__ __forceinline__ bool kept(const Keep& k, float l, int64_t id) {
   if (!isfinite(l)) return false;
   const unsigned int key = logit_key(l);
   return key > k.key || (key == k.key && id <= k.id);
+}
+
+// The largest finite logit (argmax_wide with finite_only), or NaN when there is none (*argmax = -1):
+// then nothing is drawn.
+__device__ __forceinline__ float max_logit(const float* logits, const int* argmax) {
+  const int a = *argmax;
+  return a >= 0 ? logits[a] : __int_as_float(0x7fc00000);
 }
 
 __device__ __forceinline__ double token_prob(float l, float mx, double inv_t) {

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads) chunk_mass_kernel(const float* logit
                                                               const SelectState* st, double inv_t, double min_p,
                                                               double* partial) {
   pdl_enter();
-  const float mx = logits[*argmax];
+  const float mx = max_logit(logits, argmax);
   double total;
   exclusive_prefix(thread_mass(logits, n, blockIdx.x, read_keep(st), mx, inv_t, min_p), total);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const float* logits, int
   pdl_enter();
   __shared__ int chunk;
   __shared__ double before_chunk, target;
-  const float mx = logits[*argmax];
+  const float mx = max_logit(logits, argmax);
   const Keep keep = read_keep(st);
   if (threadIdx.x == 0) {
     double total = 0.0;
@@ -118,6 +118,8 @@ int chunks_of(int64_t n) { return static_cast<int>((n + kChunk - 1) / kChunk); }
 }  // namespace
 }  // namespace samp
 
+int64_t sample_max_ids() { return int64_t{samp::kChunk} * samp::kMaxChunks; }
+
 size_t sample_scratch_bytes(int64_t n) {
   const int chunks = samp::chunks_of(n);
   const samp::ScratchLayout l = samp::scratch_layout(nullptr, chunks);
@@ -127,7 +129,7 @@ size_t sample_scratch_bytes(int64_t n) {
 void sample_token(const float* logits, int64_t n, const int* argmax, const GpuSampling& p, double u, void* scratch,
                   int* out, cudaStream_t s) {
   using namespace samp;
-  check_arg(n >= 1 && n <= int64_t{kChunk} * kMaxChunks, "sample_token: 1 <= n <= 2^19 ids");
+  check_arg(n >= 1 && n <= sample_max_ids(), "sample_token: 1 <= n <= 2^19 ids");
   check_arg(p.inv_temperature > 0 && u >= 0 && u < 1, "sample_token: 1/T > 0 and u in [0, 1)");
   check_arg(p.top_k >= 0 && p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1,
             "sample_token: top_k >= 0, top_p in (0, 1], min_p in [0, 1]");

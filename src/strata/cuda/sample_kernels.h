@@ -31,9 +31,11 @@ struct GpuSampling {
 // Device scratch of sample_token for n ids: sample_scratch_bytes(n) bytes, zeroed once when allocated
 // (every call leaves it ready for the next); one per stream.
 size_t sample_scratch_bytes(int64_t n);
+int64_t sample_max_ids();  // 2^19
 
 // *out = the drawn id, or -1 when no id < n has a finite logit. argmax: a device int holding the index
-// of the largest logit among ids < n (argmax_wide's output). n <= 2^20. Launches 3 to 13 small kernels.
+// of the largest finite logit among ids < n (argmax_wide's output with finite_only; -1 when none).
+// n <= sample_max_ids(). Launches 3, 9 or 15 small kernels (no cut, one of top-k / top-p, both).
 void sample_token(const float* logits, int64_t n, const int* argmax, const GpuSampling& p, double u, void* scratch,
                   int* out, cudaStream_t s);
 

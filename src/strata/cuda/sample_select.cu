@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) radix_pass_kernel(const float* logit
   __syncthreads();
   const Keep keep{__ldcg(&st->keep.key), __ldcg(&st->keep.id)};
   const unsigned int prefix = __ldcg(&st->prefix), mask = __ldcg(&st->mask);
-  const float mx = logits[*argmax];
+  const float mx = max_logit(logits, argmax);
   const int sh = 24 - 8 * pass;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kChunk + static_cast<int64_t>(threadIdx.x) * kPerThread;
   for (int j = 0; j < kPerThread && i0 + j < n; ++j) {
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) tie_kernel(const float* logits, int6
   if (threadIdx.x == 0) {
     long long r;
     if (by_mass) {
-      const float mx = logits[*argmax];
+      const float mx = max_logit(logits, argmax);
       const double pk = static_cast<double>(fixed_mass(token_prob(key_logit(K), mx, inv_t), shift));
       r = pk > 0 ? static_cast<long long>(ceil(st->need_mass / pk)) : 1;
     } else {
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(kThreads) tie_kernel(const float* logits, int6
     r_in = r_need - before;
   }
   __syncthreads();
-  if (chunk < 0) {  // fewer ties than needed (cannot happen: the last digit holds them): keep them all
-    if (threadIdx.x == 0) st->keep = Keep{K, INT_MAX};
+  if (chunk < 0) {  // fewer ties than needed (rounding of the mass): keep all of them the set still holds
+    if (threadIdx.x == 0) st->keep = Keep{K, keep.key == K ? keep.id : INT_MAX};
     return;
   }
   const int mine = my_ties(chunk);
