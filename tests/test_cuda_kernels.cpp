@@ -89,22 +89,18 @@ sc::DevMatrix dev_matrix(GgmlType type, const Dev<uint8_t>& buf, int64_t rows, i
   return m;
 }
 
-// The CPU engine's routing of logits: softmax, top-k (ties to the lower id), weights renormalised
-// over the k picks when norm (in double, as route_topk does).
+// The CPU engine's routing of logits (route_token: softmax, top-k with ties to the lower id, weights
+// renormalised over the k picks in double when norm).
 struct CpuRoute {
   std::vector<int> ids;
   std::vector<float> weights;
 };
 CpuRoute cpu_route(const std::vector<float>& logits, int k, bool norm) {
   std::vector<float> p = logits;
-  const int n = static_cast<int>(p.size());
-  strata::softmax_inplace(p.data(), n);
   CpuRoute r;
-  r.ids.resize(k);
-  strata::top_k(p.data(), n, k, r.ids.data());
-  double sum = 0;
-  for (int j = 0; j < k; ++j) sum += p[r.ids[j]];
-  for (int j = 0; j < k; ++j) r.weights.push_back(norm ? static_cast<float>(p[r.ids[j]] / sum) : p[r.ids[j]]);
+  r.ids.resize(static_cast<size_t>(k));
+  r.weights.resize(static_cast<size_t>(k));
+  strata::route_token(p.data(), static_cast<int>(p.size()), k, norm, r.ids.data(), r.weights.data());
   return r;
 }
 

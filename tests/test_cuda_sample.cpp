@@ -66,23 +66,6 @@ std::vector<float> random_logits(size_t n, uint32_t seed) {
   return v;
 }
 
-// Float64 reference: p_i proportional to exp(l_i / T) over the finite logits of ids < n, min-p relative
-// to the best token, normalised.
-std::vector<double> reference(const std::vector<float>& l, int64_t n, double temp, double min_p) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i)
-    if (std::isfinite(l[i])) mx = std::max(mx, double(l[i]));
-  std::vector<double> p(l.size(), 0.0);
-  double z = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(l[i])) continue;
-    const double q = std::exp((l[i] - mx) / temp);
-    if (q >= min_p) p[i] = q, z += q;
-  }
-  for (double& q : p) q /= z;
-  return p;
-}
-
 // Float64 reference with top-k and top-p: candidates by larger logit then lower id, the k best, then the
 // shortest best-first prefix whose mass reaches top_p of theirs, then min-p; normalised.
 std::vector<double> reference_cut(const std::vector<float>& l, int64_t n, double temp, int top_k, double top_p,
@@ -144,27 +127,13 @@ TEST(CudaSample, FrequenciesMatchTheDistribution) {
   for (int i = 0; i < 5000; i += 97) l[i] = -std::numeric_limits<float>::infinity();
   const int64_t n = 4500;  // ids 4500.. never drawn
   DeviceLogits dev(l, n);
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> uni(0.0, 1.0);
   for (double min_p : {0.0, 0.02}) {
     const double temp = 1.7;
-    const std::vector<double> want = reference(l, n, temp, min_p);
-    std::vector<int> counts(l.size(), 0);
-    const int draws = 20000;
-    for (int i = 0; i < draws; ++i) {
-      const int id = dev.draw(1.0 / temp, min_p, uni(rng));
-      ASSERT_GE(id, 0);
-      ASSERT_LT(id, n);
-      ++counts[static_cast<size_t>(id)];
-    }
-    for (size_t t = 0; t < l.size(); ++t) {
-      if (want[t] == 0) {
-        EXPECT_EQ(counts[t], 0) << "token " << t << " has probability 0 (min_p " << min_p << ")";
-        continue;
-      }
-      const double mean = want[t] * draws, sd = std::sqrt(draws * want[t] * (1 - want[t]));
-      EXPECT_NEAR(counts[t], mean, 5 * sd + 1) << "token " << t << " p=" << want[t] << " min_p " << min_p;
-    }
+    sc::GpuSampling p;
+    p.inv_temperature = 1.0 / temp;
+    p.min_p = min_p;
+    const std::string what = "min_p " + std::to_string(min_p);
+    expect_frequencies(dev, p, reference_cut(l, n, temp, 0, 1.0, min_p), 20000, 11, what.c_str());
   }
 }
 

@@ -130,4 +130,12 @@ void top_k(const float* x, int n, int k, int* idx) {
   }
 }
 
+void route_token(float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights) {
+  softmax_inplace(logits, n_expert);
+  top_k(logits, n_expert, k, ids);
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) sum += logits[ids[j]];
+  for (int j = 0; j < k; ++j) weights[j] = norm_topk ? static_cast<float>(logits[ids[j]] / sum) : logits[ids[j]];
+}
+
 }  // namespace strata

@@ -56,4 +56,9 @@ void deltanet_step(float* S, const float* q, const float* k, const float* v, flo
 // Indices of the k largest values of x[0..n) in descending order (ties: lower index first).
 void top_k(const float* x, int n, int k, int* idx);
 
+// The router's choice for one token: softmax of the n_expert logits (in place: they become the
+// probabilities), the k most likely (top_k's order and ties), weights renormalised over the k in double
+// when norm_topk.
+void route_token(float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights);
+
 }  // namespace strata

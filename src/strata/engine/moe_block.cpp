@@ -35,16 +35,9 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   project(w.router, xn, n, probs.data());
   std::vector<int> chosen(static_cast<size_t>(n) * k);
   std::vector<float> weight(static_cast<size_t>(n) * k);
-  for (int t = 0; t < n; ++t) {
-    float* p = probs.data() + static_cast<int64_t>(t) * c.n_expert;
-    softmax_inplace(p, c.n_expert);
-    int* idx = chosen.data() + static_cast<int64_t>(t) * k;
-    top_k(p, c.n_expert, k, idx);
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) sum += p[idx[j]];
-    for (int j = 0; j < k; ++j)
-      weight[static_cast<size_t>(t) * k + j] = c.norm_topk ? static_cast<float>(p[idx[j]] / sum) : p[idx[j]];
-  }
+  for (int t = 0; t < n; ++t)
+    route_token(probs.data() + static_cast<int64_t>(t) * c.n_expert, c.n_expert, k, c.norm_topk,
+                chosen.data() + static_cast<int64_t>(t) * k, weight.data() + static_cast<int64_t>(t) * k);
 
   // Group (token, weight) pairs by expert.
   std::vector<std::vector<std::pair<int, float>>> users(static_cast<size_t>(c.n_expert));
