@@ -76,6 +76,16 @@ __device__ inline bool last_block_of(unsigned int* counter) {
   return last;
 }
 
+// A float's place in the float order as an unsigned key (larger float, larger key; -0 below +0, NaN
+// beyond the infinities), so an arg-max or a radix select works on integers; order_key_float inverts it.
+__device__ __forceinline__ unsigned int float_order_key(float v) {
+  const unsigned int b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float order_key_float(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 __device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
 

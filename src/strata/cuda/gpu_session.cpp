@@ -280,9 +280,7 @@ struct GpuSession::Impl {
   // input), the shared expert's gate/up pair, the k routed gate/up pairs, the k routed down projections
   // (+ the shared down) and the combine.
   struct MoeJobs {
-    std::vector<GemvJob> first, up, down;
-    bool has_pair = false;
-    GemvJob pair;  // the shared expert's gate/up (has_pair)
+    std::vector<GemvJob> first, up, down;  // up and down end with the shared expert's jobs
     GemvRoute rt;  // softmax + top-k of the router logits
     GemvCombine cb;
   };
@@ -300,9 +298,6 @@ struct GpuSession::Impl {
       GemvJob gate_inp;
       gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
       m.first.push_back(gate_inp);
-      m.has_pair = true;
-      m.pair.w = &w.shared_gate, m.pair.w2 = &w.shared_up, m.pair.y = gs, m.pair.mode = GemvMode::SwigluPair;
-      normed_input(m.pair, D.ffn_norm);
     }
     for (GemvJob& j : m.first) normed_input(j, D.ffn_norm);
     m.up.resize(static_cast<size_t>(k));
@@ -316,6 +311,10 @@ struct GpuSession::Impl {
       e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
     }
     if (w.has_shared) {
+      GemvJob pair;
+      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.y = gs, pair.mode = GemvMode::SwigluPair;
+      normed_input(pair, D.ffn_norm);
+      m.up.push_back(pair);
       GemvJob sd;
       sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
       m.down.push_back(sd);
@@ -339,7 +338,6 @@ struct GpuSession::Impl {
       return;
     }
     MoeJobs m = moe_jobs(il, D);
-    if (m.has_pair) m.up.push_back(m.pair);
     if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);

@@ -456,9 +456,8 @@ __global__ void __launch_bounds__(1024)
 // key 0 and never win, as the host's argmax_logit skips them (and the sampler's max is over finite logits).
 __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i, bool finite_only) {
   if (isnan(v) || v == -INFINITY || (finite_only && isinf(v))) return 0ull;
-  uint32_t u = __float_as_uint(v);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(i));
+  return (static_cast<unsigned long long>(float_order_key(v)) << 32) |
+         static_cast<unsigned long long>(~static_cast<uint32_t>(i));
 }
 
 __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter,

@@ -115,7 +115,8 @@ bool fill_enabled() {
   return on;
 }
 
-DJob describe_job(const GemvJob& in, int per_thread, int& tiles) {
+// The device form of one job, checked (its tiling is set by tile_jobs).
+DJob describe_job(const GemvJob& in) {
   const DevMatrix& w = *in.w;
   if (!supported_type(w.type)) fail_unsupported_type("gemv_batch", w.type);
   if (w.n_cols > kMaxCols || w.n_cols < 1)
@@ -123,7 +124,6 @@ DJob describe_job(const GemvJob& in, int per_thread, int& tiles) {
   if (w.n_cols % type_traits(w.type).block_elems != 0)
     fail("CUDA backend: gemv_batch: ", w.n_cols, " columns is not a whole number of ", type_traits(w.type).name,
          " blocks");
-  const int U = rows::units_per_row(w.type, static_cast<int>(w.n_cols));
   DJob d{};
   d.w = w.data;
   d.row_bytes = w.row_bytes;
@@ -157,14 +157,24 @@ DJob describe_job(const GemvJob& in, int per_thread, int& tiles) {
   if (in.conv_w)
     check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
               "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
-  // Threads per row: enough that each lane takes about per_thread units of the row (two loop steps'
-  // worth at most): many short rows per tile keep every resident warp busy.
-  const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
-  d.g_log2 = log2_of(G);
-  d.tile_rows = kThreads / G;
-  d.tile_begin = tiles;
-  tiles += static_cast<int>((w.n_rows + d.tile_rows - 1) / d.tile_rows);
   return d;
+}
+
+// Cuts the jobs' rows into tiles for per_thread units per lane; returns the launch's tile count. Threads
+// per row: enough that each lane takes about per_thread units of the row (two loop steps' worth at most):
+// many short rows per tile keep every resident warp busy.
+int tile_jobs(DJob* jobs, int n_jobs, int per_thread) {
+  int tiles = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    DJob& d = jobs[i];
+    const int U = rows::units_per_row(d.type, d.n_cols);
+    const int G = std::min(kThreads, pow2_ceil(std::max(1, (U + per_thread - 1) / per_thread)));
+    d.g_log2 = log2_of(G);
+    d.tile_rows = kThreads / G;
+    d.tile_begin = tiles;
+    tiles += (d.n_rows + d.tile_rows - 1) / d.tile_rows;
+  }
+  return tiles;
 }
 
 void check_route(const GemvRoute& r, bool needs_counter, const char* what) {
@@ -194,25 +204,21 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   DBatch b{};
   b.n_jobs = n_jobs;
   b.i8 = int8_math();
-  // Units per lane: units_per_thread(), halved while the launch still fits one wave of resident blocks
-  // (STRATA_GEMV_FILL=0: never): a launch of few tiles otherwise leaves SMs with one block or none.
-  const int capacity = sm_count() * gemv_blocks_per_sm();
-  auto tiles_at = [&](int per_thread) {
-    int t = 0;
-    for (int i = 0; i < n_jobs; ++i) describe_job(jobs[i], per_thread, t);
-    return t;
-  };
-  int per_thread = units_per_thread();
-  if (fill_enabled())
-    while (per_thread > 1 && tiles_at(per_thread / 2) <= capacity) per_thread /= 2;
-  int tiles = 0, max_cols = 0;
+  int max_cols = 0;
   for (int i = 0; i < n_jobs; ++i) {
     if (route_in && jobs[i].ids)
       check_arg(jobs[i].ids == route_in->ids && jobs[i].slot >= 0 && jobs[i].slot < route_in->k,
                 "gemv_batch: with route_in, routed jobs must read route_in->ids at a slot below its k");
-    b.j[i] = describe_job(jobs[i], per_thread, tiles);
+    b.j[i] = describe_job(jobs[i]);
     max_cols = std::max(max_cols, b.j[i].n_cols);
   }
+  // Units per lane: units_per_thread(), halved while the launch still fits one wave of resident blocks
+  // (STRATA_GEMV_FILL=0: never): a launch of few tiles otherwise leaves SMs with one block or none.
+  const int capacity = sm_count() * gemv_blocks_per_sm();
+  int per_thread = units_per_thread();
+  if (fill_enabled())
+    while (per_thread > 1 && tile_jobs(b.j, n_jobs, per_thread / 2) <= capacity) per_thread /= 2;
+  const int tiles = tile_jobs(b.j, n_jobs, per_thread);
   b.n_tiles = tiles;
   if (norm) {
     check_arg(norm->counter && norm->x && norm->w && norm->out && norm->n > 0, "gemv_batch: incomplete GemvNorm");

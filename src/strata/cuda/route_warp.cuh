@@ -17,21 +17,13 @@
 
 namespace strata::cuda {
 
-// A float's order as an unsigned key (larger float, larger key), so a warp arg-max is one redux.sync.
-__device__ __forceinline__ unsigned int route_order_key(float v) {
-  const unsigned int b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float route_key_value(unsigned int k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
 constexpr int kRouteRegs = 8;  // experts per lane held in registers: up to 256 experts
 
 // Every lane of one warp calls it. Leaves the k picks in chosen[] / chosen_p[] (written by lane 0;
 // visible to the warp on return). p: n_expert floats of shared memory, used only past 256 experts.
 // Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in flight at
-// once, and a round's arg-max is two warp reductions (the largest key, then the lowest id holding it);
+// once, and a round's arg-max is two warp reductions (the largest float_order_key, then the lowest id
+// holding it);
 // beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
 // in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
 // (an earlier kernel or another block wrote them).
@@ -69,9 +61,9 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
           best = v[m];
           bi = lane + 32 * m;
         }
-      const unsigned int top = __reduce_max_sync(0xffffffffu, route_order_key(best));
+      const unsigned int top = __reduce_max_sync(0xffffffffu, float_order_key(best));
       const int win = static_cast<int>(__reduce_min_sync(
-          0xffffffffu, route_order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
+          0xffffffffu, float_order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
       if (lane == (win & 31)) {
 #pragma unroll
         for (int m = 0; m < kRouteRegs; ++m)
@@ -79,7 +71,7 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
       }
       if (lane == 0) {
         chosen[j] = win;
-        chosen_p[j] = route_key_value(top);
+        chosen_p[j] = order_key_float(top);
       }
     }
   } else {

@@ -16,16 +16,9 @@ constexpr int kPerThread = 8;                  // consecutive ids per thread
 constexpr int kChunk = kThreads * kPerThread;  // ids per block
 constexpr int kMaxChunks = kThreads;           // n <= kChunk * kMaxChunks = 2^19 (sample_max_ids)
 
-// A finite logit's place in the candidate order as an unsigned key: larger logit, larger key (-0 and +0
-// are one logit, as the host compares them).
-__device__ __forceinline__ unsigned int logit_key(float l) {
-  if (l == 0.0f) l = 0.0f;
-  const unsigned int b = __float_as_uint(l);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float key_logit(unsigned int k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
+// A finite logit's place in the candidate order as an unsigned key (float_order_key; -0 and +0 are one
+// logit, as the host compares them).
+__device__ __forceinline__ unsigned int logit_key(float l) { return float_order_key(l == 0.0f ? 0.0f : l); }
 
 // The kept set: finite logits with key > key, or key == key and id <= id (the candidate order's best-first
 // prefix). {0, INT_MAX} keeps every finite logit.

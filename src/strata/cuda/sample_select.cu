@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) tie_kernel(const float* logits, int6
     long long r;
     if (by_mass) {
       const float mx = max_logit(logits, argmax);
-      const double pk = static_cast<double>(fixed_mass(token_prob(key_logit(K), mx, inv_t), shift));
+      const double pk = static_cast<double>(fixed_mass(token_prob(order_key_float(K), mx, inv_t), shift));
       r = pk > 0 ? static_cast<long long>(ceil(st->need_mass / pk)) : 1;
     } else {
       r = st->need_count;

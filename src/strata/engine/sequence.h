@@ -24,7 +24,7 @@ class Sequence {
   // One decode step for `token`, then the next token picked by `sampler` among ids < n_allowed (the
   // ids past it are treated as -inf logits; history is the penalties' window). The same choice as
   // forward() then sampler.sample() on those logits, which is what this default does; a backend may
-  // pick on its device instead (the GPU session's greedy arg-max), saving the logits copy. scratch
+  // pick on its device instead (the GPU session's arg-max and sampler), saving the logits copy. scratch
   // holds n_vocab floats on return only when the logits went to the host.
   virtual int32_t decode_and_pick(int32_t token, Sampler& sampler, const std::vector<int32_t>& history,
                                   int32_t n_allowed, std::vector<float>& scratch) {
