@@ -281,9 +281,11 @@ TEST(CudaPrefill, GroupedExpertGemmMatchesFloat64Reference) {
   cudaStreamDestroy(s);
 }
 
-// The chunk scan of the gated delta rule (both forms) against a float64 transcription of the per-token
-// rule of cpu/ops.h (deltanet_step), from a non-zero state, over more tokens than one shared-memory
-// stage, with value-column counts that leave warps idle; the final state is checked too.
+// The gated delta rule over a prompt (the staged and per-token scans and the chunkwise-parallel form)
+// against a float64 transcription of the per-token rule of cpu/ops.h (deltanet_step), from a non-zero
+// state, over more tokens than one shared-memory stage or one 32-token chunk (partial last chunks), with
+// value-column counts that leave lanes idle, and at the real models' head shape; the final state is
+// checked too.
 TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
   REQUIRE_GPU();
   std::mt19937 rng(99);
@@ -291,7 +293,8 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   struct Shape { int nk, nv, dk, dv, n; };
-  for (const Shape sh : {Shape{2, 4, 128, 24, 70}, Shape{2, 4, 16, 8, 150}, Shape{1, 2, 256, 9, 40}}) {
+  for (const Shape sh : {Shape{2, 4, 128, 24, 70}, Shape{2, 4, 16, 8, 150}, Shape{1, 2, 256, 10, 40},
+                         Shape{4, 8, 128, 128, 100}}) {
     const int channels = 2 * sh.nk * sh.dk + sh.nv * sh.dv;
     std::vector<float> mixed(static_cast<size_t>(sh.n) * channels), b(sh.n * sh.nv), al(sh.n * sh.nv);
     std::vector<float> a(sh.nv), dtb(sh.nv), S0(static_cast<size_t>(sh.nv) * sh.dk * sh.dv);
@@ -350,11 +353,20 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
     up(&dtb_d, dtb);
     ASSERT_EQ(cudaMalloc(&S_d, sizeof(float) * S0.size()), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&o_d, sizeof(float) * o_ref.size()), cudaSuccess);
-    for (bool staged : {true, false}) {
+    float* scratch_d = nullptr;
+    ASSERT_EQ(cudaMalloc(&scratch_d, sizeof(float) * sc::prefill::deltanet_chunked_scratch_floats(sh.n, sh.nv, sh.dk, sh.dv)),
+              cudaSuccess);
+    for (const char* form : {"staged", "per-token", "chunked"}) {
+      const std::string f = form;
       ASSERT_EQ(cudaMemcpy(S_d, S0.data(), sizeof(float) * S0.size(), cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(o_d, 0xff, sizeof(float) * o_ref.size()), cudaSuccess);
-      sc::prefill::deltanet_scan(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk, sh.dv, o_d, s,
-                                 staged);
+      if (f == "chunked") {
+        sc::prefill::deltanet_scan_chunked(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk,
+                                           sh.dv, o_d, scratch_d, s);
+      } else {
+        sc::prefill::deltanet_scan(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk, sh.dv, o_d,
+                                   s, f == "staged");
+      }
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       std::vector<float> o(o_ref.size()), S1(S0.size());
       ASSERT_EQ(cudaMemcpy(o.data(), o_d, sizeof(float) * o.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -369,12 +381,12 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
         return num / den;
       };
       const double eo = rel(o, o_ref), es = rel(S1, S);
-      std::printf("[cuda-prefill] deltanet scan %s dk=%d dv=%d n=%d: output error %.3g, state error %.3g\n",
-                  staged ? "staged" : "per-token", sh.dk, sh.dv, sh.n, eo, es);
-      EXPECT_LE(eo, 1e-4) << (staged ? "staged" : "per-token") << " dk=" << sh.dk;
-      EXPECT_LE(es, 1e-4) << (staged ? "staged" : "per-token") << " dk=" << sh.dk;
+      std::printf("[cuda-prefill] deltanet scan %s dk=%d dv=%d n=%d: output error %.3g, state error %.3g\n", form,
+                  sh.dk, sh.dv, sh.n, eo, es);
+      EXPECT_LE(eo, 1e-4) << form << " dk=" << sh.dk;
+      EXPECT_LE(es, 1e-4) << form << " dk=" << sh.dk;
     }
-    for (float* p : {mixed_d, b_d, al_d, a_d, dtb_d, S_d, o_d}) cudaFree(p);
+    for (float* p : {mixed_d, b_d, al_d, a_d, dtb_d, S_d, o_d, scratch_d}) cudaFree(p);
   }
   cudaStreamDestroy(s);
 }

@@ -58,6 +58,9 @@ struct GpuPrefill::Impl {
   // STRATA_HYBRID_PREFILL=per-token: a HybridMoe runs each layer token by token through its decode path
   // (HybridMoe::run_batch) instead of the grouped form -- the baseline for measurements.
   bool per_token_hybrid = false;
+  // The DeltaNet rule over a chunk: the chunkwise-parallel form (default) or the staged token scan
+  // (STRATA_PREFILL_DELTANET=staged, for comparisons).
+  bool chunked_deltanet = true;
 
   std::vector<void*> allocs;
   size_t bytes = 0;
@@ -79,6 +82,7 @@ struct GpuPrefill::Impl {
   float *q = nullptr, *kk = nullptr, *o = nullptr;
   // DeltaNet
   float *qkv = nullptr, *mixed = nullptr, *z = nullptr, *bb = nullptr, *al = nullptr, *o2 = nullptr;
+  float* dn_scratch = nullptr;  // the chunked DeltaNet form's per-chunk records
   // MoE
   float *router = nullptr, *wts = nullptr, *g = nullptr, *u = nullptr, *ye = nullptr;
   int* ids = nullptr;
@@ -102,6 +106,13 @@ struct GpuPrefill::Impl {
         per_token_hybrid = true;
       else if (mode != "grouped" && !mode.empty())
         fail("STRATA_HYBRID_PREFILL=", mode, ": expected grouped (the default) or per-token");
+    }
+    if (const char* v = std::getenv("STRATA_PREFILL_DELTANET")) {  // for comparisons
+      const std::string form = v;
+      if (form == "staged")
+        chunked_deltanet = false;
+      else if (form != "chunked" && !form.empty())
+        fail("STRATA_PREFILL_DELTANET=", form, ": expected chunked (the default) or staged");
     }
     chunk = opt.max_chunk;
     try {
@@ -185,6 +196,12 @@ struct GpuPrefill::Impl {
       bb = dalloc<float>(C * c.ssm_v_heads);
       al = dalloc<float>(C * c.ssm_v_heads);
       o2 = dalloc<float>(C * v_dim());
+      // The chunked form takes the real models' head shapes; others run the staged scan (the same rule).
+      chunked_deltanet =
+          chunked_deltanet && prefill::deltanet_chunked_supported(c.ssm_head_k, c.ssm_head_v, c.ssm_conv_channels());
+      if (chunked_deltanet)
+        dn_scratch = dalloc<float>(prefill::deltanet_chunked_scratch_floats(static_cast<int>(C), c.ssm_v_heads,
+                                                                            c.ssm_head_k, c.ssm_head_v));
     }
     const int64_t k = c.n_expert_used, pairs = C * k;
     router = dalloc<float>(C * c.n_expert);
@@ -361,8 +378,13 @@ struct GpuPrefill::Impl {
       prefill::conv1d_silu_chunk(qkv, w.conv, c.ssm_conv_kernel, channels, m, L.conv, mixed, s);
       prefill::deltanet_qk_norm_rows(mixed, channels, m, c.ssm_k_heads, c.ssm_head_k,
                                      1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), s);
-      prefill::deltanet_scan(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads, c.ssm_v_heads,
-                             c.ssm_head_k, c.ssm_head_v, o2, s);
+      if (chunked_deltanet) {
+        prefill::deltanet_scan_chunked(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads,
+                                       c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, o2, dn_scratch, s);
+      } else {
+        prefill::deltanet_scan(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads, c.ssm_v_heads,
+                               c.ssm_head_k, c.ssm_head_v, o2, s);
+      }
       prefill::gated_rmsnorm_rows(o2, z, w.norm, c.rms_eps, m, c.ssm_v_heads, c.ssm_head_v, s);
     }
     Timed t(*this, kProjections);

@@ -64,6 +64,17 @@ void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const flo
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
                    float* o, cudaStream_t s, bool staged = true);
 
+// The same rule in its chunkwise-parallel form (prefill_deltanet_chunked.cu): 32-token chunks whose
+// inputs-only parts (the UT transform) run for every chunk at once, then one pass per head over the
+// chunks with the state. Same contract as deltanet_scan (dk, dv <= 256); scratch: at least
+// deltanet_chunked_scratch_floats(n, n_v_heads, dk, dv) floats of device memory. Takes the shapes
+// deltanet_chunked_supported accepts (dk a multiple of 4, 16-byte aligned mixed rows); fails on others.
+int64_t deltanet_chunked_scratch_floats(int n, int n_v_heads, int dk, int dv);
+bool deltanet_chunked_supported(int dk, int dv, int64_t mixed_stride);
+void deltanet_scan_chunked(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
+                           const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
+                           float* o, float* scratch, cudaStream_t s);
+
 // o[t][h*dv + j] = rmsnorm(o[t][h*dv ..])[j] * norm_w[j] * silu(z[t][h*dv + j]), in place, for all t, h.
 void gated_rmsnorm_rows(float* o, const float* z, const float* norm_w, float eps, int n, int n_v_heads, int dv,
                         cudaStream_t s);
