@@ -10,7 +10,7 @@
 // Everything but the S0 terms depends only on the chunk's inputs, so:
 //   chunk_prep_kernel (every chunk of every head at once): A and M from the chunk's dot products, T by
 //     forward substitution, W, Uv, M and G into a scratch record;
-//   chunk_state_kernel (per head and group of 32 value columns, chunks in order): the matrix products
+//   chunk_state_kernel (per head and group of 16 value columns, chunks in order): the matrix products
 //     with the state, which each column j of S evolves independently (as in the scan).
 // The token-by-token chain of the scan (three reductions per token) becomes C-token matrix products.
 // Derivation after Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (2024), and Yang et al.,
@@ -158,39 +158,44 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkInputs in, fl
   if (threadIdx.x < kChunk) Gout[threadIdx.x] = G[threadIdx.x];
 }
 
-// Block (group of 32 value columns, head h): lane = column j, warp w = rows w*RPW .. +RPW-1 of S (in
-// registers). Walks the chunks in order: U = Uv - W S, O = Gamma Q S + M U, S = gamma_C S + K^T D U.
-// The row reads of W, Q and K are broadcasts (every lane of a warp reads the same rows), so the tiles
-// are unpadded and read four rows at a time; dk % 4 == 0 (the host checks). Measured on the H100
-// (docs/PERF.md): a form with 4 columns x 8 row groups per warp (sums over rows by shuffles, no
-// shared-memory partials) was slower.
+// Block (group of 16 value columns, head h): lane = 16 * rh + c holds column c and half rh of warp w's
+// rows w*RPW .. +RPW-1 of S in registers (RPW / 2 rows each), so two blocks of 8 warps fit an SM (one
+// block of 32 columns per SM was latency-bound: docs/PERF.md). Walks the chunks in order:
+// U = Uv - W S, O = Gamma Q S + M U, S = gamma_C S + K^T D U. The row reads of W, Q and K are
+// broadcasts within each half-warp, so the tiles are unpadded and read four rows at a time; dk % 4 == 0
+// (the host checks). A form with 4 columns x 8 row groups per warp (sums over rows by shuffles) was slower.
+constexpr int kCols = 16;  // value columns per block
+
 template <int RPW>
-__global__ void __launch_bounds__(kThreads) chunk_state_kernel(ChunkInputs in, const float* scratch, float* S_all,
-                                                               float* o, int n_chunks) {
-  static_assert(RPW % 4 == 0, "rows per warp in float4 steps");
+__global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkInputs in, const float* scratch, float* S_all,
+                                                                  float* o, int n_chunks) {
+  constexpr int kHalf = RPW / 2;  // rows per lane
+  static_assert(kHalf % 4 == 0, "rows per lane in float4 steps");
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
   const int dk = in.dk, dv = in.dv;
-  float* Ws = sm;                          // [C][dk]
-  float* Qs = Ws + kChunk * dk;            // [C][dk]
-  float* Ks = Qs + kChunk * dk;            // [C][dk]
-  float* Ms = Ks + kChunk * dk;            // [C][C]
-  float* Us = Ms + kChunk * kChunk;        // [C][32]: Uv, then U
-  float* pw = Us + kChunk * 32;            // [warps][C][32]: partial W S
-  float* pq = pw + kWarps * kChunk * 32;   // [warps][C][32]: partial Q S
-  float* G = pq + kWarps * kChunk * 32;    // [C]
-  float* tail = G + kChunk;                // [C]: exp(G_last - G_s)
+  float* Ws = sm;                             // [C][dk]
+  float* Qs = Ws + kChunk * dk;               // [C][dk]
+  float* Ks = Qs + kChunk * dk;               // [C][dk]
+  float* Ms = Ks + kChunk * dk;               // [C][C]
+  float* Us = Ms + kChunk * kChunk;           // [C][kCols]: Uv, then U
+  float* GQ = Us + kChunk * kCols;            // [C][kCols]: gamma_t (Q S)[t][j]
+  float* pw = GQ + kChunk * kCols;            // [warps][C][kCols]: partial W S
+  float* pq = pw + kWarps * kChunk * kCols;   // [warps][C][kCols]: partial Q S
+  float* G = pq + kWarps * kChunk * kCols;    // [C]
+  float* tail = G + kChunk;                   // [C]: exp(G_last - G_s)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int h = blockIdx.y, j = blockIdx.x * 32 + lane;
+  const int cl = lane & (kCols - 1), rh = lane >> 4;
+  const int h = blockIdx.y, j = blockIdx.x * kCols + cl;
   const bool col = j < dv;
   const int kh = h % in.nk;
   const int64_t key_dim = static_cast<int64_t>(in.nk) * dk;
-  const int i0 = warp * RPW;
-  const int nq = max(0, min(RPW, dk - i0)) / 4;  // this warp's rows in float4 steps
+  const int i0 = warp * RPW + rh * kHalf;
+  const int nq = max(0, min(kHalf, dk - i0)) / 4;  // this lane's rows in float4 steps
   float* S = S_all + static_cast<int64_t>(h) * dk * dv;
-  float r[RPW];
+  float r[kHalf];
 #pragma unroll
-  for (int q = 0; q < RPW; ++q) {
+  for (int q = 0; q < kHalf; ++q) {
     const int i = i0 + q;
     r[q] = (col && i < dk) ? S[static_cast<int64_t>(i) * dv + j] : 0.0f;
   }
@@ -219,9 +224,9 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(ChunkInputs in, c
     }
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += blockDim.x) Ms[idx] = M[idx];
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < kChunk * 32; idx += blockDim.x) {
-      const int t = idx / 32, jj = blockIdx.x * 32 + idx % 32;
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < kChunk * kCols; idx += blockDim.x) {
+      const int t = idx / kCols, jj = blockIdx.x * kCols + idx % kCols;
       Us[idx] = jj < dv ? Uv[static_cast<int64_t>(t) * dv + jj] : 0.0f;
     }
     if (threadIdx.x < kChunk) {
@@ -229,56 +234,57 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(ChunkInputs in, c
       tail[threadIdx.x] = threadIdx.x < len ? expf(Gin[len - 1] - Gin[threadIdx.x]) : 0.0f;
     }
     __syncthreads();
-    // This warp's rows' share of (W S)[t][j] and (Q S)[t][j] for every t of the chunk.
+    // This warp's rows' share of (W S)[t][j] and (Q S)[t][j] for every t of the chunk (the two halves
+    // of the warp's rows meet by one shuffle).
     for (int t = 0; t < len; ++t) {
       float ws = 0.0f, qs = 0.0f;
       const float4* w4 = reinterpret_cast<const float4*>(Ws + t * dk + i0);
       const float4* q4 = reinterpret_cast<const float4*>(Qs + t * dk + i0);
 #pragma unroll
-      for (int q = 0; q < RPW / 4; ++q) {
+      for (int q = 0; q < kHalf / 4; ++q) {
         if (q < nq) {
           const float4 wv = w4[q], qv = q4[q];
           ws = fmaf(wv.x, r[4 * q], fmaf(wv.y, r[4 * q + 1], fmaf(wv.z, r[4 * q + 2], fmaf(wv.w, r[4 * q + 3], ws))));
           qs = fmaf(qv.x, r[4 * q], fmaf(qv.y, r[4 * q + 1], fmaf(qv.z, r[4 * q + 2], fmaf(qv.w, r[4 * q + 3], qs))));
         }
       }
-      pw[(warp * kChunk + t) * 32 + lane] = ws;
-      pq[(warp * kChunk + t) * 32 + lane] = qs;
-    }
-    __syncthreads();
-    // U = Uv - W S; this thread's tokens t = warp, warp + 8, ... keep Gamma Q S for the output.
-    float gqs[kChunk / kWarps];
-#pragma unroll
-    for (int e = 0; e < kChunk / kWarps; ++e) {
-      const int t = warp + e * kWarps;
-      float ws = 0.0f, qs = 0.0f;
-      if (t < len) {
-        for (int w = 0; w < kWarps; ++w) {
-          ws += pw[(w * kChunk + t) * 32 + lane];
-          qs += pq[(w * kChunk + t) * 32 + lane];
-        }
-        Us[t * 32 + lane] -= ws;
+      ws += __shfl_xor_sync(0xffffffffu, ws, 16);
+      qs += __shfl_xor_sync(0xffffffffu, qs, 16);
+      if (rh == 0) {
+        pw[(warp * kChunk + t) * kCols + cl] = ws;
+        pq[(warp * kChunk + t) * kCols + cl] = qs;
       }
-      gqs[e] = expf(G[t]) * qs;
     }
     __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kChunk / kWarps; ++e) {  // O = Gamma Q S + M U
-      const int t = warp + e * kWarps;
-      if (t >= len || !col) continue;
-      float acc = gqs[e];
-      for (int s2 = 0; s2 <= t; ++s2) acc = fmaf(Ms[t * kChunk + s2], Us[s2 * 32 + lane], acc);
-      o[static_cast<int64_t>(t0 + t) * o_stride + static_cast<int64_t>(h) * dv + j] = acc;
+    // U = Uv - W S and Gamma Q S, for the chunk's (token, column) pairs (two per thread).
+    for (int p = threadIdx.x; p < kChunk * kCols; p += blockDim.x) {
+      const int t = p / kCols, cc = p % kCols;
+      if (t >= len) continue;
+      float ws = 0.0f, qs = 0.0f;
+      for (int w = 0; w < kWarps; ++w) {
+        ws += pw[(w * kChunk + t) * kCols + cc];
+        qs += pq[(w * kChunk + t) * kCols + cc];
+      }
+      Us[p] -= ws;
+      GQ[p] = expf(G[t]) * qs;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < kChunk * kCols; p += blockDim.x) {  // O = Gamma Q S + M U
+      const int t = p / kCols, cc = p % kCols, oj = blockIdx.x * kCols + cc;
+      if (t >= len || oj >= dv) continue;
+      float acc = GQ[p];
+      for (int s2 = 0; s2 <= t; ++s2) acc = fmaf(Ms[t * kChunk + s2], Us[s2 * kCols + cc], acc);
+      o[static_cast<int64_t>(t0 + t) * o_stride + static_cast<int64_t>(h) * dv + oj] = acc;
     }
     // S = gamma_last S + K^T diag(exp(G_last - G_s)) U
     const float glast = expf(G[len - 1]);
 #pragma unroll
-    for (int q = 0; q < RPW; ++q) r[q] *= glast;
+    for (int q = 0; q < kHalf; ++q) r[q] *= glast;
     for (int s2 = 0; s2 < len; ++s2) {
-      const float us = tail[s2] * Us[s2 * 32 + lane];
+      const float us = tail[s2] * Us[s2 * kCols + cl];
       const float4* k4 = reinterpret_cast<const float4*>(Ks + s2 * dk + i0);
 #pragma unroll
-      for (int q = 0; q < RPW / 4; ++q) {
+      for (int q = 0; q < kHalf / 4; ++q) {
         if (q < nq) {
           const float4 kv = k4[q];
           r[4 * q] = fmaf(kv.x, us, r[4 * q]);
@@ -291,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(ChunkInputs in, c
   }
   if (col) {
 #pragma unroll
-    for (int q = 0; q < RPW; ++q) {
+    for (int q = 0; q < kHalf; ++q) {
       const int i = i0 + q;
       if (i < dk) S[static_cast<int64_t>(i) * dv + j] = r[q];
     }
@@ -305,7 +311,7 @@ size_t prep_smem(int dk, int dv) {
 
 size_t state_smem(int dk) {
   return sizeof(float) * (3 * static_cast<size_t>(kChunk) * dk + static_cast<size_t>(kChunk) * kChunk +
-                          static_cast<size_t>(kChunk) * 32 + 2 * static_cast<size_t>(kWarps) * kChunk * 32 +
+                          2 * static_cast<size_t>(kChunk) * kCols + 2 * static_cast<size_t>(kWarps) * kChunk * kCols +
                           2 * kChunk);
 }
 
@@ -320,7 +326,7 @@ template <int RPW>
 void launch_state(const ChunkInputs& in, const float* scratch, float* S, float* o, int n_chunks, cudaStream_t s) {
   const size_t smem = state_smem(in.dk);
   allow_smem(chunk_state_kernel<RPW>, smem, "cudaFuncSetAttribute(deltanet chunk state)");
-  chunk_state_kernel<RPW><<<dim3((in.dv + 31) / 32, in.nv), kThreads, smem, s>>>(in, scratch, S, o, n_chunks);
+  chunk_state_kernel<RPW><<<dim3((in.dv + kCols - 1) / kCols, in.nv), kThreads, smem, s>>>(in, scratch, S, o, n_chunks);
 }
 
 }  // namespace
