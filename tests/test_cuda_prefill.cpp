@@ -281,7 +281,7 @@ TEST(CudaPrefill, GroupedExpertGemmMatchesFloat64Reference) {
   cudaStreamDestroy(s);
 }
 
-// The gated delta rule over a prompt (the staged and per-token scans and the chunkwise-parallel form)
+// The gated delta rule over a prompt (the sequential scan and the chunkwise-parallel form)
 // against a float64 transcription of the per-token rule of cpu/ops.h (deltanet_step), from a non-zero
 // state, over more tokens than one shared-memory stage or one 32-token chunk (partial last chunks), with
 // value-column counts that leave lanes idle, and at the real models' head shape; the final state is
@@ -356,7 +356,7 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
     float* scratch_d = nullptr;
     ASSERT_EQ(cudaMalloc(&scratch_d, sizeof(float) * sc::prefill::deltanet_chunked_scratch_floats(sh.n, sh.nv, sh.dk, sh.dv)),
               cudaSuccess);
-    for (const char* form : {"staged", "per-token", "chunked"}) {
+    for (const char* form : {"staged", "chunked"}) {
       const std::string f = form;
       ASSERT_EQ(cudaMemcpy(S_d, S0.data(), sizeof(float) * S0.size(), cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(o_d, 0xff, sizeof(float) * o_ref.size()), cudaSuccess);
@@ -365,7 +365,7 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
                                            sh.dv, o_d, scratch_d, s);
       } else {
         sc::prefill::deltanet_scan(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk, sh.dv, o_d,
-                                   s, f == "staged");
+                                   s);
       }
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       std::vector<float> o(o_ref.size()), S1(S0.size());

@@ -1,11 +1,15 @@
-// The gated delta rule over a chunk (prefill_kernels.h: deltanet_scan). Column j of a value head's
-// state (S[:, j], dk values) evolves independently of the other columns, so one warp owns one column,
-// each lane holding dk/32 of its rows in registers, and walks the chunk's tokens in order (an exact
-// sequential scan, parallel over heads x value columns). Per token the three dot products the step needs
-// (S.k and S.q before the update, and k.q) are reduced together in one shuffle pass, using
+// The gated delta rule over a chunk as an exact sequential scan (prefill_kernels.h: deltanet_scan; the
+// prefill's default is the chunkwise-parallel form of prefill_deltanet_chunked.cu, and this scan runs
+// the head shapes that form does not take). Column j of a value head's state (S[:, j], dk values)
+// evolves independently of the other columns, so one warp owns one column, each lane holding dk/32 of
+// its rows in registers, and walks the tokens in order (parallel over heads x value columns). Per token
+// the three dot products the step needs (S.k and S.q before the update, and k.q) are reduced together in
+// one shuffle pass, using
 //   S' = d S + k delta,  delta = beta (v - d (S.k)),  o = S'.q = d (S.q) + (k.q) delta   (d = exp(g)),
-// which is the per-token deltanet_step of cpu/ops.h up to the order of float rounding. The next token's
-// inputs are loaded before the current token is computed, to hide their latency.
+// which is the per-token deltanet_step of cpu/ops.h up to the order of float rounding. A block first
+// copies a stage of tokens' inputs into shared memory with coalesced loads, so the per-token global-load
+// latency (one round trip per token) becomes one round trip per stage. (A form that loaded each token's
+// inputs from global memory, one round trip per token, was removed: slower, and only the tests ran it.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,89 +22,6 @@
 namespace strata::cuda::prefill {
 namespace {
 
-constexpr int kWarps = 4;  // value columns per block
-
-template <int RPL>  // rows per lane: dk <= 32 * RPL
-__global__ void __launch_bounds__(kWarps * 32) deltanet_scan_kernel(
-    float* S_all, const float* mixed, int64_t ms, const float* b, const float* alpha, const float* a,
-    const float* dt_bias, int n, int nk, int nv, int dk, int dv, float* o) {
-  const int lane = threadIdx.x & 31;
-  const int j = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int h = blockIdx.y;
-  if (j >= dv) return;
-  const int kh = h % nk;
-  const int64_t key_dim = static_cast<int64_t>(nk) * dk;
-  float* S = S_all + static_cast<int64_t>(h) * dk * dv;
-  float s[RPL];
-#pragma unroll
-  for (int r = 0; r < RPL; ++r) {
-    const int i = lane + 32 * r;
-    s[r] = i < dk ? S[static_cast<int64_t>(i) * dv + j] : 0.0f;
-  }
-  const float ah = a[h], dtb = dt_bias[h];
-  const float* qbase = mixed + static_cast<int64_t>(kh) * dk;
-  const float* kbase = mixed + key_dim + static_cast<int64_t>(kh) * dk;
-  const float* vbase = mixed + 2 * key_dim + static_cast<int64_t>(h) * dv + j;
-
-  float qn[RPL], kn[RPL], vn = 0.0f, bn = 0.0f, an = 0.0f;
-  auto load = [&](int t) {
-    const int64_t off = static_cast<int64_t>(t) * ms;
-#pragma unroll
-    for (int r = 0; r < RPL; ++r) {
-      const int i = lane + 32 * r;
-      qn[r] = i < dk ? qbase[off + i] : 0.0f;
-      kn[r] = i < dk ? kbase[off + i] : 0.0f;
-    }
-    vn = vbase[off];
-    bn = b[static_cast<int64_t>(t) * nv + h];
-    an = alpha[static_cast<int64_t>(t) * nv + h];
-  };
-  load(0);
-  const int64_t o_stride = static_cast<int64_t>(nv) * dv;
-  for (int t = 0; t < n; ++t) {
-    float qc[RPL], kc[RPL];
-#pragma unroll
-    for (int r = 0; r < RPL; ++r) {
-      qc[r] = qn[r];
-      kc[r] = kn[r];
-    }
-    const float vc = vn, bc = bn, ac = an;
-    if (t + 1 < n) load(t + 1);
-    const float beta = sigmoid_dev(bc);
-    const float xa = ac + dtb;
-    const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-    const float decay = expf(ah * sp);
-    float sk = 0.0f, sq = 0.0f, kq = 0.0f;
-#pragma unroll
-    for (int r = 0; r < RPL; ++r) {
-      sk += s[r] * kc[r];
-      sq += s[r] * qc[r];
-      kq += kc[r] * qc[r];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      sk += __shfl_xor_sync(0xffffffffu, sk, off);
-      sq += __shfl_xor_sync(0xffffffffu, sq, off);
-      kq += __shfl_xor_sync(0xffffffffu, kq, off);
-    }
-    const float delta = beta * (vc - decay * sk);
-#pragma unroll
-    for (int r = 0; r < RPL; ++r) s[r] = s[r] * decay + kc[r] * delta;
-    if (lane == 0) o[static_cast<int64_t>(t) * o_stride + static_cast<int64_t>(h) * dv + j] = decay * sq + kq * delta;
-  }
-#pragma unroll
-  for (int r = 0; r < RPL; ++r) {
-    const int i = lane + 32 * r;
-    if (i < dk) S[static_cast<int64_t>(i) * dv + j] = s[r];
-  }
-}
-
-
-// The staged form: a block of kStagedWarps warps (columns of one value head) first copies a stage of
-// tokens' q, k (kStage x dk), its columns' v, and the per-token decay exp(g) and beta into shared memory
-// with coalesced loads, then every warp walks the stage reading only shared memory. The per-token
-// global-load latency of deltanet_scan_kernel (one round trip per token, the scan's bottleneck) becomes
-// one round trip per stage. Same arithmetic per token as deltanet_scan_kernel.
 constexpr int kStagedWarps = 8;
 
 template <int RPL>
@@ -208,31 +129,16 @@ void launch_staged(float* S, const float* mixed, int64_t ms, const float* b, con
 
 void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
-                   float* o, cudaStream_t s, bool staged) {
+                   float* o, cudaStream_t s) {
   check_arg(dk >= 1 && dk <= 256, "deltanet_scan: key head dim must be 1..256");
-  if (staged) {
-    if (dk <= 32) {
-      launch_staged<1>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
-    } else if (dk <= 64) {
-      launch_staged<2>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
-    } else if (dk <= 128) {
-      launch_staged<4>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
-    } else {
-      launch_staged<8>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
-    }
-    check_launch("deltanet_scan (staged)");
-    return;
-  }
-  const dim3 grid((dv + kWarps - 1) / kWarps, n_v_heads);
-  const int threads = kWarps * 32;
   if (dk <= 32) {
-    deltanet_scan_kernel<1><<<grid, threads, 0, s>>>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o);
+    launch_staged<1>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
   } else if (dk <= 64) {
-    deltanet_scan_kernel<2><<<grid, threads, 0, s>>>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o);
+    launch_staged<2>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
   } else if (dk <= 128) {
-    deltanet_scan_kernel<4><<<grid, threads, 0, s>>>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o);
+    launch_staged<4>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
   } else {
-    deltanet_scan_kernel<8><<<grid, threads, 0, s>>>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o);
+    launch_staged<8>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
   }
   check_launch("deltanet_scan");
 }

@@ -59,10 +59,10 @@ void deltanet_qk_norm_rows(float* mixed, int64_t row_stride, int n, int n_k_head
 // per token t, beta = sigmoid(b[t][h]), g = a[h] * softplus(alpha[t][h] + dt_bias[h]),
 // S = exp(g) S; S += k (beta (v - S^T k))^T; o[t][h*dv + j] = (S^T q)_j (raw, before the gated norm).
 // q/k of key head h % n_k_heads at mixed row t (q at 0, k at n_k*dk, v at 2*n_k*dk). dk <= 256.
-// staged (the default): inputs copied stage by stage into shared memory (fast); false: loaded per token.
+// An exact sequential scan over the tokens (inputs staged through shared memory).
 void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
-                   float* o, cudaStream_t s, bool staged = true);
+                   float* o, cudaStream_t s);
 
 // The same rule in its chunkwise-parallel form (prefill_deltanet_chunked.cu): 32-token chunks whose
 // inputs-only parts (the UT transform) run for every chunk at once, then one pass per head over the
