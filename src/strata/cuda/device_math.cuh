@@ -88,6 +88,8 @@ __device__ __forceinline__ float order_key_float(unsigned int k) {
 
 __device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_dev(float x) { return x / (1.0f + expf(-x)); }
+// softplus as torch computes it (cpu/ops.h softplusf): x above 20, else log1p(exp(x)).
+__device__ __forceinline__ float softplus_dev(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // order[0..k) = the slot indices 0..k-1 sorted by ids[slot], ascending (stable; one thread, k small): the
 // order in which the CPU engine sums a token's experts.

@@ -168,9 +168,7 @@ __global__ void deltanet_step_kernel(float* S_all, const float* mixed, const flo
   }
   __syncthreads();
   const float beta = sigmoid_dev(b[h]);
-  const float xa = alpha[h] + dt_bias[h];
-  const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-  const float g = a[h] * sp;
+  const float g = a[h] * softplus_dev(alpha[h] + dt_bias[h]);
   const float decay = expf(g);
   float* S = S_all + static_cast<int64_t>(h) * dk * dv;
   float o = 0.0f;
@@ -381,9 +379,7 @@ __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, con
     __syncthreads();
   }
   const float beta = sigmoid_dev(b[h]);
-  const float xa = alpha[h] + dt_bias[h];
-  const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-  const float decay = expf(a[h] * sp);
+  const float decay = expf(a[h] * softplus_dev(alpha[h] + dt_bias[h]));
   float acc = 0.0f;
   if (col) {
 #pragma unroll

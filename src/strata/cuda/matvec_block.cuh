@@ -98,8 +98,6 @@ static __device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
   for (int i = threadIdx.x; i < nm.n; i += blockDim.x) nm.out[i] = __ldcg(nm.x + i) * inv * nm.w[i];
 }
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-
 // The conv1d + SiLU step of channel c whose newest input is v (conv1d_silu_kernel's arithmetic);
 // advances that channel's state.
 static __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
@@ -112,7 +110,7 @@ static __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, flo
     for (int j = 0; j < K - 2; ++j) st[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
     st[static_cast<int64_t>(K - 2) * ch + c] = v;
   }
-  return silu_f(acc);
+  return silu_dev(acc);
 }
 
 // A group of the block's threads that stages the input: thread t of nt (threads first .. first + nt - 1,
@@ -271,7 +269,7 @@ __device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, in
     } else if (J.mode == GemvMode::Accumulate) {
       J.y[row] = __ldcg(J.y + row) + a;
     } else {
-      J.y[row] = silu_f(a) * a2;
+      J.y[row] = silu_dev(a) * a2;
     }
   }
 }

@@ -69,9 +69,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32) deltanet_scan_staged_kernel
     for (int tt = tid; tt < ts; tt += blockDim.x) {
       const int64_t t = t0 + tt;
       sbeta[tt] = sigmoid_dev(b[t * nv + h]);
-      const float xa = alpha[t * nv + h] + dtb;
-      const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-      sdecay[tt] = expf(ah * sp);
+      sdecay[tt] = expf(ah * softplus_dev(alpha[t * nv + h] + dtb));
     }
     __syncthreads();
     if (!active) continue;

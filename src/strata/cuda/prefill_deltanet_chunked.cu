@@ -1,5 +1,5 @@
-// The gated delta rule over a prompt in its chunkwise-parallel form (prefill_kernels.h: deltanet_scan,
-// DeltaNetScan::Chunked). Within a chunk of C tokens with cumulative log-decay G_t (g summed from the
+// The gated delta rule over a prompt in its chunkwise-parallel form (prefill_kernels.h:
+// deltanet_scan_chunked). Within a chunk of C tokens with cumulative log-decay G_t (g summed from the
 // chunk's first token, gamma_t = exp(G_t)) and the state S0 at the chunk's start, the per-token rule
 //   S_t = d_t S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - d_t S_{t-1}^T k_t),  o_t = S_t^T q_t
 // unrolls to
@@ -50,9 +50,7 @@ struct ChunkInputs {
 };
 
 __device__ __forceinline__ float log_decay(const ChunkInputs& in, int t, int h) {
-  const float xa = in.alpha[static_cast<int64_t>(t) * in.nv + h] + in.dt_bias[h];
-  const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-  return in.a[h] * sp;
+  return in.a[h] * softplus_dev(in.alpha[static_cast<int64_t>(t) * in.nv + h] + in.dt_bias[h]);
 }
 
 // Block (chunk c, head h): the chunk's W, Uv, M and G.
