@@ -23,6 +23,7 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include <string>
 #include <vector>
 
+#include "strata/base/error.h"
 #include "strata/convert/converter.h"
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/device_model.h"
@@ -285,7 +286,7 @@ TEST(CudaPrefill, GroupedExpertGemmMatchesFloat64Reference) {
 // against a float64 transcription of the per-token rule of cpu/ops.h (deltanet_step), from a non-zero
 // state, over more tokens than one shared-memory stage or one 32-token chunk (partial last chunks), with
 // value-column counts that leave lanes idle, and at the real models' head shape; the final state is
-// checked too.
+// checked too. A shape whose rows the chunked form does not take (odd width) must be refused loudly.
 TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
   REQUIRE_GPU();
   std::mt19937 rng(99);
@@ -293,8 +294,8 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   struct Shape { int nk, nv, dk, dv, n; };
-  for (const Shape sh : {Shape{2, 4, 128, 24, 70}, Shape{2, 4, 16, 8, 150}, Shape{1, 2, 256, 10, 40},
-                         Shape{4, 8, 128, 128, 100}}) {
+  for (const Shape sh : {Shape{2, 4, 128, 24, 70}, Shape{2, 4, 16, 8, 150}, Shape{1, 2, 256, 9, 40},
+                         Shape{1, 2, 256, 10, 40}, Shape{4, 8, 128, 128, 100}}) {
     const int channels = 2 * sh.nk * sh.dk + sh.nv * sh.dv;
     std::vector<float> mixed(static_cast<size_t>(sh.n) * channels), b(sh.n * sh.nv), al(sh.n * sh.nv);
     std::vector<float> a(sh.nv), dtb(sh.nv), S0(static_cast<size_t>(sh.nv) * sh.dk * sh.dv);
@@ -356,11 +357,18 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
     float* scratch_d = nullptr;
     ASSERT_EQ(cudaMalloc(&scratch_d, sizeof(float) * sc::prefill::deltanet_chunked_scratch_floats(sh.n, sh.nv, sh.dk, sh.dv)),
               cudaSuccess);
-    for (const char* form : {"staged", "chunked"}) {
-      const std::string f = form;
+    for (bool chunked : {false, true}) {
+      const char* form = chunked ? "chunked" : "staged";
       ASSERT_EQ(cudaMemcpy(S_d, S0.data(), sizeof(float) * S0.size(), cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(o_d, 0xff, sizeof(float) * o_ref.size()), cudaSuccess);
-      if (f == "chunked") {
+      if (chunked && !sc::prefill::deltanet_chunked_supported(sh.dk, sh.dv, channels)) {
+        EXPECT_THROW(sc::prefill::deltanet_scan_chunked(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk,
+                                                        sh.nv, sh.dk, sh.dv, o_d, scratch_d, s),
+                     strata::Error)
+            << "rows of " << channels << " floats";
+        continue;
+      }
+      if (chunked) {
         sc::prefill::deltanet_scan_chunked(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk,
                                            sh.dv, o_d, scratch_d, s);
       } else {

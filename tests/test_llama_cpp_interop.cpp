@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,12 +29,6 @@ const std::string kSource = STRATA_SOURCE_DIR;
 const std::string kNodeModules = kSource + "/build-data/node/node_modules";
 // A prompt of token ids below 256 (inside every preset's vocabulary, tiny ones included).
 const std::string kPrompt = "100,101,102,32,102,105,98,200,97,99,99,105,40,110,41,58";
-
-bool file_exists(const std::string& p) {
-  FILE* f = std::fopen(p.c_str(), "rb");
-  if (f) std::fclose(f);
-  return f != nullptr;
-}
 
 std::vector<int> parse_ids(const std::string& text) {
   std::vector<int> ids;
@@ -84,7 +79,8 @@ std::vector<int> strata_greedy(const std::string& model, int n) {
 class LlamaCppInterop : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(file_exists(kNodeModules + "/node-llama-cpp/dist/index.js")) << "run scripts/fetch-test-node-deps";
+    ASSERT_TRUE(std::filesystem::exists(kNodeModules + "/node-llama-cpp/dist/index.js"))
+        << "run scripts/fetch-test-node-deps";
   }
 };
 
