@@ -1111,6 +1111,13 @@ TEST(CudaKernels, GemvInt8RouteInWithNormedInputAtModelWidth) {
   }
 }
 
+// The decode matvec keeps everything in registers: no stack frame, no spills (a 56-byte frame around a
+// called routing function cost the decode 7% on the H100; docs/PERF.md, 2026-11-23).
+TEST(CudaKernels, GemvKernelUsesNoLocalMemory) {
+  REQUIRE_GPU();
+  EXPECT_EQ(sc::gemv_local_bytes(), 0u);
+}
+
 TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
   REQUIRE_GPU();
   Int8Gemv int8;

@@ -60,8 +60,11 @@ struct DJob {
 // Softmax + top-k (route_warp.cuh) by warp 0 of the block (the caller's threads 0..31; no block barrier).
 // The k picks end in chosen[] (shared memory); with write_out the warp also writes ids / weights /
 // counts. (A rank count by the whole block, n_expert^2 comparisons, made the routed launches
-// issue-bound: every block of the expert launch routes for itself.)
-static __device__ __noinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
+// issue-bound: every block of the expert launch routes for itself.) Inlined: as a called function, its
+// call inside the tile loop made ptxas keep 14 of the kernel's registers on the stack (56 bytes of local
+// memory, spill loads in the row loops) and the decode ran 7% slower on the H100 (docs/PERF.md,
+// 2026-11-23); warp_route itself stays a call.
+static __device__ __forceinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
   warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p);

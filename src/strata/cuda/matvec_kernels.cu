@@ -194,6 +194,12 @@ void check_combine(const GemvCombine& c, bool needs_counter) {
 
 int64_t max_gemv_cols() { return mv::kMaxCols; }
 
+size_t gemv_local_bytes() {
+  cudaFuncAttributes a{};
+  check_cuda(cudaFuncGetAttributes(&a, mv::gemv_kernel), "cudaFuncGetAttributes(gemv)");
+  return a.localSizeBytes;
+}
+
 void set_gemv_math(GemvMath m) { mv::g_math = m; }
 GemvMath gemv_math() { return mv::g_math; }
 

@@ -118,4 +118,9 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
                 const GemvRoute* route_in = nullptr);
 int64_t max_gemv_cols();
 
+// Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU.
+// The GPU tests require 0: a 56-byte stack frame, from a called routing function in the tile loop, cost
+// the decode 7% on the H100 (docs/PERF.md, 2026-11-23), and nothing else would show it.
+size_t gemv_local_bytes();
+
 }  // namespace strata::cuda
