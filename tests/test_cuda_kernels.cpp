@@ -753,9 +753,16 @@ TEST(CudaKernels, ArgmaxWideAndRouteCounts) {
 TEST(CudaKernels, AttentionDecodeSplitMatchesAttendOneHead) {
   REQUIRE_GPU();
   std::mt19937 rng(38);
+  struct Case {
+    int hd, max_ctx, pos;
+  };
+  // Long and short caches (chunks of 32+ positions: one, several, a partial last one), and a head width
+  // that is not a multiple of the warp.
+  const Case cases[] = {{256, 3000, 5}, {256, 3000, 2999}, {256, 3000, 1700}, {256, 144, 0},
+                        {256, 144, 31},  {256, 144, 32},   {256, 144, 143},  {80, 200, 150}};
   for (bool gated : {false, true}) {
-    for (int pos : {5, 2999, 1700}) {
-      const int n_head = 4, n_kv = 2, hd = 256, max_ctx = 3000;
+    for (const Case& cs : cases) {
+      const int n_head = 4, n_kv = 2, hd = cs.hd, max_ctx = cs.max_ctx, pos = cs.pos;
       const int q_stride = gated ? 2 * hd : hd, kv_width = n_kv * hd;
       const std::vector<float> q = randn(n_head * q_stride, rng),
                                k = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),

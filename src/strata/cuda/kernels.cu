@@ -259,6 +259,10 @@ __global__ void argmax_kernel(const float* x, int64_t n, int* out) {
   }
 }
 
+// Fewest positions per attention chunk (attn_split_kernel): a block's work is worth its launch and the
+// last block's merge stays short.
+constexpr int kAttnMinChunk = 32;
+
 // ---- fused kernels of the fast decode step ------------------------------------------------------------
 // Attention inputs in one launch: blocks [0, n_head) normalise + rotate the query heads in place,
 // [n_head, n_head + n_kv) the key heads into the cache row at *pos, the last block copies the value row.
@@ -491,11 +495,14 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 }
 
 // Decode attention split over the cache (flash-decoding): block (h, c) takes chunk c of the n_ctx
-// positions (gridDim.y chunks at most, sized from n_ctx so every active block has work): scores with a
-// warp per position (lanes along head_dim, coalesced key rows), softmax statistics of the chunk, and the
-// unnormalised value sum with a thread per dim. One active chunk writes the output; otherwise each
-// block leaves (max, sum, partial output) in scratch and the last block of the head merges them in
-// chunk order (a deterministic result).
+// positions (gridDim.y chunks at most, each of at least kAttnMinChunk positions and sized from n_ctx so
+// every active block has work): scores with a warp per position, four positions per step (lanes along
+// head_dim, coalesced key rows, four rows' loads in flight), softmax statistics of the chunk, and the
+// unnormalised value sum with a thread per dim, eight value rows' loads in flight per step (summed in
+// position order). One active chunk writes the output; otherwise each block leaves (max, sum, partial
+// output) in scratch and the last block of the head merges them in chunk order (a deterministic result).
+// Short chunks keep each block's chain of dependent loads short: with one chunk per 256 positions, a
+// 144-token context cost ~39 us per attention layer inside the decode graph (docs/PERF.md, 2026-11-23).
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, bool gated,
                                   const int* pos_ptr, float* scratch, unsigned int* counters, float* out) {
@@ -505,7 +512,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   const int h = blockIdx.x, c = blockIdx.y, S = gridDim.y;
   const int g = h / group;
   const int n_ctx = *pos_ptr + 1;
-  const int per = (n_ctx + S - 1) / S;
+  const int per = max(kAttnMinChunk, (n_ctx + S - 1) / S);  // <= the launch's chunk (attention_decode_split)
   const int n_act = (n_ctx + per - 1) / per;
   if (c >= n_act) return;  // block-uniform
   const int p0 = c * per, p1 = min(n_ctx, p0 + per);
@@ -515,13 +522,27 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) sq[d] = qh[d];
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int p = p0 + warp; p < p1; p += nw) {
-    const float* k = k_cache + static_cast<int64_t>(p) * kv_stride + static_cast<int64_t>(g) * head_dim;
-    float dot = 0.0f;
-    for (int d = lane; d < head_dim; d += 32) dot += sq[d] * k[d];
+  const int64_t koff = static_cast<int64_t>(g) * head_dim;
+  for (int p = p0 + warp; p < p1; p += 4 * nw) {
+    const float* k[4];
+    float dot[4];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    if (lane == 0) sc[p - p0] = dot * scale;
+    for (int u = 0; u < 4; ++u) {
+      const int pu = p + u * nw < p1 ? p + u * nw : p;  // past the chunk: row p again, result dropped
+      k[u] = k_cache + static_cast<int64_t>(pu) * kv_stride + koff;
+      dot[u] = 0.0f;
+    }
+    for (int d = lane; d < head_dim; d += 32) {
+      const float qd = sq[d];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) dot[u] += qd * k[u][d];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+      if (lane == 0 && p + u * nw < p1) sc[p + u * nw - p0] = dot[u] * scale;
+    }
   }
   __syncthreads();
   float mx = -INFINITY;
@@ -539,7 +560,16 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   float* part = scratch + (static_cast<int64_t>(h) * S + c) * (head_dim + 2);
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float acc = 0.0f;
-    for (int p = p0; p < p1; ++p) acc += sc[p - p0] * v_cache[static_cast<int64_t>(p) * kv_stride + voff + d];
+    const float* vd = v_cache + voff + d;
+    int p = p0;
+    for (; p + 8 <= p1; p += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = vd[static_cast<int64_t>(p + u) * kv_stride];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += sc[p + u - p0] * v[u];
+    }
+    for (; p < p1; ++p) acc += sc[p - p0] * vd[static_cast<int64_t>(p) * kv_stride];
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
       if (gated) r *= sigmoid_dev(qh[head_dim + d]);
@@ -791,9 +821,9 @@ void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigne
 }
 
 int attention_splits(int max_ctx) {
-  const int by_len = (max_ctx + 255) / 256;  // chunks of about 256 positions at full context
+  const int by_len = (max_ctx + kAttnMinChunk - 1) / kAttnMinChunk;  // chunks of kAttnMinChunk at full context
   const int by_smem = (max_ctx + 8191) / 8192;  // at most 8192 scores of shared memory per block
-  return std::max(1, std::max(std::min(16, by_len), by_smem));
+  return std::max(1, std::max(std::min(64, by_len), by_smem));
 }
 
 size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
@@ -806,7 +836,7 @@ void attention_decode_split(const float* q, int q_head_stride, const float* k_ca
                             cudaStream_t s) {
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
-  const int chunk = (max_ctx + S - 1) / S;
+  const int chunk = std::max(kAttnMinChunk, (max_ctx + S - 1) / S);  // the kernel's largest chunk
   const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
   launch_pdl("attention_decode_split", attn_split_kernel, dim3(n_head, S), dim3(256), smem, s, q, q_head_stride,
              k_cache, v_cache, kv_stride, n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
