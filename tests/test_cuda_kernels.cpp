@@ -1125,6 +1125,71 @@ TEST(CudaKernels, GemvKernelUsesNoLocalMemory) {
   EXPECT_EQ(sc::gemv_local_bytes(), 0u);
 }
 
+// gemv_down_sum (the down projection fused with the combine): the float path equals the float64 sum of
+// the picked experts' products (Q4_K stack, Q6_K shared expert: two types in one launch, 300 rows: a
+// partial last block); the int8 path equals the down jobs + combine epilogue it replaces to float
+// rounding (the same quantised inputs); without the shared expert too; shapes it cannot take are refused.
+TEST(CudaKernels, GemvDownSumEqualsDownJobsPlusCombine) {
+  REQUIRE_GPU();
+  std::mt19937 rng(48);
+  const int n_expert = 16, k = 8, ff = 512, d = 300;
+  const std::vector<int> ids = {11, 2, 9, 0, 15, 4, 7, 13};
+  const std::vector<uint8_t> down = make_weights(GgmlType::Q4_K, int64_t{d} * n_expert, ff, rng);
+  const std::vector<uint8_t> sdown = make_weights(GgmlType::Q6_K, d, ff, rng);
+  const std::vector<float> h = randn(static_cast<size_t>(k) * ff, rng), hs = randn(ff, rng), x = randn(d, rng, 2.0f),
+                           wts = {0.2f, 0.15f, 0.14f, 0.13f, 0.12f, 0.1f, 0.09f, 0.07f}, gate = {-0.4f};
+  Dev<uint8_t> dd(down), dsd(sdown);
+  Dev<float> dh(h), dhs(hs), dw(wts), dg(gate);
+  Dev<int> dids(ids);
+  const sc::DevMatrix md = dev_matrix(GgmlType::Q4_K, dd, d, ff, n_expert), ms = dev_matrix(GgmlType::Q6_K, dsd, d, ff);
+  const size_t stride = strata::row_bytes(GgmlType::Q4_K, ff) * d;
+  for (bool shared : {true, false}) {
+    sc::GemvDownSum a;
+    a.down = &md, a.ids = dids.p, a.weights = dw.p, a.k = k, a.g = dh.p;
+    if (shared) a.shared = &ms, a.gs = dhs.p, a.shared_gate = dg.p;
+    // Float path against float64.
+    Dev<float> dx(x);
+    a.x = dx.p;
+    ASSERT_TRUE(sc::gemv_down_sum_fits(a));
+    sc::gemv_down_sum(a, nullptr);
+    std::vector<float> want(x);
+    for (int j = 0; j < k; ++j) {
+      const std::vector<float> ye = ref_matvec(GgmlType::Q4_K, down.data() + stride * ids[j], d, ff, h.data() + j * ff);
+      for (int i = 0; i < d; ++i) want[i] += wts[j] * ye[i];
+    }
+    if (shared) {
+      const std::vector<float> ys = ref_matvec(GgmlType::Q6_K, sdown.data(), d, ff, hs.data());
+      for (int i = 0; i < d; ++i) want[i] += strata::sigmoidf(gate[0]) * ys[i];
+    }
+    EXPECT_LE(rel_err(dx.get(), want), 1e-5) << "shared " << shared;
+    // Int8 path against the launch it replaces.
+    Int8Gemv int8;
+    Dev<float> dx8(x), dxc(x), dye(static_cast<size_t>(k) * d), dys(d);
+    a.x = dx8.p;
+    sc::gemv_down_sum(a, nullptr);
+    std::vector<sc::GemvJob> jobs(k + 1);
+    for (int j = 0; j < k; ++j)
+      jobs[j].w = &md, jobs[j].x = dh.p + j * ff, jobs[j].y = dye.p + j * d, jobs[j].ids = dids.p, jobs[j].slot = j;
+    jobs[k].w = &ms, jobs[k].x = dhs.p, jobs[k].y = dys.p;
+    Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+    sc::GemvCombine cb;
+    cb.x = dxc.p, cb.ye = dye.p, cb.ids = dids.p, cb.weights = dw.p, cb.k = k, cb.d = d, cb.counter = counter.p;
+    if (shared) cb.ys = dys.p, cb.shared_gate = dg.p;
+    sc::gemv_batch(jobs.data(), shared ? k + 1 : k, nullptr, nullptr, nullptr, &cb);
+    EXPECT_LE(rel_err(dx8.get(), dxc.get()), 1e-5) << "shared " << shared;
+    EXPECT_GT(rel_err(dx8.get(), x), 1e-3);  // the experts did add something
+  }
+  // A width the padded staging cannot put side by side (F32 rows of 96) is refused, loudly when forced.
+  const std::vector<uint8_t> f32 = make_weights(GgmlType::F32, int64_t{d} * n_expert, 96, rng);
+  Dev<uint8_t> df(f32);
+  const sc::DevMatrix mf = dev_matrix(GgmlType::F32, df, d, 96, n_expert);
+  Dev<float> dx(x);
+  sc::GemvDownSum bad;
+  bad.down = &mf, bad.ids = dids.p, bad.weights = dw.p, bad.k = k, bad.g = dh.p, bad.x = dx.p;
+  EXPECT_FALSE(sc::gemv_down_sum_fits(bad));
+  EXPECT_THROW(sc::gemv_down_sum(bad, nullptr), strata::Error);
+}
+
 TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
   REQUIRE_GPU();
   Int8Gemv int8;

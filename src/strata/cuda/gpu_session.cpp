@@ -82,6 +82,9 @@ struct GpuSession::Impl {
   DecodeProfile prof;                           // STRATA_GPU_PROFILE=1: per-operation times, direct launches
   // DeltaNet conv fused into the input projection and the step (STRATA_GPU_FUSE_CONV=0: separate launch).
   bool fuse_conv = false;
+  // The MoE down projection and combine as one gemv_down_sum launch where it fits (STRATA_GPU_DOWN_SUM=0:
+  // the down jobs + last-block combine, for comparisons).
+  bool down_sum = true;
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
       : model(m), c(m.config()), dm(m, o.expert_slots), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
@@ -89,6 +92,8 @@ struct GpuSession::Impl {
       const char* fc = std::getenv("STRATA_GPU_FUSE_CONV");
       fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k) &&
                   !(fc && std::strcmp(fc, "0") == 0);
+      const char* ds = std::getenv("STRATA_GPU_DOWN_SUM");
+      down_sum = !(ds && std::strcmp(ds, "0") == 0);
       allocate();
       if (!opt.expert_slots.empty()) hybrid = make_hybrid_moe(model, dm, opt);  // issue 8
     } catch (...) {
@@ -348,7 +353,14 @@ struct GpuSession::Impl {
       prof.mark("moe router+top-k+shared gate", stream);
       gemv_chunks(m.up, "moe experts gate+up");
     }
-    if (m.down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
+    GemvDownSum fused;
+    fused.down = &D.moe.down, fused.ids = ids, fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
+    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = sg;
+    fused.x = x;
+    if (down_sum && gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
+      gemv_down_sum(fused, stream);
+      prof.mark("moe experts+shared down+combine", stream);
+    } else if (m.down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       gemv_batch(m.down.data(), static_cast<int>(m.down.size()), stream, nullptr, nullptr, &m.cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {

@@ -118,6 +118,29 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
                 const GemvRoute* route_in = nullptr);
 int64_t max_gemv_cols();
 
+// The MoE down projection and the combine in one launch, with no per-expert outputs and no last-block
+// step: output row r (one warp) is
+//   x[r] += sum_j weights[j] * (down[ids[j]] row r . g[j*ff ..]) + sigmoid(*shared_gate) * (shared row r . gs)
+// over the k picked experts (and the shared expert when shared is set), every expert's input staged in
+// each block (int8 form for K-quants under GemvMath::Int8, as gemv_batch). The same sum as the down jobs
+// plus GemvCombine, up to the order of the float additions. Inside the decode graph the combine's
+// last-block step (fences, counter, one block reading k + 1 outputs) had cost ~9 us per layer.
+struct GemvDownSum {
+  const DevMatrix* down = nullptr;  // routed stack: n_rows = d, n_cols = ff, every expert resident
+  const int* ids = nullptr;         // k expert ids (device)
+  const float* weights = nullptr;   // k routing weights (device)
+  int k = 0;
+  const float* g = nullptr;          // k x ff inputs (device)
+  const DevMatrix* shared = nullptr;  // the shared expert's down (n_rows = d), or null
+  const float* gs = nullptr;          // its input
+  const float* shared_gate = nullptr;  // its gate logit (device, one float)
+  float* x = nullptr;                  // d floats, accumulated into
+};
+// Whether gemv_down_sum takes this shape (ff a multiple of 64, k + 1 <= 64, every input within max_gemv_cols
+// in total, supported types); the session falls back to gemv_batch + GemvCombine otherwise.
+bool gemv_down_sum_fits(const GemvDownSum& a);
+void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
+
 // Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU.
 // The GPU tests require 0: a 56-byte stack frame, from a called routing function in the tile loop, cost
 // the decode 7% on the H100 (docs/PERF.md, 2026-11-23), and nothing else would show it.
