@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "strata/quant/types.h"
 
 namespace strata::cuda {
@@ -16,5 +18,13 @@ void check_launch(const char* what);
 void check_arg(bool ok, const char* what);
 // Throws "CUDA backend: <what> does not support weight type <name> (supported: ...)".
 [[noreturn]] void fail_unsupported_type(const char* what, GgmlType type);
+
+// Lets kernel take `bytes` of dynamic shared memory per block (a launch above 48 KB needs the opt-in).
+template <class K>
+void allow_dynamic_smem(K kernel, size_t bytes, const char* what) {
+  if (bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+               what);
+}
 
 }  // namespace strata::cuda

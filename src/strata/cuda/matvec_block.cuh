@@ -345,6 +345,18 @@ struct BlockStage {
   }
 };
 
+// The row dots' view of an input staged at smem in layout L.
+__device__ __forceinline__ rows::XStage stage_view(const float* smem, const StageLayout& L) {
+  return rows::XStage{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
+                      reinterpret_cast<const int*>(smem + L.isum16)};
+}
+
+// The int8 form (stage_i8) of the n floats already staged at smem in layout L, by thread group g.
+__device__ __forceinline__ void stage_int8(float* smem, const StageLayout& L, int n, const Group& g) {
+  stage_i8(smem, n, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
+           reinterpret_cast<int*>(smem + L.isum16), g);
+}
+
 // Stages job J's input (stage_x, then the int8 form when int8) by thread group g; the caller
 // synchronises the block before the staged input is read.
 template <int H>
@@ -353,8 +365,7 @@ __device__ __forceinline__ void stage_input(const DJob& J, const StageLayout& L,
   stage_x<H>(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, sums, g);
   if (int8) {
     group_sync(g);
-    stage_i8(smem, J.n_cols, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
-             reinterpret_cast<int*>(smem + L.isum16), g);
+    stage_int8(smem, L, J.n_cols, g);
   }
 }
 
@@ -394,8 +405,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     const DJob& J = jobs[ji];
     const StageLayout L = stage_layout(J.n_cols);
     float* smem = S.smem;
-    const rows::XStage X{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32,
-                         smem + L.sum16, reinterpret_cast<const int*>(smem + L.isum16)};
+    const rows::XStage X = stage_view(smem, L);
     const bool i8a = i8 && rows::int8_path_type(J.type);
     const bool i8b = i8 && J.w2 && rows::int8_path_type(J.type2);
     // The float path's 16-sums are read by K-quant rows only.

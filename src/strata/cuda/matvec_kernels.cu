@@ -62,9 +62,7 @@ int log2_of(int p) {
 // fewer blocks per SM.
 int gemv_blocks_per_sm() {
   static const int n = [] {
-    const int smem = stage_layout(kMaxCols).total * static_cast<int>(sizeof(float));
-    check_cuda(cudaFuncSetAttribute(gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(gemv)");
+    allow_dynamic_smem(gemv_kernel, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(gemv)");
     const int smem_typ = stage_layout(4096).total * static_cast<int>(sizeof(float));
     int b = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel, kThreads, smem_typ),

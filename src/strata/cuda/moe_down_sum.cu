@@ -116,12 +116,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   if (a.shared) stage_x<2>(a.gs, a.shared_ff, smem + rows::xpad(n_r), smem + L.s16 + n_r / 16, nullptr, 0.0f, sums, g);
   if (i8r || i8s) {
     __syncthreads();
-    stage_i8(smem, n, reinterpret_cast<int8_t*>(smem + L.q), smem + L.d32, smem + L.sum16,
-             reinterpret_cast<int*>(smem + L.isum16), g);
+    stage_int8(smem, L, n, g);
   }
   __syncthreads();
-  const rows::XStage X{smem, smem + L.s16, reinterpret_cast<const int8_t*>(smem + L.q), smem + L.d32,
-                       smem + L.sum16, reinterpret_cast<const int*>(smem + L.isum16)};
+  const rows::XStage X = stage_view(smem, L);
   const int warp = t >> 5, lane = t & 31;
   for (int row = blockIdx.x * kRowsPerBlock + warp; row < a.d; row += gridDim.x * kRowsPerBlock) {
     float acc = slots_dot(a.type, i8r, base, scale, a.k, static_cast<size_t>(row) * a.row_bytes, a.ff, X, lane);
@@ -133,12 +131,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   }
 }
 
-// Lets the kernel take more than 48 KB of dynamic shared memory (set once).
+// The kernel's shared-memory opt-in for the widest staged input (once).
 void allow_down_sum_smem() {
   static const bool done = [] {
-    const int smem = stage_layout(kMaxCols).total * static_cast<int>(sizeof(float));
-    check_cuda(cudaFuncSetAttribute(down_sum_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
     return true;
   }();
   (void)done;

@@ -313,17 +313,10 @@ size_t state_smem(int dk) {
                           2 * kChunk);
 }
 
-template <class K>
-void allow_smem(K kernel, size_t bytes, const char* what) {
-  if (bytes > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-               what);
-}
-
 template <int RPW>
 void launch_state(const ChunkInputs& in, const float* scratch, float* S, float* o, int n_chunks, cudaStream_t s) {
   const size_t smem = state_smem(in.dk);
-  allow_smem(chunk_state_kernel<RPW>, smem, "cudaFuncSetAttribute(deltanet chunk state)");
+  allow_dynamic_smem(chunk_state_kernel<RPW>, smem, "cudaFuncSetAttribute(deltanet chunk state)");
   chunk_state_kernel<RPW><<<dim3((in.dv + kCols - 1) / kCols, in.nv), kThreads, smem, s>>>(in, scratch, S, o, n_chunks);
 }
 
@@ -349,7 +342,7 @@ void deltanet_scan_chunked(float* S, const float* mixed, int64_t mixed_stride, c
   const ChunkInputs in{mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv};
   const int n_chunks = (n + kChunk - 1) / kChunk;
   const size_t psmem = prep_smem(dk, dv);
-  allow_smem(chunk_prep_kernel, psmem, "cudaFuncSetAttribute(deltanet chunk prep)");
+  allow_dynamic_smem(chunk_prep_kernel, psmem, "cudaFuncSetAttribute(deltanet chunk prep)");
   chunk_prep_kernel<<<dim3(n_chunks, n_v_heads), kThreads, psmem, s>>>(in, scratch);
   check_launch("deltanet_scan (chunked): prep");
   if (dk <= 8 * kWarps) {  // rows per warp: dk over the 8 warps, in float4 steps
