@@ -51,14 +51,15 @@ __device__ __forceinline__ uint4 ld16_aligned(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
-// 16 bytes at a 2-byte aligned address: five aligned words, shifted into place (for Q6_K, whose 210-byte
-// blocks put every other block at 2 mod 4). Reads at most 4 bytes past p + 16 (callers stay inside the
-// block).
+// 16 bytes at a 2-byte aligned address: five aligned words (four when p is 4-byte aligned), shifted into
+// place (for Q6_K, whose 210-byte blocks put every other block at 2 mod 4). Reads at most 4 bytes past
+// p + 16 (callers stay inside the block).
 __device__ __forceinline__ void ld16_a2(const uint8_t* p, uint32_t out[4]) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
   const uint32_t sh = static_cast<uint32_t>(a & 3) * 8;
-  const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3), w4 = __ldg(w + 4);
+  // A 4-byte aligned p needs only four words (its fifth load is predicated off: no memory request).
+  const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3), w4 = sh ? __ldg(w + 4) : 0u;
   out[0] = __funnelshift_r(w0, w1, sh);
   out[1] = __funnelshift_r(w1, w2, sh);
   out[2] = __funnelshift_r(w2, w3, sh);
