@@ -84,7 +84,7 @@ GemvMath initial_math() {
 GemvMath g_math = initial_math();
 
 // Units of a row per lane (launches that fit one wave of resident blocks take fewer, gemv_batch).
-// Measured on the H100 (docs/PERF.md, 2026-11-23 08:55): 8 beats 4 and 16 (tg128 337.8 / 336.8 vs
+// Measured on the H100 (docs/PERF.md, 2026-11-23 08:50): 8 beats 4 and 16 (tg128 337.8 / 336.8 vs
 // 335.2 / 334.4 and 335.8 / 335.6): the DeltaNet input projection's ~770 tiles at 4 units become one
 // wave of ~385, and the lm_head's tiles grow to 64 rows.
 int units_per_thread() {
