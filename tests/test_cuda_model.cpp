@@ -123,6 +123,65 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunchesAndResetRestarts) {
   EXPECT_EQ(la, lc) << "after reset, a prompt split in two calls must give the same logits";
 }
 
+// The decode lookahead (decode_lookahead.h) launches the next greedy step before the pick is read and
+// runs it only when the caller feeds that pick back. Whatever the caller does instead (another token, a
+// forward with logits, a prefix-limited pick, a reset, the end of the context), the session must compute
+// exactly what a session without lookahead computes: same picks, same logits bit for bit, same routing
+// counts (a skipped step counts nothing), same n_past.
+TEST(CudaModel, LookaheadComputesExactlyWhatPlainStepsCompute) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int32_t vocab = static_cast<int32_t>(model->config().n_vocab);
+  const std::vector<int32_t> prompt = some_prompt(vocab, 6);
+  sc::GpuSessionOptions with, without;
+  with.batched_prefill = without.batched_prefill = false;  // every position through the decode graph
+  without.lookahead = false;
+  const int ctx = 26;
+  sc::GpuSession a(*model, ctx, with), b(*model, ctx, without);
+  std::vector<float> la(static_cast<size_t>(vocab)), lb(la.size()), scratch;
+  for (int round = 0; round < 2; ++round) {
+    a.forward(prompt.data(), 6, la.data(), false);
+    b.forward(prompt.data(), 6, lb.data(), false);
+    ASSERT_EQ(la, lb) << "round " << round;
+    int32_t t = prompt.back();
+    for (int i = 0; i < 6; ++i) {  // fed back: the launched step runs
+      const int32_t pa = a.decode_argmax(t), pb = b.decode_argmax(t);
+      ASSERT_EQ(pa, pb) << "round " << round << " step " << i;
+      t = pa;
+    }
+    const int32_t other = (t + 1) % vocab;  // not the pick: the launched step must be skipped
+    ASSERT_EQ(a.decode_argmax(other), b.decode_argmax(other)) << "round " << round;
+    const int32_t y = (other * 31 + 7) % vocab;  // a forward after a greedy step
+    a.forward(&y, 1, la.data(), false);
+    b.forward(&y, 1, lb.data(), false);
+    ASSERT_EQ(la, lb) << "round " << round << ": logits after a skipped lookahead step";
+    strata::SamplerParams greedy;
+    greedy.temperature = 0.0f;
+    strata::Sampler sampler(greedy);
+    std::vector<int32_t> history = prompt;
+    t = y;
+    for (int i = 0; i < 3; ++i) {  // a prefix of the vocabulary: the graphs are captured again
+      const int32_t pa = a.decode_and_pick(t, sampler, history, vocab - 1, scratch);
+      const int32_t pb = b.decode_and_pick(t, sampler, history, vocab - 1, scratch);
+      ASSERT_EQ(pa, pb) << "round " << round << " prefix step " << i;
+      ASSERT_LT(pa, vocab - 1);
+      t = pa;
+    }
+    EXPECT_EQ(a.routing_counts(), b.routing_counts()) << "round " << round;
+    while (a.n_past() < ctx) {  // to the end of the context: no step is launched past it
+      const int32_t pa = a.decode_argmax(t), pb = b.decode_argmax(t);
+      ASSERT_EQ(pa, pb) << "round " << round << " at " << a.n_past();
+      t = pa;
+    }
+    EXPECT_EQ(a.n_past(), b.n_past());
+    EXPECT_THROW(a.decode_argmax(t), strata::Error);
+    EXPECT_EQ(a.n_past(), ctx);
+    EXPECT_EQ(a.routing_counts(), b.routing_counts()) << "round " << round;
+    a.reset();
+    b.reset();
+  }
+}
+
 // decode_and_pick's greedy arg-max on the device (the generation loop's decode step) equals the arg-max
 // of the logits forward() copies to the host, over the whole vocabulary and over a prefix of it that
 // leaves the best token out (ids >= n_allowed never win).

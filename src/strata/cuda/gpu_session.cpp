@@ -12,6 +12,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/decode_lookahead.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/hybrid_moe.h"
@@ -85,6 +86,16 @@ struct GpuSession::Impl {
   // The MoE down projection and combine as one gemv_down_sum launch where it fits (STRATA_GPU_DOWN_SUM=0:
   // the down jobs + last-block combine, for comparisons).
   bool down_sum = true;
+  // Decode lookahead (decode_lookahead.h): the next greedy step's gated graph is launched before the
+  // picked token is read back. Off with GpuSessionOptions::lookahead = false or STRATA_GPU_LOOKAHEAD=0,
+  // and where the step is not one graph (direct launches, the profiles) or the MoE is hybrid (its cold
+  // experts are host work between kernels, which a graph body cannot hold).
+  bool lookahead = false;
+  LookaheadLink link;
+  cudaGraphExec_t gated = nullptr;  // gate kernel + IF(step body)
+  bool ahead = false;               // a gated step is launched and waits for its command
+  int32_t ahead_input = -1;         // the token it would consume: the last published pick
+  int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
       : model(m), c(m.config()), dm(m, o.expert_slots), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
@@ -96,12 +107,21 @@ struct GpuSession::Impl {
       down_sum = !(ds && std::strcmp(ds, "0") == 0);
       allocate();
       if (!opt.expert_slots.empty()) hybrid = make_hybrid_moe(model, dm, opt);  // issue 8
+      argmax_n = c.n_vocab;
+      const char* la = std::getenv("STRATA_GPU_LOOKAHEAD");
+      lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid &&
+                  !(la && std::strcmp(la, "0") == 0);
+      if (lookahead) link.allocate();
     } catch (...) {
       release();
       throw;
     }
   }
-  ~Impl() { release(); }
+  ~Impl() {
+    settle();  // a gated step left waiting would hold the stream (and every cudaFree) forever
+    if (stream) cudaStreamSynchronize(stream);
+    release();
+  }
 
   template <class T>
   T* dalloc(size_t n) {
@@ -175,8 +195,8 @@ struct GpuSession::Impl {
   }
 
   void release() {
-    if (graph) cudaGraphExecDestroy(graph);
-    graph = nullptr;
+    destroy_graphs();
+    link.release();
     for (void* p : allocs) cudaFree(p);
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -281,19 +301,16 @@ struct GpuSession::Impl {
     return head;
   }
 
-  // The jobs of the MoE FFN x += experts(rmsnorm(x) * ffn_norm): the router (+ the shared expert's gate
-  // input), the shared expert's gate/up pair, the k routed gate/up pairs, the k routed down projections
-  // (+ the shared down) and the combine.
+  // The jobs of the MoE FFN x += experts(rmsnorm(x) * ffn_norm) up to the down projections: the router
+  // (+ the shared expert's gate input), the k routed gate/up pairs and the shared expert's pair.
   struct MoeJobs {
-    std::vector<GemvJob> first, up, down;  // up and down end with the shared expert's jobs
+    std::vector<GemvJob> first, up;  // up ends with the shared expert's pair
     GemvRoute rt;  // softmax + top-k of the router logits
-    GemvCombine cb;
   };
   MoeJobs moe_jobs(int il, const DevLayer& D) const {
     const DevMoe& w = D.moe;
     MoeJobs m;
     const int k = c.n_expert_used;
-    const int64_t d = c.n_embd;
     GemvRoute& rt = m.rt;
     rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
     rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
@@ -306,29 +323,51 @@ struct GpuSession::Impl {
     }
     for (GemvJob& j : m.first) normed_input(j, D.ffn_norm);
     m.up.resize(static_cast<size_t>(k));
-    m.down.resize(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j) {
       GemvJob& a = m.up[j];
       a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
       a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
       normed_input(a, D.ffn_norm);
-      GemvJob& e = m.down[j];
-      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
     }
     if (w.has_shared) {
       GemvJob pair;
       pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.y = gs, pair.mode = GemvMode::SwigluPair;
       normed_input(pair, D.ffn_norm);
       m.up.push_back(pair);
+    }
+    return m;
+  }
+
+  // The MoE down projections where gemv_down_sum does not fit (or STRATA_GPU_DOWN_SUM=0): the k routed
+  // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
+  // last block (when one launch holds them) or by moe_combine_add_norm.
+  void moe_down_jobs(const DevLayer& D) {
+    const DevMoe& w = D.moe;
+    const int k = c.n_expert_used;
+    const int64_t d = c.n_embd;
+    std::vector<GemvJob> down(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) {
+      GemvJob& e = down[j];
+      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
+    }
+    if (w.has_shared) {
       GemvJob sd;
       sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
-      m.down.push_back(sd);
+      down.push_back(sd);
     }
-    GemvCombine& cb = m.cb;
-    cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
-    cb.ys = w.has_shared ? ys : nullptr, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
-    cb.counter = norm_counter;
-    return m;
+    const float* shared_rows = w.has_shared ? ys : nullptr;
+    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
+      GemvCombine cb;
+      cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+      cb.ys = shared_rows, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
+      cb.counter = norm_counter;
+      gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
+      prof.mark("moe experts+shared down+combine", stream);
+    } else {
+      gemv_chunks(down, "moe experts+shared down");
+      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, shared_rows, sg, nullptr, c.rms_eps, xn, stream);
+      prof.mark("moe combine", stream);
+    }
   }
 
   // The MoE FFN in separate launches: router (+ shared gate), routed gate+up+SwiGLU with the top-k
@@ -360,13 +399,8 @@ struct GpuSession::Impl {
     if (down_sum && gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
-    } else if (m.down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
-      gemv_batch(m.down.data(), static_cast<int>(m.down.size()), stream, nullptr, nullptr, &m.cb);
-      prof.mark("moe experts+shared down+combine", stream);
     } else {
-      gemv_chunks(m.down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids, wts, m.cb.k, c.n_embd, m.cb.ys, sg, nullptr, c.rms_eps, xn, stream);
-      prof.mark("moe combine", stream);
+      moe_down_jobs(D);
     }
   }
 
@@ -390,8 +424,9 @@ struct GpuSession::Impl {
     const GemvJob head = head_job();
     gemv_batch(&head, 1, stream);
     prof.mark("lm_head gemv+norm", stream);
-    argmax_wide(logits, c.n_vocab, argmax_part, argmax_counter, d_argmax, stream);
+    argmax_wide(logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream);
     prof.mark("argmax", stream);
+    if (lookahead) publish_pick(link, d_argmax, d_io, stream);  // the next step's input, on the device
   }
 
   // Runs one token at position n_past; leaves logits and arg-max on the device (stream not synchronised).
@@ -408,7 +443,78 @@ struct GpuSession::Impl {
       check_cuda(cudaGraphLaunch(graph, stream), "cudaGraphLaunch");
       prof.mark_graph("decode step (graph)", stream);
     }
+    if (lookahead) ++link.published;
     ++n_past;
+  }
+
+  void destroy_graphs() {
+    if (graph) cudaGraphExecDestroy(graph);
+    if (gated) cudaGraphExecDestroy(gated);
+    graph = gated = nullptr;
+  }
+
+  // Releases a gated step that waits for its command without running it ("stop"). Every entry point
+  // other than the greedy step calls this before it touches the stream.
+  void settle() {
+    if (!ahead) return;
+    link.command(false);
+    ahead = false;
+  }
+
+  // The step's arg-max covers ids < n: the graphs are captured again when n changes.
+  void set_argmax_range(int64_t n) {
+    if (n == argmax_n) return;
+    settle();
+    check_cuda(cudaStreamSynchronize(stream), "decode step");
+    destroy_graphs();
+    argmax_n = n;
+  }
+
+  // Launches the gated graph of the step that would write position pos (none past the context).
+  void launch_gated(int pos) {
+    if (pos >= max_ctx) return;
+    ++link.launched;
+    check_cuda(cudaGraphLaunch(gated, stream), "cudaGraphLaunch(gated step)");
+    ahead = true;
+  }
+
+  // One greedy step from `token`; returns the pick (arg-max over ids < argmax_n). With lookahead, when
+  // `token` is the previous pick the step already launched runs ("go"); otherwise that one is skipped
+  // and the step runs from the host's token. Either way the next step's gated graph is launched before
+  // this step's pick is read back.
+  int32_t greedy_step(int32_t token) {
+    if (!lookahead) {
+      step(token);
+      return read_token(d_argmax);
+    }
+    unsigned long long commanded = 0;  // the gated launch told to run
+    if (ahead && token == ahead_input) {
+      link.command(true);
+      commanded = link.launched;
+      ahead = false;
+    } else {
+      settle();
+      step(token);
+    }
+    launch_gated(n_past + (commanded ? 1 : 0));
+    int32_t id = -1;
+    if (commanded && !link.wait(stream, link.published + 1, commanded, &id)) {
+      // That gate gave up before the command came (kGateWaitNs): its body did not run. Release the one
+      // just launched behind it and run the step from the host's token.
+      settle();
+      step(token);
+      launch_gated(n_past);
+      commanded = 0;
+    }
+    if (commanded) {
+      ++link.published;
+      ++n_past;
+    } else {
+      link.wait(stream, link.published, 0, &id);
+    }
+    ahead_input = id;
+    if (id < 0) settle();  // no finite logit: the caller fails; the pick must never be embedded
+    return id;
   }
 
   void capture() {
@@ -425,6 +531,8 @@ struct GpuSession::Impl {
     const cudaError_t st = cudaGraphInstantiate(&graph, g_raw, 0);
     cudaGraphDestroy(g_raw);
     check_cuda(st, "cudaGraphInstantiate");
+    // Built with the plain graph, before any step runs: a failure here leaves the state untouched.
+    if (lookahead) gated = build_gated_graph(link, stream, [this] { enqueue_step(); });
   }
 
   void sync() {
@@ -455,6 +563,7 @@ GpuSession::~GpuSession() = default;
 
 void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   Impl& m = *impl_;
+  m.settle();
   m.validate(tokens, n);
   if (n > 1 && m.opt.batched_prefill) {
     if (!m.prefill) {
@@ -484,8 +593,8 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
 int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
   m.validate(&token, 1);
-  m.step(token);
-  const int32_t id = m.read_token(m.d_argmax);
+  m.set_argmax_range(m.c.n_vocab);
+  const int32_t id = m.greedy_step(token);
   if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");  // argmax_logit's rule
   return id;
 }
@@ -498,22 +607,27 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
-  if (!device_greedy && !device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
-  m.validate(&token, 1);
-  m.step(token);  // the step's own arg-max covers the whole vocabulary
-  if (n_allowed < m.c.n_vocab || device_sample)  // the sampler's reference is the largest finite logit
-    argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, device_sample);
-  const int* pick = m.d_argmax;
-  if (device_sample) {
-    GpuSampling gp;
-    gp.inv_temperature = 1.0 / static_cast<double>(p.temperature);
-    gp.top_k = p.top_k;
-    gp.top_p = static_cast<double>(p.top_p);
-    gp.min_p = static_cast<double>(p.min_p);
-    sample_token(m.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
-    pick = m.d_pick;
+  if (device_greedy) {  // the step's own arg-max, over ids < n_allowed
+    m.validate(&token, 1);
+    m.set_argmax_range(n_allowed);
+    const int32_t id = m.greedy_step(token);
+    if (route_sink_) collect_routing_counts();  // issue 8: --profile
+    if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
+    return id;
   }
-  const int32_t id = m.read_token(pick);
+  m.settle();
+  if (!device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
+  m.validate(&token, 1);
+  m.step(token);
+  // The sampler's reference is the largest finite logit among ids < n_allowed.
+  argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, true);
+  GpuSampling gp;
+  gp.inv_temperature = 1.0 / static_cast<double>(p.temperature);
+  gp.top_k = p.top_k;
+  gp.top_p = static_cast<double>(p.top_p);
+  gp.min_p = static_cast<double>(p.min_p);
+  sample_token(m.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
+  const int32_t id = m.read_token(m.d_pick);
   if (route_sink_) collect_routing_counts();  // issue 8: --profile
   if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
   return id;
@@ -521,12 +635,14 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
 
 void GpuSession::reset() {
   Impl& m = *impl_;
+  m.settle();
   m.st.reset(m.stream);
   m.sync();
 }
 
 std::vector<uint64_t> GpuSession::routing_counts() const {
   Impl& m = *impl_;
+  m.settle();
   const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
   std::vector<unsigned long long> raw(n);
   check_cuda(cudaMemcpyAsync(raw.data(), m.route_counts, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
@@ -538,6 +654,7 @@ std::vector<uint64_t> GpuSession::routing_counts() const {
 
 void GpuSession::reset_routing_counts() {
   Impl& m = *impl_;
+  m.settle();
   const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
   check_cuda(cudaMemsetAsync(m.route_counts, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
   m.sync();

@@ -2,7 +2,8 @@
 // strata::Session (engine/session.h), computed by the CUDA kernels of kernels.h.
 //
 // Decode (one token) is one CUDA graph, captured on the first step and replayed for every later token:
-// the token id and position are copied into device memory before each replay, and every buffer
+// the token id and position are copied into device memory before each replay (or, for a greedy step
+// fed its own pick, advanced on the device: the lookahead of decode_lookahead.h), and every buffer
 // (activations, KV cache, DeltaNet state, scratch) is allocated once at construction, so a decode step
 // allocates nothing. A prompt (forward with n > 1) runs through the batched prefill (prefill.h) unless
 // GpuSessionOptions::batched_prefill is false, then token by token through the decode graph.
@@ -29,6 +30,9 @@ std::string device_description();
 
 struct GpuSessionOptions {
   bool use_graph = true;  // capture the decode step once and replay it (false: launch kernels each step)
+  // Greedy decode steps launch the next step (gated on the device) before the pick is read back, so the
+  // GPU never waits for the host between tokens (decode_lookahead.h). Needs use_graph; exact either way.
+  bool lookahead = true;
   // Hybrid mode (issue 8). Empty: every expert is resident on the GPU. Otherwise [layer][expert] -> slot
   // in that layer's GPU expert stack (slots 0..n_hot-1 in ascending expert id), or -1: a cold expert,
   // computed on the CPU from the mapped GGUF and never uploaded.

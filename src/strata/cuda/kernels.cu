@@ -263,6 +263,12 @@ __global__ void argmax_kernel(const float* x, int64_t n, int* out) {
 // last block's merge stays short.
 constexpr int kAttnMinChunk = 32;
 
+// Positions per chunk when n_ctx positions are split S ways: the kernel's rule for the live context and
+// the launcher's for the largest chunk (its shared memory), one formula so the two cannot drift apart.
+__host__ __device__ constexpr int attention_chunk(int n_ctx, int S) {
+  return (n_ctx + S - 1) / S > kAttnMinChunk ? (n_ctx + S - 1) / S : kAttnMinChunk;
+}
+
 // ---- fused kernels of the fast decode step ------------------------------------------------------------
 // Attention inputs in one launch: blocks [0, n_head) normalise + rotate the query heads in place,
 // [n_head, n_head + n_kv) the key heads into the cache row at *pos, the last block copies the value row.
@@ -512,7 +518,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   const int h = blockIdx.x, c = blockIdx.y, S = gridDim.y;
   const int g = h / group;
   const int n_ctx = *pos_ptr + 1;
-  const int per = max(kAttnMinChunk, (n_ctx + S - 1) / S);  // <= the launch's chunk (attention_decode_split)
+  const int per = attention_chunk(n_ctx, S);  // <= the launch's chunk (attention_decode_split)
   const int n_act = (n_ctx + per - 1) / per;
   if (c >= n_act) return;  // block-uniform
   const int p0 = c * per, p1 = min(n_ctx, p0 + per);
@@ -836,7 +842,7 @@ void attention_decode_split(const float* q, int q_head_stride, const float* k_ca
                             cudaStream_t s) {
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
-  const int chunk = std::max(kAttnMinChunk, (max_ctx + S - 1) / S);  // the kernel's largest chunk
+  const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
   const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
   launch_pdl("attention_decode_split", attn_split_kernel, dim3(n_head, S), dim3(256), smem, s, q, q_head_stride,
              k_cache, v_cache, kv_stride, n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
