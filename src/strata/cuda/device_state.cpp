@@ -1,5 +1,7 @@
 #include "strata/cuda/device_state.h"
 
+#include <utility>
+
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 
@@ -25,20 +27,31 @@ size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx) {
   return n * sizeof(float);
 }
 
+void* alloc_state_bytes(size_t bytes, int max_ctx) {
+  void* p = nullptr;
+  if (bytes == 0) bytes = 1;
+  const cudaError_t st = cudaMalloc(&p, bytes);
+  if (st != cudaSuccess)
+    fail("CUDA backend: cannot allocate ", bytes, " bytes for the sequence state (context ", max_ctx, "): ",
+         cudaGetErrorString(st));
+  const cudaError_t z = cudaMemset(p, 0, bytes);
+  if (z != cudaSuccess) {
+    cudaFree(p);
+    check_cuda(z, "cudaMemset");
+  }
+  return p;
+}
+
+float* DeviceSequenceState::alloc(size_t floats) {
+  const size_t bytes = (floats == 0 ? 1 : floats) * sizeof(float);
+  void* p = alloc_state_bytes(bytes, max_ctx_);
+  allocs_.push_back(p);
+  bytes_ += bytes;
+  return static_cast<float*>(p);
+}
+
 DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx) : c_(c), max_ctx_(max_ctx) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
-  auto alloc = [&](size_t floats) {
-    void* p = nullptr;
-    const size_t bytes = (floats == 0 ? 1 : floats) * sizeof(float);
-    const cudaError_t st = cudaMalloc(&p, bytes);
-    if (st != cudaSuccess)
-      fail("CUDA backend: cannot allocate ", bytes, " bytes for the sequence state (context ", max_ctx, "): ",
-           cudaGetErrorString(st));
-    allocs_.push_back(p);
-    bytes_ += bytes;
-    check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
-    return static_cast<float*>(p);
-  };
   try {
     layers.resize(static_cast<size_t>(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
@@ -55,6 +68,21 @@ DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx) : c_
     for (void* p : allocs_) cudaFree(p);
     throw;
   }
+}
+
+void DeviceSequenceState::add_alternates() {
+  for (DeviceLayerState& L : layers) {
+    if (L.conv && !L.conv_alt) L.conv_alt = alloc(conv_floats(c_));
+    if (L.ssm && !L.ssm_alt) L.ssm_alt = alloc(ssm_floats(c_));
+  }
+}
+
+void DeviceSequenceState::swap_alternates() {
+  for (DeviceLayerState& L : layers) {
+    if (L.conv_alt) std::swap(L.conv, L.conv_alt);
+    if (L.ssm_alt) std::swap(L.ssm, L.ssm_alt);
+  }
+  parity_ ^= 1;
 }
 
 DeviceSequenceState::~DeviceSequenceState() {

@@ -12,11 +12,20 @@
 
 namespace strata::cuda {
 
+// cudaMalloc of `bytes` (1 when 0), zeroed; fails (strata::Error) naming the context when the GPU is out
+// of memory. The caller frees it.
+void* alloc_state_bytes(size_t bytes, int max_ctx);
+
 struct DeviceLayerState {
   float* k = nullptr;     // full attention: [max_ctx x kv_width], key rows after norm + rotary
   float* v = nullptr;     // [max_ctx x kv_width]
   float* conv = nullptr;  // DeltaNet: [(conv_kernel - 1) x conv_channels], oldest row first
   float* ssm = nullptr;   // [v_heads x dk x dv]
+  // The other buffers of ping-pong pairs (add_alternates): a decode step reads conv/ssm and writes
+  // these, and the session swaps the two when it keeps the step (a step it drops leaves conv/ssm as
+  // they were: the decode lookahead's rollback). Null: steps update conv/ssm in place.
+  float* conv_alt = nullptr;
+  float* ssm_alt = nullptr;
 };
 
 class DeviceSequenceState {
@@ -29,6 +38,11 @@ class DeviceSequenceState {
 
   // Clears the recurrent state (the KV cache needs no clearing: rows >= n_past are written before read).
   void reset(cudaStream_t s);
+  // Allocates conv_alt / ssm_alt for every DeltaNet layer (once; counted in bytes()).
+  void add_alternates();
+  // Swaps conv <-> conv_alt and ssm <-> ssm_alt in every layer; parity() flips.
+  void swap_alternates();
+  int parity() const { return parity_; }
 
   const ModelConfig& config() const { return c_; }
   int max_ctx() const { return max_ctx_; }
@@ -44,7 +58,9 @@ class DeviceSequenceState {
   ModelConfig c_;
   int max_ctx_;
   size_t bytes_ = 0;
+  int parity_ = 0;
   std::vector<void*> allocs_;
+  float* alloc(size_t floats);
 };
 
 }  // namespace strata::cuda

@@ -54,7 +54,7 @@ struct GpuSession::Impl {
   DeviceSequenceState st;
   int& n_past;  // st.n_past
   cudaStream_t stream = nullptr;
-  cudaGraphExec_t graph = nullptr;
+  cudaGraphExec_t graphs[2] = {nullptr, nullptr};  // the decode step by state parity (ping-pong buffers)
   std::unique_ptr<HybridMoe> hybrid;  // set when opt.expert_slots is not empty
   std::unique_ptr<GpuPrefill> prefill;  // batched prefill (opt.batched_prefill), made on first use
 
@@ -86,15 +86,15 @@ struct GpuSession::Impl {
   // The MoE down projection and combine as one gemv_down_sum launch where it fits (STRATA_GPU_DOWN_SUM=0:
   // the down jobs + last-block combine, for comparisons).
   bool down_sum = true;
-  // Decode lookahead (decode_lookahead.h): the next greedy step's gated graph is launched before the
-  // picked token is read back. Off with GpuSessionOptions::lookahead = false or STRATA_GPU_LOOKAHEAD=0,
-  // and where the step is not one graph (direct launches, the profiles) or the MoE is hybrid (its cold
-  // experts are host work between kernels, which a graph body cannot hold).
+  // Decode lookahead (decode_lookahead.h): the next greedy step runs from the pick, launched before the
+  // pick is read back, and is kept only when the caller feeds that pick back. Off with
+  // GpuSessionOptions::lookahead = false or STRATA_GPU_LOOKAHEAD=0, and where the step is not one graph
+  // (direct launches, the profiles) or the MoE is hybrid (its cold experts run on the host mid-step).
   bool lookahead = false;
   LookaheadLink link;
-  cudaGraphExec_t gated = nullptr;  // gate kernel + IF(step body)
-  bool ahead = false;               // a gated step is launched and waits for its command
-  int32_t ahead_input = -1;         // the token it would consume: the last published pick
+  bool ahead = false;               // a speculative step is launched, neither kept nor dropped yet
+  int32_t ahead_input = -1;         // the token it consumes: the last published pick
+  unsigned long long ahead_no = 0;  // its publish number
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
@@ -111,29 +111,26 @@ struct GpuSession::Impl {
       const char* la = std::getenv("STRATA_GPU_LOOKAHEAD");
       lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid &&
                   !(la && std::strcmp(la, "0") == 0);
-      if (lookahead) link.allocate();
+      if (lookahead) {
+        st.add_alternates();
+        link.allocate();
+      }
     } catch (...) {
       release();
       throw;
     }
   }
   ~Impl() {
-    settle();  // a gated step left waiting would hold the stream (and every cudaFree) forever
-    if (stream) cudaStreamSynchronize(stream);
+    if (stream) cudaStreamSynchronize(stream);  // a speculative step may still run
     release();
   }
 
   template <class T>
   T* dalloc(size_t n) {
-    void* p = nullptr;
     const size_t bytes = (n == 0 ? 1 : n) * sizeof(T);
-    const cudaError_t st = cudaMalloc(&p, bytes);
-    if (st != cudaSuccess)
-      fail("CUDA backend: cannot allocate ", bytes, " bytes for the sequence state (context ", max_ctx, "): ",
-           cudaGetErrorString(st));
+    void* p = alloc_state_bytes(bytes, max_ctx);
     allocs.push_back(p);
     state_bytes += bytes;
-    check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
     return static_cast<T*>(p);
   }
 
@@ -179,7 +176,7 @@ struct GpuSession::Impl {
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
     const size_t k = static_cast<size_t>(c.n_expert_used);
     router = dalloc<float>(c.n_expert);
-    ids = dalloc<int>(k);
+    ids = dalloc<int>(static_cast<size_t>(c.n_layer) * k);  // each layer routes into its own k ids
     wts = dalloc<float>(k);
     g = dalloc<float>(k * c.n_ff_exp);
     u = dalloc<float>(k * c.n_ff_exp);
@@ -235,7 +232,8 @@ struct GpuSession::Impl {
     for (int i = 0; i < 4; ++i) normed_input(jobs[i], D.attn_norm);
     if (fuse_conv) {  // conv1d + SiLU per qkv row in the projection, q/k norms in the step: no conv launch
       jobs[0].y = mixed;
-      jobs[0].conv_w = w.conv, jobs[0].conv_state = L.conv, jobs[0].conv_k = c.ssm_conv_kernel;
+      jobs[0].conv_w = w.conv, jobs[0].conv_state = L.conv, jobs[0].conv_state_out = L.conv_alt;
+      jobs[0].conv_k = c.ssm_conv_kernel;
       jobs[0].conv_channels = c.ssm_conv_channels();
     }
     return 4;
@@ -261,11 +259,11 @@ struct GpuSession::Impl {
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
     if (!fuse_conv) {
       conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
-                   c.ssm_head_v, q_scale, stream);
+                   c.ssm_head_v, q_scale, stream, L.conv_alt);
       prof.mark("dn conv+qknorm", stream);
     }
     deltanet_step_fast(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
-                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream, fuse_conv, q_scale);
+                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream, fuse_conv, q_scale, L.ssm_alt);
     prof.mark("dn step", stream);
   }
 
@@ -301,6 +299,9 @@ struct GpuSession::Impl {
     return head;
   }
 
+  // Layer il's k expert ids (its own, so a dropped lookahead step's picks can be uncounted).
+  int* layer_ids(int il) const { return ids + static_cast<size_t>(il) * c.n_expert_used; }
+
   // The jobs of the MoE FFN x += experts(rmsnorm(x) * ffn_norm) up to the down projections: the router
   // (+ the shared expert's gate input), the k routed gate/up pairs and the shared expert's pair.
   struct MoeJobs {
@@ -311,8 +312,9 @@ struct GpuSession::Impl {
     const DevMoe& w = D.moe;
     MoeJobs m;
     const int k = c.n_expert_used;
+    int* ids_l = layer_ids(il);
     GemvRoute& rt = m.rt;
-    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids;
+    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
     rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
     m.first.resize(1);
     m.first[0].w = &w.router, m.first[0].y = router;
@@ -326,7 +328,7 @@ struct GpuSession::Impl {
     for (int j = 0; j < k; ++j) {
       GemvJob& a = m.up[j];
       a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
-      a.mode = GemvMode::SwigluPair, a.ids = ids, a.slot = j;
+      a.mode = GemvMode::SwigluPair, a.ids = ids_l, a.slot = j;
       normed_input(a, D.ffn_norm);
     }
     if (w.has_shared) {
@@ -341,14 +343,15 @@ struct GpuSession::Impl {
   // The MoE down projections where gemv_down_sum does not fit (or STRATA_GPU_DOWN_SUM=0): the k routed
   // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
   // last block (when one launch holds them) or by moe_combine_add_norm.
-  void moe_down_jobs(const DevLayer& D) {
+  void moe_down_jobs(int il, const DevLayer& D) {
     const DevMoe& w = D.moe;
+    const int* ids_l = layer_ids(il);
     const int k = c.n_expert_used;
     const int64_t d = c.n_embd;
     std::vector<GemvJob> down(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j) {
       GemvJob& e = down[j];
-      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids, e.slot = j;
+      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids_l, e.slot = j;
     }
     if (w.has_shared) {
       GemvJob sd;
@@ -358,14 +361,14 @@ struct GpuSession::Impl {
     const float* shared_rows = w.has_shared ? ys : nullptr;
     if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
-      cb.x = x, cb.ye = ye, cb.ids = ids, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+      cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
       cb.ys = shared_rows, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
       cb.counter = norm_counter;
       gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids, wts, k, c.n_embd, shared_rows, sg, nullptr, c.rms_eps, xn, stream);
+      moe_combine_add_norm(x, ye, ids_l, wts, k, c.n_embd, shared_rows, sg, nullptr, c.rms_eps, xn, stream);
       prof.mark("moe combine", stream);
     }
   }
@@ -393,14 +396,14 @@ struct GpuSession::Impl {
       gemv_chunks(m.up, "moe experts gate+up");
     }
     GemvDownSum fused;
-    fused.down = &D.moe.down, fused.ids = ids, fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
+    fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
     if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = sg;
     fused.x = x;
     if (down_sum && gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
-      moe_down_jobs(D);
+      moe_down_jobs(il, D);
     }
   }
 
@@ -424,100 +427,107 @@ struct GpuSession::Impl {
     const GemvJob head = head_job();
     gemv_batch(&head, 1, stream);
     prof.mark("lm_head gemv+norm", stream);
-    argmax_wide(logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream);
+    // With lookahead the arg-max's last block also publishes the pick: the next step's input, on the device.
+    argmax_wide(logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream, false, lookahead ? &link : nullptr,
+                d_io);
     prof.mark("argmax", stream);
-    if (lookahead) publish_pick(link, d_argmax, d_io, stream);  // the next step's input, on the device
   }
 
   // Runs one token at position n_past; leaves logits and arg-max on the device (stream not synchronised).
   void step(int32_t token) {
-    // The previous step's copy of h_io has completed: every step ends in a stream synchronisation.
+    // The previous step's copy of h_io has completed: every step is waited for (synchronised, or its
+    // published pick read) before the next host token is written.
     h_io[0] = token;
     h_io[1] = n_past;
     check_cuda(cudaMemcpyAsync(d_io, h_io, 2 * sizeof(int), cudaMemcpyHostToDevice, stream), "copy token");
-    if (!opt.use_graph || prof.on) {
-      enqueue_step();
-    } else {
-      if (!graph) capture();
-      prof.mark_graph(nullptr, stream);
-      check_cuda(cudaGraphLaunch(graph, stream), "cudaGraphLaunch");
-      prof.mark_graph("decode step (graph)", stream);
+    launch_step();
+    if (lookahead) {
+      ++link.launched;
+      st.swap_alternates();  // kept: its outputs are the state now
     }
-    if (lookahead) ++link.published;
     ++n_past;
   }
 
-  void destroy_graphs() {
-    if (graph) cudaGraphExecDestroy(graph);
-    if (gated) cudaGraphExecDestroy(gated);
-    graph = gated = nullptr;
+  // Enqueues the step that reads the token and position in d_io and the current state (the graph of the
+  // state's parity, captured on first use).
+  void launch_step() {
+    if (!opt.use_graph || prof.on) {
+      enqueue_step();
+      return;
+    }
+    cudaGraphExec_t& g = graphs[st.parity()];
+    if (!g) g = capture();
+    prof.mark_graph(nullptr, stream);
+    check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+    prof.mark_graph("decode step (graph)", stream);
   }
 
-  // Releases a gated step that waits for its command without running it ("stop"). Every entry point
-  // other than the greedy step calls this before it touches the stream.
-  void settle() {
+  void destroy_graphs() {
+    for (cudaGraphExec_t& g : graphs) {
+      if (g) cudaGraphExecDestroy(g);
+      g = nullptr;
+    }
+  }
+
+  // Lookahead: the step at n_past from the last pick (on the device), launched before the pick is read.
+  void speculate() {
+    if (n_past >= max_ctx) return;  // it would write position n_past
+    launch_step();
+    ahead_no = ++link.launched;
+    ahead = true;
+  }
+
+  // The speculative step is the one the caller wants: its state buffers become the state.
+  void keep() {
+    ahead = false;
+    st.swap_alternates();
+    ++n_past;
+  }
+
+  // Drops a speculative step: the state stays on the buffers it read (its writes went to the other
+  // ones), and its router picks leave the routing counts. Every entry point other than the greedy step
+  // calls this before it touches the state.
+  void drop() {
     if (!ahead) return;
-    link.command(false);
+    uncount_routes(ids, c.n_layer, c.n_expert_used, c.n_expert, route_counts, stream);
     ahead = false;
   }
 
   // The step's arg-max covers ids < n: the graphs are captured again when n changes.
   void set_argmax_range(int64_t n) {
     if (n == argmax_n) return;
-    settle();
+    drop();
     check_cuda(cudaStreamSynchronize(stream), "decode step");
     destroy_graphs();
     argmax_n = n;
   }
 
-  // Launches the gated graph of the step that would write position pos (none past the context).
-  void launch_gated(int pos) {
-    if (pos >= max_ctx) return;
-    ++link.launched;
-    check_cuda(cudaGraphLaunch(gated, stream), "cudaGraphLaunch(gated step)");
-    ahead = true;
-  }
-
-  // One greedy step from `token`; returns the pick (arg-max over ids < argmax_n). With lookahead, when
-  // `token` is the previous pick the step already launched runs ("go"); otherwise that one is skipped
-  // and the step runs from the host's token. Either way the next step's gated graph is launched before
-  // this step's pick is read back.
+  // One greedy step from `token`; returns the pick (arg-max over ids < argmax_n). With lookahead, the
+  // step launched from the previous pick is kept when `token` is that pick, and dropped otherwise (the
+  // step then runs from the host's token); either way the next step is launched from this step's pick
+  // before the pick is read back.
   int32_t greedy_step(int32_t token) {
     if (!lookahead) {
       step(token);
       return read_token(d_argmax);
     }
-    unsigned long long commanded = 0;  // the gated launch told to run
+    unsigned long long no;
     if (ahead && token == ahead_input) {
-      link.command(true);
-      commanded = link.launched;
-      ahead = false;
+      keep();
+      no = ahead_no;
     } else {
-      settle();
+      drop();
       step(token);
+      no = link.launched;
     }
-    launch_gated(n_past + (commanded ? 1 : 0));
-    int32_t id = -1;
-    if (commanded && !link.wait(stream, link.published + 1, commanded, &id)) {
-      // That gate gave up before the command came (kGateWaitNs): its body did not run. Release the one
-      // just launched behind it and run the step from the host's token.
-      settle();
-      step(token);
-      launch_gated(n_past);
-      commanded = 0;
-    }
-    if (commanded) {
-      ++link.published;
-      ++n_past;
-    } else {
-      link.wait(stream, link.published, 0, &id);
-    }
+    speculate();
+    const int32_t id = link.wait(stream, no);
     ahead_input = id;
-    if (id < 0) settle();  // no finite logit: the caller fails; the pick must never be embedded
+    if (id < 0) drop();  // no finite logit: the caller fails (the step ran from token 0: publish_pick_dev)
     return id;
   }
 
-  void capture() {
+  cudaGraphExec_t capture() {
     cudaGraph_t g_raw = nullptr;
     check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
@@ -528,11 +538,11 @@ struct GpuSession::Impl {
       throw;
     }
     check_cuda(cudaStreamEndCapture(stream, &g_raw), "cudaStreamEndCapture");
-    const cudaError_t st = cudaGraphInstantiate(&graph, g_raw, 0);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t st = cudaGraphInstantiate(&exec, g_raw, 0);
     cudaGraphDestroy(g_raw);
     check_cuda(st, "cudaGraphInstantiate");
-    // Built with the plain graph, before any step runs: a failure here leaves the state untouched.
-    if (lookahead) gated = build_gated_graph(link, stream, [this] { enqueue_step(); });
+    return exec;
   }
 
   void sync() {
@@ -563,7 +573,7 @@ GpuSession::~GpuSession() = default;
 
 void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   Impl& m = *impl_;
-  m.settle();
+  m.drop();
   m.validate(tokens, n);
   if (n > 1 && m.opt.batched_prefill) {
     if (!m.prefill) {
@@ -615,7 +625,7 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
     if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
     return id;
   }
-  m.settle();
+  m.drop();
   if (!device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
   m.validate(&token, 1);
   m.step(token);
@@ -635,14 +645,14 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
 
 void GpuSession::reset() {
   Impl& m = *impl_;
-  m.settle();
+  m.drop();
   m.st.reset(m.stream);
   m.sync();
 }
 
 std::vector<uint64_t> GpuSession::routing_counts() const {
   Impl& m = *impl_;
-  m.settle();
+  m.drop();
   const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
   std::vector<unsigned long long> raw(n);
   check_cuda(cudaMemcpyAsync(raw.data(), m.route_counts, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
@@ -654,7 +664,7 @@ std::vector<uint64_t> GpuSession::routing_counts() const {
 
 void GpuSession::reset_routing_counts() {
   Impl& m = *impl_;
-  m.settle();
+  m.drop();
   const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
   check_cuda(cudaMemsetAsync(m.route_counts, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
   m.sync();

@@ -30,8 +30,9 @@ std::string device_description();
 
 struct GpuSessionOptions {
   bool use_graph = true;  // capture the decode step once and replay it (false: launch kernels each step)
-  // Greedy decode steps launch the next step (gated on the device) before the pick is read back, so the
-  // GPU never waits for the host between tokens (decode_lookahead.h). Needs use_graph; exact either way.
+  // Greedy decode steps launch the next step from their pick before the pick is read back, so the GPU
+  // does not wait for the host between tokens; the step is dropped exactly when the caller feeds another
+  // token (decode_lookahead.h; the DeltaNet state is held twice). Needs use_graph; not in hybrid mode.
   bool lookahead = true;
   // Hybrid mode (issue 8). Empty: every expert is resident on the GPU. Otherwise [layer][expert] -> slot
   // in that layer's GPU expert stack (slots 0..n_hot-1 in ascending expert id), or -1: a cold expert,

@@ -8,6 +8,7 @@
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_combine.cuh"
+#include "strata/cuda/decode_lookahead.cuh"
 #include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/device_math.cuh"
 #include "strata/cuda/route_warp.cuh"
@@ -293,8 +294,8 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
 
 // Conv1d step + SiLU + the q/k L2 norms in one launch: block b < n_k: query head b, < 2 n_k: key head,
 // else value head (no norm). Same per-channel arithmetic as conv1d_silu_kernel and qk_l2norm_kernel.
-__global__ void conv_qk_norm_kernel(const float* x, const float* weight, int K, int channels, float* state, float* out,
-                                    int n_k, int dk, int dv, float q_scale) {
+__global__ void conv_qk_norm_kernel(const float* x, const float* weight, int K, int channels, const float* state,
+                                    float* state_out, float* out, int n_k, int dk, int dv, float q_scale) {
   pdl_enter();
   extern __shared__ float vals[];  // max(dk, dv)
   const int bid = blockIdx.x;
@@ -312,8 +313,8 @@ __global__ void conv_qk_norm_kernel(const float* x, const float* weight, int K, 
     ss += static_cast<double>(v) * v;
     if (K > 1) {
       for (int j = 0; j < K - 2; ++j)
-        state[static_cast<int64_t>(j) * channels + c] = state[static_cast<int64_t>(j + 1) * channels + c];
-      state[static_cast<int64_t>(K - 2) * channels + c] = x[c];
+        state_out[static_cast<int64_t>(j) * channels + c] = state[static_cast<int64_t>(j + 1) * channels + c];
+      state_out[static_cast<int64_t>(K - 2) * channels + c] = x[c];
     }
   }
   if (is_q || is_k) {
@@ -336,7 +337,8 @@ __global__ void conv_qk_norm_kernel(const float* x, const float* weight, int K, 
 // in scratch, and the last block of the head to finish applies the norm (slices summed in order, so
 // the result does not depend on timing).
 template <int RPW>
-__global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, const float* b, const float* alpha,
+__global__ void deltanet_step_split_kernel(const float* S_all, float* S_out_all, const float* mixed, const float* b,
+                                           const float* alpha,
                                            const float* a, const float* dt_bias, const float* norm_w, const float* z,
                                            float eps, int n_k_heads, int dk, int dv, double* ss_part,
                                            unsigned int* counters, float* out, bool qk_norm, float q_scale) {
@@ -358,9 +360,11 @@ __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, con
   const float* k = mixed + key_dim + static_cast<int64_t>(kh) * dk;
   const float* v = mixed + 2 * key_dim + static_cast<int64_t>(h) * dv;
   // The state is read before waiting on the previous kernel: only this kernel writes it, and its last
-  // writer (this layer's step of the previous token) has completed.
+  // writer (this layer's step of the previous token) has completed. With a ping-pong pair (S_out not
+  // S), the buffer written was last read by the step before that one, also complete.
   const bool col = j < dv;
-  float* S = S_all + static_cast<int64_t>(h) * dk * dv;
+  const float* S = S_all + static_cast<int64_t>(h) * dk * dv;
+  float* S_out = S_out_all + static_cast<int64_t>(h) * dk * dv;  // may be S: each element is read first
   float r[RPW];
   if (col) {
 #pragma unroll
@@ -408,7 +412,7 @@ __global__ void deltanet_step_split_kernel(float* S_all, const float* mixed, con
 #pragma unroll
     for (int ii = 0; ii < RPW; ++ii) {
       r[ii] += sk[i0 + ii] * delta;
-      S[static_cast<int64_t>(i0 + ii) * dv + j] = r[ii];
+      S_out[static_cast<int64_t>(i0 + ii) * dv + j] = r[ii];
       o += r[ii] * sq[i0 + ii];
     }
   }
@@ -467,7 +471,8 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i, boo
 }
 
 __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter,
-                                   int* out, bool finite_only) {
+                                   int* out, bool finite_only, int* pub_io, unsigned long long* pub_count,
+                                   unsigned long long* pub_host) {
   __shared__ unsigned long long best[32];
   pdl_enter();
   __shared__ bool last;
@@ -495,8 +500,10 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = max(m, best[w]);
-    *out = m == 0 ? -1 : static_cast<int>(~static_cast<uint32_t>(m & 0xffffffffull));  // -1: no candidate
+    const int pick = m == 0 ? -1 : static_cast<int>(~static_cast<uint32_t>(m & 0xffffffffull));  // -1: none
+    *out = pick;
     *counter = 0;
+    if (pub_io) publish_pick_dev(pick, pub_io, pub_count, pub_host);
   }
 }
 
@@ -764,10 +771,12 @@ void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, fl
 }
 
 void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
-                  int dk, int dv, float q_scale, cudaStream_t s) {
+                  int dk, int dv, float q_scale, cudaStream_t s, float* state_out) {
   const int channels = 2 * n_k_heads * dk + n_v_heads * dv;
+  float* st_out = state_out ? state_out : state;
   launch_pdl("conv_qk_norm", conv_qk_norm_kernel, dim3(2 * n_k_heads + n_v_heads), dim3(128),
-             std::max(dk, dv) * sizeof(float), s, x, weight, K, channels, state, out, n_k_heads, dk, dv, q_scale);
+             std::max(dk, dv) * sizeof(float), s, x, weight, K, channels, static_cast<const float*>(state), st_out, out,
+             n_k_heads, dk, dv, q_scale);
 }
 
 size_t deltanet_scratch_doubles(int n_v_heads, int dv) { return static_cast<size_t>(n_v_heads) * ((dv + 31) / 32); }
@@ -784,28 +793,35 @@ bool deltanet_step_fuses_qk_norm(int dk) { return split_rows_per_warp(dk) != 0; 
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm, float q_scale) {
+                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out) {
   const int nsl = (dv + 31) / 32;
   const int rpw = split_rows_per_warp(dk);
-  if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel
+  if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel (in place)
     if (qk_norm) fail("deltanet_step_fast: the q/k norm is fused only for head sizes the split kernel takes (dk ", dk, ")");
-    deltanet_step_gated(S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk, dv, out, s);
+    if (S_out && S_out != S)
+      check_cuda(cudaMemcpyAsync(S_out, S, sizeof(float) * static_cast<size_t>(n_v_heads) * dk * dv,
+                                 cudaMemcpyDeviceToDevice, s),
+                 "deltanet_step_fast: state copy");
+    deltanet_step_gated(S_out ? S_out : S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk, dv,
+                        out, s);
     return;
   }
+  const float* S_in = S;
+  if (!S_out) S_out = S;
   const dim3 grid(n_v_heads, nsl), block((dk / rpw) * 32);
   const size_t smem = (2 * static_cast<size_t>(dk) + static_cast<size_t>(dk / rpw) * 32) * sizeof(float);
   switch (rpw) {
     case 32:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S_in, S_out, mixed, b,
+                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
     case 16:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S_in, S_out, mixed, b,
+                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
     default:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S, mixed, b, alpha, a,
-                 dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S_in, S_out, mixed, b,
+                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
       break;
   }
 }
@@ -821,9 +837,10 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
 int argmax_wide_blocks(int64_t n) { return static_cast<int>(std::min<int64_t>(264, std::max<int64_t>(1, (n + 1023) / 1024))); }
 
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s, bool finite_only) {
+                 cudaStream_t s, bool finite_only, const LookaheadLink* publish, int* io) {
   launch_pdl("argmax_wide", argmax_wide_kernel, dim3(argmax_wide_blocks(n)), dim3(256), 0, s, x, n, partial, counter,
-             out, finite_only);
+             out, finite_only, publish ? io : nullptr, publish ? publish->dev_count : nullptr,
+             publish ? publish->dev_pick : nullptr);
 }
 
 int attention_splits(int max_ctx) {

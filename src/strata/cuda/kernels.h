@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/cuda/decode_lookahead.h"
 #include "strata/quant/types.h"
 
 namespace strata::cuda {
@@ -113,8 +114,9 @@ void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, fl
                int rope_dims, float freq_base, const int* pos, cudaStream_t s);
 
 // conv1d_silu_step over the 2*n_k*dk + n_v*dv channels followed by deltanet_qk_norm, in one launch.
+// state_out set: the advanced window goes there and state is only read.
 void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
-                  int dk, int dv, float q_scale, cudaStream_t s);
+                  int dk, int dv, float q_scale, cudaStream_t s, float* state_out = nullptr);
 
 // deltanet_step_gated with each head's state spread over ceil(dv / 32) blocks (32 value columns each,
 // rows over warps). scratch: deltanet_scratch_doubles(n_v_heads, dv) doubles; counters: n_v_heads
@@ -126,10 +128,11 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv);
 // qk_norm: mixed holds the raw conv outputs of q and k; the step applies deltanet_qk_norm's L2 norms
 // (and q_scale) itself, so conv1d can run fused into the input projection (GemvJob::conv_w) with no
 // conv_qk_norm launch. Needs deltanet_step_fuses_qk_norm(dk); fails otherwise.
+// S_out set: the updated state goes there and S is only read (the decode lookahead's ping-pong state).
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f);
+                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr);
 bool deltanet_step_fuses_qk_norm(int dk);
 
 // moe_combine_add followed by xn = rmsnorm(x) * norm_w (the next layer's input norm), one launch.
@@ -140,10 +143,12 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
 // argmax over many blocks: the largest logit, the lowest index among equals; NaN and -inf never win (as
 // the host's argmax_logit), nor +inf with finite_only (the sampler's maximum); *out = -1 when no element
 // qualifies. partial: argmax_wide_blocks(n) entries of scratch; counter: one unsigned int, zero before
-// the first call (each call leaves it zero again).
+// the first call (each call leaves it zero again). publish set: the last block also publishes the pick
+// for the decode lookahead (publish_pick_dev of decode_lookahead.cuh: the next step's token and position
+// into io, the pick to the host), so a lookahead step ends without a launch of its own.
 int argmax_wide_blocks(int64_t n);
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s, bool finite_only = false);
+                 cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr);
 
 // attention_decode split over the cache positions (flash-decoding) so long contexts use the whole GPU:
 // up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least

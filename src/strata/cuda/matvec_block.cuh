@@ -52,7 +52,8 @@ struct DJob {
   const float* norm_w;  // GemvJob::norm_w
   float norm_eps;
   const float* conv_w;  // GemvJob::conv_*
-  float* conv_state;
+  const float* conv_state;
+  float* conv_out;  // conv_state itself, or the other buffer of a ping-pong pair
   int conv_k;
   int conv_channels;
 };
@@ -102,16 +103,18 @@ static __device__ __noinline__ void norm_epilogue(const GemvNorm& nm) {
 }
 
 // The conv1d + SiLU step of channel c whose newest input is v (conv1d_silu_kernel's arithmetic);
-// advances that channel's state.
+// writes that channel's advanced window to conv_out (which may be conv_state: each row is read before
+// it is written).
 static __device__ __noinline__ float conv_silu_channel(const DJob& J, int c, float v) {
   const int K = J.conv_k, ch = J.conv_channels;
   const float* w = J.conv_w + static_cast<int64_t>(c) * K;
-  float* st = J.conv_state;
+  const float* st = J.conv_state;
+  float* out = J.conv_out;
   float acc = w[K - 1] * v;
   for (int j = 0; j < K - 1; ++j) acc += w[j] * st[static_cast<int64_t>(j) * ch + c];
   if (K > 1) {
-    for (int j = 0; j < K - 2; ++j) st[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
-    st[static_cast<int64_t>(K - 2) * ch + c] = v;
+    for (int j = 0; j < K - 2; ++j) out[static_cast<int64_t>(j) * ch + c] = st[static_cast<int64_t>(j + 1) * ch + c];
+    out[static_cast<int64_t>(K - 2) * ch + c] = v;
   }
   return silu_dev(acc);
 }

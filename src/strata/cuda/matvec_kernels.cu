@@ -152,6 +152,7 @@ DJob describe_job(const GemvJob& in) {
   d.norm_eps = in.norm_eps;
   d.conv_w = in.conv_w;
   d.conv_state = in.conv_state;
+  d.conv_out = in.conv_state_out ? in.conv_state_out : in.conv_state;
   d.conv_k = in.conv_k;
   d.conv_channels = in.conv_channels;
   if (in.conv_w)

@@ -46,9 +46,11 @@ struct GemvJob {
   // conv_w set (Store mode only): row r is a channel of a causal depthwise conv1d with SiLU (the
   // DeltaNet input conv, conv1d_silu_step's arithmetic): y[r] = silu(sum_j conv_w[r*K+j] * window_j[r])
   // over the window conv_state rows (K-1 of conv_channels floats, oldest first) then W[r].x; the state
-  // drops its oldest row and appends W[r].x. Saves the conv launch.
+  // drops its oldest row and appends W[r].x. Saves the conv launch. conv_state_out set: the advanced
+  // state goes there and conv_state is only read (the decode lookahead's ping-pong state).
   const float* conv_w = nullptr;
   float* conv_state = nullptr;
+  float* conv_state_out = nullptr;
   int conv_k = 0;
   int conv_channels = 0;
 };
