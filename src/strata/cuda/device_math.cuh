@@ -113,12 +113,21 @@ __device__ __forceinline__ void slots_in_ascending_id(const int* ids, int k, int
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 inline int warp_round(int n) { return ((n + 31) / 32) * 32; }
 
+// cos and sin of the NEOX rotary angle of pair i (< rope_dims / 2) at position pos, as the CPU's
+// rope_neox_inplace computes them: inverse frequency in double rounded to float, angle rounded to float,
+// cos/sin in double. Independent of the activations, so a kernel can compute it before it waits on the
+// previous kernel (the double-precision pow/cos/sin are a few microseconds of latency).
+__device__ __forceinline__ float2 rope_cos_sin(int64_t pos, int i, int rope_dims, float freq_base) {
+  const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
+  const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+  return make_float2(static_cast<float>(cos(angle)), static_cast<float>(sin(angle)));
+}
+
 // One head, one block (blockDim.x >= head_dim): o = RMSNorm(x) * w, then NEOX rotary on the first
-// rope_dims dims at position pos, the rest copied. buf: head_dim floats of shared memory. The same
-// arithmetic as the CPU's rope_neox_inplace: inverse frequency in double rounded to float, angle
-// rounded to float, cos/sin in double. o may equal x.
-__device__ __forceinline__ void norm_rope_head(const float* x, float* o, int64_t pos, int head_dim, const float* w,
-                                               float eps, int rope_dims, float freq_base, float* buf) {
+// rope_dims dims with cs = rope_cos_sin(pos, threadIdx.x, ...) (used by threads < rope_dims / 2), the
+// rest copied. buf: head_dim floats of shared memory. o may equal x.
+__device__ __forceinline__ void norm_rope_head_cs(const float* x, float* o, int head_dim, const float* w, float eps,
+                                                  int rope_dims, float2 cs, float* buf) {
   const int i = threadIdx.x;
   const float xi = i < head_dim ? x[i] : 0.0f;
   const double ss = block_sum_d(static_cast<double>(xi) * xi);
@@ -127,16 +136,20 @@ __device__ __forceinline__ void norm_rope_head(const float* x, float* o, int64_t
   __syncthreads();
   const int half = rope_dims / 2;
   if (i < half) {
-    const float inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / rope_dims));
-    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(cos(angle));
-    const float sn = static_cast<float>(sin(angle));
     const float a = buf[i], b = buf[i + half];
-    o[i] = a * c - b * sn;
-    o[i + half] = b * c + a * sn;
+    o[i] = a * cs.x - b * cs.y;
+    o[i + half] = b * cs.x + a * cs.y;
   } else if (i >= rope_dims && i < head_dim) {
     o[i] = buf[i];
   }
+}
+
+// norm_rope_head_cs at position pos (the CPU's rope_neox_inplace arithmetic).
+__device__ __forceinline__ void norm_rope_head(const float* x, float* o, int64_t pos, int head_dim, const float* w,
+                                               float eps, int rope_dims, float freq_base, float* buf) {
+  const int i = threadIdx.x;
+  const float2 cs = i < rope_dims / 2 ? rope_cos_sin(pos, i, rope_dims, freq_base) : make_float2(1.0f, 0.0f);
+  norm_rope_head_cs(x, o, head_dim, w, eps, rope_dims, cs, buf);
 }
 
 }  // namespace strata::cuda

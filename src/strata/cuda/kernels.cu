@@ -278,8 +278,15 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
                                  const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr) {
   extern __shared__ float buf[];  // head_dim
   const int bid = blockIdx.x;
-  pdl_enter();
+  pdl_launch_dependents();
+  // The position was written before this step began (host copy or the last step's publish), so it and
+  // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
+  // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
+  const float2 cs = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv
+                        ? rope_cos_sin(pos, threadIdx.x, rope_dims, freq_base)
+                        : make_float2(1.0f, 0.0f);
+  pdl_wait();
   if (bid == n_head + n_kv) {
     for (int i = threadIdx.x; i < kv_width; i += blockDim.x) v_cache[pos * kv_width + i] = vv[i];
     return;
@@ -289,7 +296,7 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   const float* x = is_q ? q + static_cast<int64_t>(h) * q_head_stride : kk + static_cast<int64_t>(h) * head_dim;
   float* o = is_q ? q + static_cast<int64_t>(h) * q_head_stride : k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim;
   const float* w = is_q ? q_norm : k_norm;
-  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
+  norm_rope_head_cs(x, o, head_dim, w, eps, rope_dims, cs, buf);
 }
 
 // Conv1d step + SiLU + the q/k L2 norms in one launch: block b < n_k: query head b, < 2 n_k: key head,

@@ -109,6 +109,8 @@ void argmax(const float* x, int64_t n, int* out, cudaStream_t s);
 
 // attention inputs: norm_rope_heads of the n_head query heads in place (q, q_head_stride) and of the
 // n_kv key heads (kk, packed) into k_cache row *pos, and vv (kv_width floats) into v_cache row *pos.
+// *pos is read before the kernel waits on the previous kernel of the stream (programmatic dependent
+// launch): it must have been written before that kernel started (a copy or an earlier step).
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s);
