@@ -526,16 +526,30 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, bool gated,
                                   const int* pos_ptr, float* scratch, unsigned int* counters, float* out) {
-  pdl_enter();
+  pdl_launch_dependents();
   extern __shared__ float sm[];  // q[head_dim], scores[chunk]
   __shared__ bool last;
   const int h = blockIdx.x, c = blockIdx.y, S = gridDim.y;
   const int g = h / group;
+  // The position was written before this step began (attention_decode_split's contract), so the chunk
+  // is known before the wait on the previous kernel, and the chunk's cache rows older than this step's
+  // (written by earlier steps) are pulled into L2 meanwhile: the scores' dependent loads then hit L2.
   const int n_ctx = *pos_ptr + 1;
   const int per = attention_chunk(n_ctx, S);  // <= the launch's chunk (attention_decode_split)
   const int n_act = (n_ctx + per - 1) / per;
   if (c >= n_act) return;  // block-uniform
   const int p0 = c * per, p1 = min(n_ctx, p0 + per);
+  {
+    const int lines = (head_dim + 31) / 32;  // 128-byte lines of a head's row
+    const int n = (min(p1, n_ctx - 1) - p0) * lines;
+    const int64_t off = static_cast<int64_t>(g) * head_dim;
+    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+      const int j = i < n ? i : i - n;
+      const float* base = (i < n ? k_cache : v_cache) + static_cast<int64_t>(p0 + j / lines) * kv_stride + off;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 32 * (j % lines)));
+    }
+  }
+  pdl_wait();
   float* sq = sm;
   float* sc = sm + head_dim;
   const float* qh = q + static_cast<int64_t>(h) * q_head_stride;

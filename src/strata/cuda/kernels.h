@@ -155,7 +155,8 @@ void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigne
 // attention_decode split over the cache positions (flash-decoding) so long contexts use the whole GPU:
 // up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least
 // attention_scratch_floats(n_head, head_dim, max_ctx) floats; counters: n_head unsigned ints, zero before
-// the first call (each call leaves them zero).
+// the first call (each call leaves them zero). *pos is read before the kernel waits on the previous
+// kernel of the stream: it must have been written before that kernel started (a copy or an earlier step).
 int attention_splits(int max_ctx);
 size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
 void attention_decode_split(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
