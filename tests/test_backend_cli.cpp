@@ -119,6 +119,14 @@ TEST(GpuExpertPlan, WorkspaceEstimateGrowsWithContextAndChunk) {
   EXPECT_GT(strata::estimate_gpu_workspace_bytes(c, 4096, 64), small);
   // One more prefill token holds at least its logits row.
   EXPECT_GE(strata::estimate_gpu_workspace_bytes(c, 256, 65) - small, static_cast<uint64_t>(c.n_vocab) * 4);
+  // The decode lookahead's second DeltaNet state: at one position and a one-token chunk (activations far
+  // smaller than the state), the estimate still holds the CPU engine's recurrent state for the model (an
+  // independent count) on top of the fixed 64 MiB.
+  strata::Session s(*model, 8);
+  uint64_t rec = 0;
+  for (const strata::LayerState& l : s.state().layers) rec += (l.conv.size() + l.ssm.size()) * sizeof(float);
+  ASSERT_GT(rec, 0u) << "the test model has DeltaNet layers";
+  EXPECT_GE(strata::estimate_gpu_workspace_bytes(c, 1, 1), 64 * MiB + rec);
 }
 
 TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {

@@ -51,7 +51,13 @@ uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill
   const uint64_t decode = per_token * f + 2ull * c.n_head * static_cast<uint64_t>(std::max(ctx, 1)) * f;
   const uint64_t prefill = static_cast<uint64_t>(std::max(prefill_chunk, 1)) * per_token * f;
   const uint64_t fixed = 64ull << 20;
-  return decode + prefill + fixed;
+  // The decode lookahead (cuda/decode_lookahead.h) holds every DeltaNet layer's conv window and recurrent
+  // state a second time. Only all-GPU sessions use it; counted for every plan (a hybrid one keeps the slack).
+  const uint64_t lookahead = static_cast<uint64_t>(c.n_deltanet_layers()) *
+                             (static_cast<uint64_t>(std::max(c.ssm_conv_kernel - 1, 0)) * c.ssm_conv_channels() +
+                              static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v) *
+                             f;
+  return decode + prefill + fixed + lookahead;
 }
 
 }  // namespace strata

@@ -44,8 +44,8 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
 // GPU activations and scratch a session needs beyond weights, KV cache and recurrent state: the
 // decode step's vectors and attention scores for ctx positions, the batched prefill's buffers for
 // prefill_chunk tokens (hidden states, attention and DeltaNet projections, router scores, the chosen
-// experts' intermediates, one row of logits per token), plus a fixed 64 MiB for cuBLAS workspaces,
-// CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
+// experts' intermediates, one row of logits per token), the decode lookahead's second copy of the
+// DeltaNet state, plus a fixed 64 MiB for cuBLAS workspaces, CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
 // (default_safety_reserve) absorbs the difference.
 uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk);
 
