@@ -1,7 +1,7 @@
 // Device helpers every CUDA kernel file shares: warp and block reductions (sums of squares in double,
 // as the CPU ops accumulate them), the activations with the CPU's float expressions, launch-size
-// arithmetic, RMSNorm + NEOX rotary of one head, and the nanosecond clock. One copy, so the decode,
-// prefill and hybrid kernels round alike.
+// arithmetic, and RMSNorm + NEOX rotary of one head. One copy, so the decode, prefill and hybrid
+// kernels round alike.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,13 +9,6 @@
 #include <cstdint>
 
 namespace strata::cuda {
-
-// The GPU's nanosecond clock (for waits with a time limit).
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -93,8 +93,8 @@ struct GpuSession::Impl {
   bool lookahead = false;
   LookaheadLink link;
   bool ahead = false;               // a speculative step is launched, neither kept nor dropped yet
-  int32_t ahead_input = -1;         // the token it consumes: the last published pick
-  unsigned long long ahead_no = 0;  // its publish number
+  int32_t ahead_input = -1;         // the token it consumes: the last published pick (its publish
+                                    // number is link.launched: nothing is launched after it while ahead)
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
 
   Impl(const Model& m, int ctx, GpuSessionOptions o)
@@ -473,7 +473,7 @@ struct GpuSession::Impl {
   void speculate() {
     if (n_past >= max_ctx) return;  // it would write position n_past
     launch_step();
-    ahead_no = ++link.launched;
+    ++link.launched;
     ahead = true;
   }
 
@@ -511,15 +511,13 @@ struct GpuSession::Impl {
       step(token);
       return read_token(d_argmax);
     }
-    unsigned long long no;
     if (ahead && token == ahead_input) {
       keep();
-      no = ahead_no;
     } else {
       drop();
       step(token);
-      no = link.launched;
     }
+    const unsigned long long no = link.launched;  // this step's publish number
     speculate();
     const int32_t id = link.wait(stream, no);
     ahead_input = id;

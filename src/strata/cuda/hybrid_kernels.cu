@@ -11,6 +11,12 @@
 namespace strata::cuda {
 namespace {
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---- ring ------------------------------------------------------------------------------------------
 __global__ void ring_kernel(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
                             float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq,
