@@ -13,6 +13,7 @@
 #include "strata/engine/session.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
+#include "pending_property.h"
 
 namespace {
 
@@ -220,10 +221,10 @@ TEST(Engine, ConfigDescribesLayers) {
   auto model = strata::Model::load(TinyModelWriter(qwen35_spec(), 14).write("tiny_qwen35moe_cfg.gguf"));
   const auto& c = model->config();
   EXPECT_EQ(c.n_vocab, 96);
-  ASSERT_EQ(c.layer_kinds.size(), 4u);
-  EXPECT_EQ(c.layer_kinds[0], strata::LayerKind::DeltaNet);
-  EXPECT_EQ(c.layer_kinds[1], strata::LayerKind::FullAttention);
-  EXPECT_EQ(c.layer_kinds[3], strata::LayerKind::FullAttention);
+  ASSERT_EQ(c.layers.size(), 4u);
+  EXPECT_EQ(c.mixer(0), strata::LayerKind::DeltaNet);
+  EXPECT_EQ(c.mixer(1), strata::LayerKind::FullAttention);
+  EXPECT_EQ(c.mixer(3), strata::LayerKind::FullAttention);
   EXPECT_EQ(c.rope_dims, 4);
   EXPECT_EQ(c.ssm_head_v, 8);
   EXPECT_TRUE(c.attn_output_gate);
@@ -292,6 +293,102 @@ TEST(Engine, GreedyMatchesArgmaxOfFullRecompute) {
     EXPECT_EQ(strata::argmax(logits.data(), V), id);
     seq.push_back(id);
   }
+}
+
+// Run n drafted tokens pending, keep a root path of m, continue == run the m tokens, continue: logits
+// and state bit for bit, for chains and random trees, on both architectures and a quantised file.
+void expect_pending_property(const std::string& path, uint32_t seed) {
+  auto model = strata::Model::load(path);
+  const strata::Model& m = *model;
+  auto make = [&m]() -> std::unique_ptr<strata::Sequence> { return std::make_unique<strata::Session>(m, 48); };
+  auto same_state = [](strata::Sequence& a, strata::Sequence& b, const std::string& what) {
+    auto& sa = dynamic_cast<strata::Session&>(a).state();
+    auto& sb = dynamic_cast<strata::Session&>(b).state();
+    ASSERT_EQ(sa.n_past, sb.n_past) << what;
+    for (size_t il = 0; il < sa.layers.size(); ++il) {
+      const auto& la = sa.layers[il];
+      const auto& lb = sb.layers[il];
+      const size_t rows = la.k.empty() ? 0 : la.k.size() / static_cast<size_t>(sa.max_ctx) * static_cast<size_t>(sa.n_past);
+      EXPECT_TRUE(std::equal(la.k.begin(), la.k.begin() + static_cast<std::ptrdiff_t>(rows), lb.k.begin())) << what << " layer " << il;
+      EXPECT_TRUE(std::equal(la.v.begin(), la.v.begin() + static_cast<std::ptrdiff_t>(rows), lb.v.begin())) << what << " layer " << il;
+      EXPECT_EQ(la.conv, lb.conv) << what << " layer " << il;
+      EXPECT_EQ(la.ssm, lb.ssm) << what << " layer " << il;
+    }
+  };
+  strata::pending_test::check_pending_property(make, seed, 24, 9, 12, true, same_state);
+}
+
+TEST(Pending, Qwen3MoeKeepEqualsRun) {
+  expect_pending_property(TinyModelWriter(TinySpec{}, 31).write("tiny_pending_q3.gguf"), 301);
+}
+
+TEST(Pending, Qwen35MoeKeepEqualsRun) {
+  expect_pending_property(TinyModelWriter(qwen35_spec(), 32).write("tiny_pending_q35.gguf"), 302);
+}
+
+TEST(Pending, Qwen35MoeQ8_0KeepEqualsRun) {
+  TinySpec s = qwen35_spec();
+  s.matrix_type = strata::GgmlType::Q8_0;
+  expect_pending_property(TinyModelWriter(s, 33).write("tiny_pending_q35_q8.gguf"), 303);
+}
+
+TEST(Pending, TreeLogitsEqualEachRootPathRunAlone) {
+  // Every node of a tree sees exactly its root path: its logits equal a chain run of that path.
+  auto model = strata::Model::load(TinyModelWriter(qwen35_spec(), 34).write("tiny_pending_tree.gguf"));
+  const int64_t V = model->config().n_vocab;
+  const std::vector<int32_t> prompt = {3, 9, 27};
+  const std::vector<int32_t> drafts = {5, 6, 7, 8, 9, 10, 11};
+  const std::vector<int> parents = {-1, 0, 0, -1, 2, 1, 5};
+  strata::Session s(*model, 32);
+  std::vector<float> scratch(static_cast<size_t>(V) * prompt.size());
+  s.forward(prompt.data(), 3, scratch.data(), false);
+  std::vector<float> tree(static_cast<size_t>(V) * drafts.size());
+  s.forward_pending(drafts.data(), 7, parents.data(), tree.data());
+  const strata::TokenTree tt = strata::TokenTree::from_parents(parents.data(), 7);
+  for (int node = 0; node < 7; ++node) {
+    std::vector<int32_t> path = prompt;
+    for (int i : tt.path_to(node)) path.push_back(drafts[static_cast<size_t>(i)]);
+    strata::Session alone(*model, 32);
+    std::vector<float> l(static_cast<size_t>(V));
+    alone.forward(path.data(), static_cast<int>(path.size()), l.data(), false);
+    EXPECT_TRUE(std::equal(l.begin(), l.end(), tree.begin() + node * V)) << "node " << node;
+  }
+  // Siblings differ (they see different ancestors), so the comparison above is not vacuous.
+  EXPECT_FALSE(std::equal(tree.begin() + 1 * V, tree.begin() + 2 * V, tree.begin() + 2 * V));
+}
+
+TEST(Pending, BadTreesPathsAndCallsFailAndKeepTheState) {
+  auto model = strata::Model::load(TinyModelWriter(qwen35_spec(), 35).write("tiny_pending_err.gguf"));
+  const int64_t V = model->config().n_vocab;
+  strata::Session s(*model, 8);
+  std::vector<float> l(static_cast<size_t>(V) * 8);
+  const std::vector<int32_t> two = {1, 2};
+  s.forward(two.data(), 2, l.data(), false);
+  const std::vector<int32_t> drafts = {4, 5, 6};
+  const std::vector<int> bad = {-1, 1, 0};  // token 1 is its own parent
+  EXPECT_THROW(s.forward_pending(drafts.data(), 3, bad.data(), l.data()), strata::Error);
+  EXPECT_FALSE(s.has_pending());
+  EXPECT_EQ(s.n_past(), 2);
+  const std::vector<int32_t> too_many = {1, 2, 3, 4, 5, 6, 7};
+  EXPECT_THROW(s.forward_pending(too_many.data(), 7, nullptr, l.data()), strata::Error);
+  EXPECT_THROW(s.keep_first(1), strata::Error);  // nothing pending
+
+  const std::vector<int> parents = {-1, 0, -1};
+  s.forward_pending(drafts.data(), 3, parents.data(), l.data());
+  EXPECT_THROW(s.forward(two.data(), 1, l.data(), false), strata::Error);  // pending first
+  const std::vector<int> not_root = {1};
+  EXPECT_THROW(s.keep(not_root.data(), 1), strata::Error);
+  const std::vector<int> broken = {2, 1};  // 1 is not a child of 2
+  EXPECT_THROW(s.keep(broken.data(), 2), strata::Error);
+  EXPECT_TRUE(s.has_pending());
+  const std::vector<int> path = {2};
+  s.keep(path.data(), 1);
+  EXPECT_EQ(s.n_past(), 3);
+  // reset drops anything pending.
+  s.forward_pending(drafts.data(), 2, nullptr, l.data());
+  s.reset();
+  EXPECT_FALSE(s.has_pending());
+  EXPECT_EQ(s.n_past(), 0);
 }
 
 }  // namespace

@@ -56,10 +56,15 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = siluf(gate[i]) * up[i];
 }
 
-void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
-                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out) {
+namespace {
+
+// Softmax attention of one query head over n_ctx cached rows, row p at cache offset row(p) * stride.
+// One body for contiguous caches and for a token tree's ancestor rows, so both round alike.
+template <class Row>
+void attend_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride, int64_t n_ctx,
+                 int head_dim, float scale, float* scores, float* out, Row row) {
   for (int64_t p = 0; p < n_ctx; ++p) {
-    const float* k = k_cache + p * stride;
+    const float* k = k_cache + row(p) * stride;
     float dot = 0.0f;
     for (int d = 0; d < head_dim; ++d) dot += q[d] * k[d];
     scores[p] = dot * scale;
@@ -67,10 +72,23 @@ void attend_one_head(const float* q, const float* k_cache, const float* v_cache,
   softmax_inplace(scores, n_ctx);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t p = 0; p < n_ctx; ++p) {
-    const float* v = v_cache + p * stride;
+    const float* v = v_cache + row(p) * stride;
     const float a = scores[p];
     for (int d = 0; d < head_dim; ++d) out[d] += a * v[d];
   }
+}
+
+}  // namespace
+
+void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
+                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out) {
+  attend_rows(q, k_cache, v_cache, stride, n_ctx, head_dim, scale, scores, out, [](int64_t p) { return p; });
+}
+
+void attend_one_head_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
+                          const int32_t* rows, int64_t n_rows, int head_dim, float scale, float* scores, float* out) {
+  attend_rows(q, k_cache, v_cache, stride, n_rows, head_dim, scale, scores, out,
+              [rows](int64_t p) { return static_cast<int64_t>(rows[p]); });
 }
 
 void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out) {

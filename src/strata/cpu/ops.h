@@ -41,6 +41,11 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
                      int64_t n_ctx, int head_dim, float scale, float* scores, float* out);
 
+// The same over the cache rows rows[0..n_rows) in that order (a token tree's kept prefix and ancestors);
+// equal to attend_one_head when rows[p] == p.
+void attend_one_head_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
+                          const int32_t* rows, int64_t n_rows, int head_dim, float scale, float* scores, float* out);
+
 // Causal depthwise conv1d for one token over `channels` channels with kernel length K.
 // weight[c * K + j]: tap j of channel c; tap K-1 multiplies the current input.
 // state: (K-1) x channels, oldest first; the token's input is appended and the oldest dropped.

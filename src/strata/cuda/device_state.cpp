@@ -23,7 +23,7 @@ size_t kv_floats(const ModelConfig& c, int max_ctx) {
 size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx) {
   size_t n = 0;
   for (int il = 0; il < c.n_layer; ++il)
-    n += c.layer_kinds[il] == LayerKind::FullAttention ? 2 * kv_floats(c, max_ctx) : conv_floats(c) + ssm_floats(c);
+    n += c.mixer(il) == LayerKind::FullAttention ? 2 * kv_floats(c, max_ctx) : conv_floats(c) + ssm_floats(c);
   return n * sizeof(float);
 }
 
@@ -56,7 +56,7 @@ DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx) : c_
     layers.resize(static_cast<size_t>(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
       DeviceLayerState& L = layers[il];
-      if (c.layer_kinds[il] == LayerKind::FullAttention) {
+      if (c.mixer(il) == LayerKind::FullAttention) {
         L.k = alloc(kv_floats(c, max_ctx));
         L.v = alloc(kv_floats(c, max_ctx));
       } else {

@@ -156,7 +156,7 @@ struct GpuPrefill::Impl {
   void allocate() {
     const int64_t C = chunk, d = c.n_embd;
     bool has_attn = false, has_dn = false;
-    for (LayerKind k : c.layer_kinds) (k == LayerKind::FullAttention ? has_attn : has_dn) = true;
+    for (const LayerSpec& l : c.layers) (l.mixer == LayerKind::FullAttention ? has_attn : has_dn) = true;
     // Largest dense matrix (the output projection is sliced to fit) and widest GEMM input.
     auto fit = [&](const DevMatrix& m) {
       wcap = std::max(wcap, m.n_rows * m.n_cols);

@@ -2,8 +2,13 @@
 // qwen3moe: plain. qwen35moe: attn_q yields, per head, head_dim query values then head_dim gate values;
 // the attention output is multiplied by sigmoid(gate) before attn_output; rotary covers the first
 // rope_dims dims only (HF Qwen3_5MoeAttention, apply_rotary_pos_emb with partial rotary).
+// Token t of a forward writes its key and value at cache row n_past + t. In a chain it sits at position
+// n_past + t and attends to rows 0 .. n_past + t; in a token tree at n_past + depth(t), attending to
+// rows 0 .. n_past - 1 and then its ancestors' rows, root first (the order a plain run of that path
+// has, so the arithmetic is the same).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -13,7 +18,7 @@
 namespace strata {
 
 void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState& s, int n_past,
-                     const float* xn, int n, float* out) {
+                     const TokenTree* tree, const float* xn, int n, float* out) {
   const int hd = c.head_dim;
   const int q_stride_head = c.attn_output_gate ? 2 * hd : hd;  // query (+ gate) values per head
   const int q_width = c.n_head * q_stride_head;
@@ -29,15 +34,17 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
 
   // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append the
   // keys and values to the cache at their positions.
+  const bool chain = !tree || tree->is_chain();
   for (int t = 0; t < n; ++t) {
-    const int64_t pos = n_past + t;
+    const int64_t pos = n_past + (chain ? t : tree->depth(t));
+    const int64_t row = n_past + t;
     for (int h = 0; h < c.n_head; ++h) {
       float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
       rope_neox_inplace(q, c.rope_dims, pos, c.rope_freq_base);
     }
-    float* k_dst = s.k.data() + pos * kv_width;
-    float* v_dst = s.v.data() + pos * kv_width;
+    float* k_dst = s.k.data() + row * kv_width;
+    float* v_dst = s.v.data() + row * kv_width;
     for (int g = 0; g < c.n_head_kv; ++g) {
       const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
       rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_dst + g * hd);
@@ -47,7 +54,17 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
     for (int i = 0; i < kv_width; ++i) v_dst[i] = v[i];
   }
 
-  // Causal attention: token t sees positions 0 .. n_past+t.
+  // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its ancestors).
+  std::vector<std::vector<int32_t>> rows;
+  if (!chain) {
+    rows.resize(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) {
+      std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
+      r.resize(static_cast<size_t>(n_past));
+      for (int p = 0; p < n_past; ++p) r[static_cast<size_t>(p)] = p;
+      for (int a : tree->path_to(t)) r.push_back(n_past + a);
+    }
+  }
   std::vector<float> O(static_cast<size_t>(n) * o_width);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int group = c.n_head / c.n_head_kv;
@@ -60,8 +77,14 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
         const int g = h / group;  // GQA: consecutive query heads share a KV head
         const float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
         float* o = O.data() + static_cast<int64_t>(t) * o_width + h * hd;
-        attend_one_head(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, n_past + t + 1, hd, scale,
-                        scores.data(), o);
+        if (chain) {
+          attend_one_head(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, n_past + t + 1, hd, scale,
+                          scores.data(), o);
+        } else {
+          const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
+          attend_one_head_rows(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, r.data(),
+                               static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
+        }
         if (c.attn_output_gate) {
           const float* gate = q + hd;
           for (int d = 0; d < hd; ++d) o[d] *= sigmoidf(gate[d]);
@@ -70,6 +93,21 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
     }
   }
   project(w.o, O.data(), n, out);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m) {
+  const size_t kv_width = static_cast<size_t>(c.n_head_kv) * c.head_dim;
+  // path is increasing (parents precede children), so row j never overwrites a later source row.
+  for (int j = 0; j < m; ++j) {
+    if (path[j] == j) continue;
+    const size_t from = static_cast<size_t>(n_past + path[j]) * kv_width, to = static_cast<size_t>(n_past + j) * kv_width;
+    std::copy_n(s.k.begin() + static_cast<std::ptrdiff_t>(from), kv_width, s.k.begin() + static_cast<std::ptrdiff_t>(to));
+    std::copy_n(s.v.begin() + static_cast<std::ptrdiff_t>(from), kv_width, s.v.begin() + static_cast<std::ptrdiff_t>(to));
+  }
 }
 
 }  // namespace strata

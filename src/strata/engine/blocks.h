@@ -8,6 +8,7 @@
 #include "strata/cpu/matmul.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence_state.h"
+#include "strata/engine/token_tree.h"
 #include "strata/model/config.h"
 #include "strata/model/weights.h"
 
@@ -22,16 +23,24 @@ void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float*
 // out[t] = rmsnorm(X[t]) * w for n rows of width d.
 void rmsnorm_rows(const float* X, const float* w, float eps, int n, int d, float* out);
 
-// Full attention over the layer's KV cache for tokens at positions n_past .. n_past+n-1: projections,
-// per-head q/k RMSNorm, NEOX rotary on the first rope_dims dims, causal GQA softmax attention,
-// optional sigmoid output gate (qwen35moe), output projection. Writes the new keys/values to the cache.
+// Full attention over the layer's KV cache for n tokens after n_past kept ones: projections, per-head
+// q/k RMSNorm, NEOX rotary on the first rope_dims dims, causal GQA softmax attention, optional sigmoid
+// output gate (qwen35moe), output projection. Token t's key/value go to cache row n_past + t. tree:
+// nullptr or a chain for consecutive positions; otherwise token t sits at n_past + depth(t) and attends
+// to the kept rows and its ancestors (token_tree.h).
 void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState& s, int n_past,
-                     const float* xn, int n, float* out);
+                     const TokenTree* tree, const float* xn, int n, float* out);
+// After a pending forward: moves the kept path's key/value rows to n_past + 0 .. m - 1.
+void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m);
 
-// Gated DeltaNet (qwen35moe linear attention) for n consecutive tokens, advancing the conv window and
-// recurrent state token by token.
-void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* xn,
-                    int n, float* out);
+// Gated DeltaNet (qwen35moe linear attention) for n tokens, advancing the conv window and recurrent
+// state token by token. pending (nullptr: the tokens are kept as they run): the tokens' tree; the state
+// before them and their inputs are kept for deltanet_keep, and each token runs from its parent's state.
+void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const TokenTree* pending,
+                    const float* xn, int n, float* out);
+// After a pending forward: leaves the state of the root path path[0..m) (the state before the forward
+// when m == 0), replaying the stored inputs where the state does not hold that path already.
+void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const int* path, int m);
 
 // Mixture of experts: softmax router, top-k (renormalised when c.norm_topk), SwiGLU experts run once per
 // batch on the tokens that chose them, plus the sigmoid-gated shared expert when present.

@@ -7,6 +7,10 @@
 //   o = rmsnorm(o) * norm_w * silu(z), z = W_z x; out = W_out o
 // Value-head order: GGUF files store value heads tiled (value head j of every key group in turn), so
 // value head h reads key head h % n_k_heads. With equal head counts the two orders coincide.
+// Pending tokens (a token tree) run each from its parent's state: the running state continues along a
+// chain and is rebuilt from the state before the tree (conv0/ssm0) by replaying the stored inputs of
+// the token's ancestors otherwise. deltanet_keep replays the kept path the same way, so the state
+// equals a plain run of that path.
 #include <omp.h>
 
 #include <cmath>
@@ -16,12 +20,60 @@
 #include "strata/engine/blocks.h"
 
 namespace strata {
+namespace {
 
-void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* xn, int n,
-                    float* out) {
+// One token through the conv window and the recurrence, from its raw conv input row and its beta /
+// alpha pre-activations. With out, also the head outputs after the gated RMSNorm (z_row: the gate).
+void deltanet_token(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* qkv_row,
+                    const float* b_row, const float* a_row, const float* z_row, float* out, std::vector<float>& mixed) {
   const int nk = c.ssm_k_heads, nv = c.ssm_v_heads, dk = c.ssm_head_k, dv = c.ssm_head_v;
   const int channels = c.ssm_conv_channels();
   const int key_dim = nk * dk;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  mixed.resize(static_cast<size_t>(channels));
+  conv1d_step(qkv_row, w.conv.data(), c.ssm_conv_kernel, channels, s.conv.data(), mixed.data());
+  for (float& x : mixed) x = siluf(x);
+  float* q = mixed.data();
+  float* k = mixed.data() + key_dim;
+  const float* v = mixed.data() + 2 * key_dim;
+  for (int h = 0; h < nk; ++h) {
+    l2norm_inplace(q + h * dk, dk, 1e-6f);
+    l2norm_inplace(k + h * dk, dk, 1e-6f);
+    for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+  }
+  std::vector<float> discard;
+  if (!out) discard.resize(static_cast<size_t>(nv) * dv);
+  float* o_all = out ? out : discard.data();
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < nv; ++h) {
+    const int kh = h % nk;
+    const float beta = sigmoidf(b_row[h]);
+    const float g = w.a[h] * softplusf(a_row[h] + w.dt_bias[h]);
+    float* o = o_all + static_cast<int64_t>(h) * dv;
+    deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g, beta, dk,
+                  dv, o);
+    if (!out) continue;
+    // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
+    rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
+    const float* z = z_row + static_cast<int64_t>(h) * dv;
+    for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
+  }
+}
+
+// Advances the state by pending token t's stored inputs (no output).
+void replay_token(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, int t, std::vector<float>& mixed) {
+  const size_t channels = static_cast<size_t>(c.ssm_conv_channels()), nv = static_cast<size_t>(c.ssm_v_heads);
+  const size_t i = static_cast<size_t>(t);
+  deltanet_token(c, w, s, s.qkv_in.data() + i * channels, s.beta_in.data() + i * nv, s.alpha_in.data() + i * nv,
+                 nullptr, nullptr, mixed);
+}
+
+}  // namespace
+
+void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const TokenTree* pending,
+                    const float* xn, int n, float* out) {
+  const int nv = c.ssm_v_heads, dv = c.ssm_head_v;
+  const int channels = c.ssm_conv_channels();
   const int v_dim = nv * dv;
 
   std::vector<float> QKV(static_cast<size_t>(n) * channels);
@@ -33,36 +85,39 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   project(w.beta, xn, n, B.data());
   project(w.alpha, xn, n, A.data());
 
-  std::vector<float> mixed(static_cast<size_t>(channels));
+  if (pending) {  // deltanet_keep restores and replays: keep the state before and every token's inputs
+    s.conv0 = s.conv;
+    s.ssm0 = s.ssm;
+    s.qkv_in = QKV;
+    s.beta_in = B;
+    s.alpha_in = A;
+    s.last = -1;
+  }
+  std::vector<float> mixed;
   std::vector<float> O(static_cast<size_t>(n) * v_dim);
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int t = 0; t < n; ++t) {
-    conv1d_step(QKV.data() + static_cast<int64_t>(t) * channels, w.conv.data(), c.ssm_conv_kernel, channels,
-                s.conv.data(), mixed.data());
-    for (float& x : mixed) x = siluf(x);
-    float* q = mixed.data();
-    float* k = mixed.data() + key_dim;
-    const float* v = mixed.data() + 2 * key_dim;
-    for (int h = 0; h < nk; ++h) {
-      l2norm_inplace(q + h * dk, dk, 1e-6f);
-      l2norm_inplace(k + h * dk, dk, 1e-6f);
-      for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+    if (pending && pending->parent(t) != s.last) {  // another branch: rebuild the parent's state
+      s.conv = s.conv0;
+      s.ssm = s.ssm0;
+      const int p = pending->parent(t);
+      if (p >= 0)
+        for (int a : pending->path_to(p)) replay_token(c, w, s, a, mixed);
     }
-#pragma omp parallel for schedule(static)
-    for (int h = 0; h < nv; ++h) {
-      const int kh = h % nk;
-      const float beta = sigmoidf(B[static_cast<size_t>(t) * nv + h]);
-      const float g = w.a[h] * softplusf(A[static_cast<size_t>(t) * nv + h] + w.dt_bias[h]);
-      float* o = O.data() + static_cast<int64_t>(t) * v_dim + h * dv;
-      deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g,
-                    beta, dk, dv, o);
-      // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
-      rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
-      const float* z = Z.data() + static_cast<int64_t>(t) * v_dim + h * dv;
-      for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
-    }
+    const int64_t i = t;
+    deltanet_token(c, w, s, QKV.data() + i * channels, B.data() + i * nv, A.data() + i * nv, Z.data() + i * v_dim,
+                   O.data() + i * v_dim, mixed);
+    if (pending) s.last = t;
   }
   project(w.out, O.data(), n, out);
+}
+
+void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const int* path, int m) {
+  if (m > 0 && s.last == path[m - 1]) return;  // the state holds that token's root path already
+  s.conv = s.conv0;
+  s.ssm = s.ssm0;
+  std::vector<float> mixed;
+  for (int j = 0; j < m; ++j) replay_token(c, w, s, path[j], mixed);
+  s.last = m > 0 ? path[m - 1] : -1;
 }
 
 }  // namespace strata

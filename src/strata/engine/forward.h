@@ -1,6 +1,8 @@
-// One forward function per architecture: run n tokens (positions state.n_past ..) through the model,
-// update the sequence state, write logits ([n x n_vocab] when all_positions, else [n_vocab] for the last).
-// counts (optional): routing picks per (layer, expert) are added to it (n_tokens is the caller's).
+// The CPU forward pass: runs the model's layer program (ModelConfig::layers, set by the architecture
+// files in model/arch_*.cpp) over n tokens:
+//   x = embed(tokens)
+//   per layer: x += mixer(rmsnorm(x, attn_norm));  x += ffn(rmsnorm(x, ffn_norm))
+//   logits = lm_head(rmsnorm(x, output_norm))
 #pragma once
 
 #include <cstdint>
@@ -8,12 +10,19 @@
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence_state.h"
+#include "strata/engine/token_tree.h"
 
 namespace strata {
 
-void forward_qwen3moe(const Model& model, SequenceState& state, const int32_t* tokens, int n, float* logits,
-                      bool all_positions, RoutingCounts* counts = nullptr);
-void forward_qwen35moe(const Model& model, SequenceState& state, const int32_t* tokens, int n, float* logits,
-                       bool all_positions, RoutingCounts* counts = nullptr);
+// Runs tokens[0..n) after state.n_past kept tokens. pending == nullptr: a chain, kept at once
+// (state.n_past += n). Otherwise the tokens' tree (a chain or not): they stay pending in state until
+// keep_pending. logits: [n x n_vocab] when all_positions, else [n_vocab] for the last token.
+// counts (optional): routing picks per (layer, expert) are added to it (n_tokens is the caller's).
+void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
+                   float* logits, bool all_positions, RoutingCounts* counts = nullptr);
+
+// Keeps the root path path[0..m) of the pending tokens (checked against their tree) and drops the
+// rest: the state then equals running those m tokens as a chain.
+void keep_pending(const Model& model, SequenceState& state, const int* path, int m);
 
 }  // namespace strata

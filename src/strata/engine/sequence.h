@@ -34,17 +34,43 @@ class Sequence {
     ban_ids_from(scratch.data(), n_allowed, n_vocab);
     return sampler.sample(scratch.data(), n_vocab, history);
   }
+  // Runs n tokens after the kept ones and leaves them pending, for verifying drafted tokens: a chain
+  // (parents == nullptr) or a token tree (parents[t] < t is the index of token t's parent, -1 for a child
+  // of the kept tokens; token t sits at position n_past() + depth(t) and attends to the kept tokens and
+  // its ancestors only; engine/token_tree.h). logits_out receives [n x n_vocab] floats. n_past() does not
+  // move until keep(); forward, decode and the other calls fail while tokens are pending. Fails like
+  // forward() (state unchanged) on bad ids, a bad tree or too long a context.
+  virtual void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
+    (void)tokens, (void)n, (void)parents, (void)logits_out;
+    fail("this backend cannot run pending tokens (forward_pending)");
+  }
+  // Keeps the root path path[0..m) of the pending tokens (path[0] a root, each entry a child of the one
+  // before; m == 0 keeps none) and drops the rest: the sequence is then exactly as if those m tokens
+  // had run through forward(). Fails, keeping everything pending, on a path that is not a root path.
+  virtual void keep(const int* path, int m) {
+    (void)path, (void)m;
+    fail("this backend cannot keep pending tokens");
+  }
+  virtual bool has_pending() const { return false; }
+  // keep() of the first m pending tokens of a chain.
+  void keep_first(int m) {
+    std::vector<int> path(static_cast<size_t>(m > 0 ? m : 0));
+    for (int j = 0; j < m; ++j) path[static_cast<size_t>(j)] = j;
+    keep(path.data(), m);
+  }
   virtual void reset() = 0;
   virtual int n_past() const = 0;
   virtual int max_ctx() const = 0;
   virtual const Model& model() const = 0;
-  // Routing statistics (issue 8): while counts is set, every forward adds its router selections and
-  // its token count into *counts (an empty table is sized to the model; another shape fails).
-  // nullptr turns counting off. The caller owns *counts and reads it between forwards.
+  // Routing statistics (issue 8): while counts is set, every forward's router selections and token
+  // count reach *counts (an empty table is sized to the model; another shape fails) by the next
+  // flush_routing_counts() (a backend may count on its device and add in batches) or when counting is
+  // turned off (nullptr) or moved to another table. The caller owns *counts and reads it after a flush.
   // Backends that cannot count say so instead of leaving the table silently empty.
   virtual void set_routing_counts(RoutingCounts* counts) {
     if (counts) fail("this backend does not count routes (routing statistics / --profile are not available on it)");
   }
+  virtual void flush_routing_counts() {}
 };
 
 }  // namespace strata

@@ -11,7 +11,7 @@ SequenceState::SequenceState(const ModelConfig& c, int max_ctx_) : max_ctx(max_c
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
     LayerState& s = layers[il];
-    if (c.layer_kinds[il] == LayerKind::FullAttention) {
+    if (c.mixer(il) == LayerKind::FullAttention) {
       const size_t per_pos = static_cast<size_t>(c.n_head_kv) * c.head_dim;
       s.k.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
       s.v.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
@@ -24,10 +24,12 @@ SequenceState::SequenceState(const ModelConfig& c, int max_ctx_) : max_ctx(max_c
 
 void SequenceState::reset() {
   n_past = 0;
+  has_pending = false;
   // The KV cache needs no clearing: positions >= n_past are never read before being written.
   for (LayerState& s : layers) {
     std::fill(s.conv.begin(), s.conv.end(), 0.0f);
     std::fill(s.ssm.begin(), s.ssm.end(), 0.0f);
+    s.last = -1;
   }
 }
 

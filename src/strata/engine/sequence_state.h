@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "strata/engine/token_tree.h"
 #include "strata/model/config.h"
 
 namespace strata {
@@ -15,16 +16,25 @@ struct LayerState {
   // and the recurrent state [v_heads x head_k x head_v].
   std::vector<float> conv;
   std::vector<float> ssm;
+  // DeltaNet, while tokens are pending: conv and ssm as they were before them, each pending token's
+  // inputs to the recurrence (raw conv input row, beta and alpha pre-activations), and which pending
+  // token's root path conv/ssm hold now (-1: none, they equal conv0/ssm0). keep() restores and replays.
+  std::vector<float> conv0, ssm0, qkv_in, beta_in, alpha_in;
+  int last = -1;
 };
 
 struct SequenceState {
   int max_ctx = 0;
   int n_past = 0;  // tokens already processed (the next token's position)
   std::vector<LayerState> layers;
+  // A provisional forward's tokens (Sequence::forward_pending) until keep(): pending token t's key and
+  // value rows are n_past + t; n_past does not move until keep() chooses a root path.
+  bool has_pending = false;
+  TokenTree pending;
 
   SequenceState() = default;
   SequenceState(const ModelConfig& config, int max_ctx);
-  // Back to an empty sequence (caches zeroed, position 0).
+  // Back to an empty sequence (caches zeroed, position 0, nothing pending).
   void reset();
 };
 

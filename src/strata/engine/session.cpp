@@ -7,22 +7,33 @@ namespace strata {
 
 Session::Session(const Model& model, int max_ctx) : model_(model), state_(model.config(), max_ctx) {}
 
-void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
-  const ModelConfig& c = model_.config();
+namespace {
+
+void check_tokens(const ModelConfig& c, const SequenceState& st, const int32_t* tokens, int n) {
+  if (st.has_pending) fail("tokens are pending: keep() them (or none) before the next forward");
   if (n <= 0) fail("forward needs at least one token");
-  if (state_.n_past + n > state_.max_ctx)
-    fail("prompt of ", state_.n_past + n, " tokens exceeds the context of ", state_.max_ctx);
+  if (st.n_past + n > st.max_ctx) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx);
   for (int t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
       fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
-  switch (c.arch) {
-    case Arch::Qwen3Moe: forward_qwen3moe(model_, state_, tokens, n, logits_out, all_positions, routing_counts_); break;
-    case Arch::Qwen35Moe:
-      forward_qwen35moe(model_, state_, tokens, n, logits_out, all_positions, routing_counts_);
-      break;
-  }
+}
+
+}  // namespace
+
+void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
+  check_tokens(model_.config(), state_, tokens, n);
+  forward_model(model_, state_, tokens, n, nullptr, logits_out, all_positions, routing_counts_);
   if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
 }
+
+void Session::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
+  check_tokens(model_.config(), state_, tokens, n);
+  const TokenTree tree = TokenTree::from_parents(parents, n);
+  forward_model(model_, state_, tokens, n, &tree, logits_out, true, routing_counts_);
+  if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
+}
+
+void Session::keep(const int* path, int m) { keep_pending(model_, state_, path, m); }
 
 void Session::set_routing_counts(RoutingCounts* counts) {
   const ModelConfig& c = model_.config();

@@ -23,6 +23,13 @@ class Session : public Sequence {
   // the state is unchanged then.
   void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) override;
 
+  // Native pending forward: KV rows for every pending token, the DeltaNet state before them kept with
+  // each token's recurrence inputs, so keep() moves rows and replays the kept path (no recomputation of
+  // projections, attention or experts).
+  void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
+  void keep(const int* path, int m) override;
+  bool has_pending() const override { return state_.has_pending; }
+
   void reset() override { state_.reset(); }
   int n_past() const override { return state_.n_past; }
   int max_ctx() const override { return state_.max_ctx; }

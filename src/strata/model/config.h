@@ -18,7 +18,15 @@ const std::vector<std::string>& supported_architectures();
 Arch arch_from_name(const std::string& name);
 const char* arch_name(Arch arch);
 
-enum class LayerKind { FullAttention, DeltaNet };
+// The layer program: what each layer runs. Every layer is
+//   x += mixer(rmsnorm(x, attn_norm));  x += ffn(rmsnorm(x, ffn_norm))
+// The architecture files (arch_<name>.cpp) set it; the backends execute it.
+enum class LayerKind { FullAttention, DeltaNet };  // the mixer
+enum class FfnKind { Moe };                         // the feed-forward
+struct LayerSpec {
+  LayerKind mixer = LayerKind::FullAttention;
+  FfnKind ffn = FfnKind::Moe;
+};
 
 struct ModelConfig {
   Arch arch = Arch::Qwen3Moe;
@@ -53,7 +61,8 @@ struct ModelConfig {
   int n_ff_shexp = 0;      // 0: no shared expert
   bool norm_topk = true;   // renormalise the chosen experts' weights to sum 1
 
-  std::vector<LayerKind> layer_kinds;  // one per layer
+  std::vector<LayerSpec> layers;  // the layer program, one entry per layer
+  LayerKind mixer(int il) const { return layers[static_cast<size_t>(il)].mixer; }
 
   int n_full_attention_layers() const;
   int n_deltanet_layers() const;

@@ -4,6 +4,7 @@
 
 #include "strata/base/error.h"
 #include "strata/gguf/gguf.h"
+#include "strata/model/arch.h"
 #include "strata/quant/quantize.h"
 
 namespace strata {
@@ -149,12 +150,12 @@ ModelWeights bind_model_weights(const GgufFile& f, const ModelConfig& c) {
   }
   w.output_norm = b.vec("output_norm.weight", c.n_embd);
 
-  const char* ffn_norm = c.arch == Arch::Qwen35Moe ? "post_attention_norm.weight" : "ffn_norm.weight";
+  const char* ffn_norm = arch_description(c.arch).ffn_norm_tensor;
   w.layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
     const std::string p = cat("blk.", il, ".");
     LayerWeights& L = w.layers[il];
-    L.kind = c.layer_kinds[il];
+    L.kind = c.mixer(il);
     L.attn_norm = b.vec(p + "attn_norm.weight", c.n_embd);
     L.ffn_norm = b.vec(p + ffn_norm, c.n_embd);
     if (L.kind == LayerKind::FullAttention) {

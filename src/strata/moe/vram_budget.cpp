@@ -130,7 +130,7 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, int kv_by
   }
   const uint64_t per_seq = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(slots);
   for (int il = 0; il < c.n_layer; ++il) {
-    if (c.layer_kinds[il] == LayerKind::FullAttention) {
+    if (c.mixer(il) == LayerKind::FullAttention) {
       f.kv_cache_bytes += per_seq * static_cast<uint64_t>(c.n_head_kv) *
                           static_cast<uint64_t>(c.head_dim + c.head_dim_v) * static_cast<uint64_t>(kv_bytes_per_value);
     } else {
