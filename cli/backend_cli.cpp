@@ -113,6 +113,7 @@ ProfileRecorder::~ProfileRecorder() {
 
 void ProfileRecorder::save() {
   if (!store_) return;
+  sequence_.flush_routing_counts();
   store_->add_and_save(counts_);
   const ModelConfig& c = sequence_.model().config();
   counts_.reset(c.n_layer, c.n_expert);  // what was saved is not added again

@@ -18,6 +18,7 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/base/error.h"
@@ -29,6 +30,8 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "cuda_test_models.h"
+#include "pending_property.h"
+#include "strata/cuda/gpu_model.h"
 
 namespace {
 
@@ -227,7 +230,7 @@ struct PrefillRun {
   std::vector<float> logits;
   std::vector<int32_t> greedy;
   sc::HybridTelemetry tel;  // after the prompt alone (hybrid sessions)
-  std::vector<uint64_t> route_counts;  // after the prompt alone (all-GPU sessions)
+  std::vector<uint64_t> route_counts;  // the sequence's own counts after the prompt alone
 };
 
 PrefillRun prefill_run(const strata::Model& model, const std::vector<int32_t>& prompt, int n_new,
@@ -246,10 +249,8 @@ PrefillRun prefill_run(const strata::Model& model, const std::vector<int32_t>& p
   if (g.hybrid()) g.reset_hybrid_telemetry();
   g.reset_routing_counts();
   g.forward(prompt.data(), static_cast<int>(prompt.size()), r.logits.data(), true);
-  if (g.hybrid())
-    r.tel = g.hybrid_telemetry();
-  else
-    r.route_counts = g.routing_counts();
+  if (g.hybrid()) r.tel = g.hybrid_telemetry();
+  r.route_counts = g.routing_counts();
   g.reset();
   r.greedy = sc::generate_greedy(g, prompt, n_new);
   return r;
@@ -315,6 +316,7 @@ void grouped_prefill_all_maps(const std::string& gguf, const std::string& label,
       // Counts after a prefill equal the counts of the same tokens run one by one (and the all-GPU ones).
       EXPECT_EQ(got.tel.expert_picks, tok.tel.expert_picks) << lc;
       EXPECT_EQ(got.tel.expert_picks, all_gpu.route_counts) << lc;
+      EXPECT_EQ(got.route_counts, all_gpu.route_counts) << lc << " (the sequence's own counts)";
       if (mp.hot == all_hot) {
         EXPECT_EQ(got.tel.cold_picks, 0u) << lc;
         EXPECT_EQ(got.tel.cpu_jobs, 0u) << lc;
@@ -475,6 +477,52 @@ TEST(CudaHybrid, TinyDecodeRate) {
     EXPECT_EQ(s.n_past(), 8 + n);
   }
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+}
+
+// Pending tokens in hybrid sessions (half the experts cold): run n, keep a root path, continue == run
+// the path, continue, bit for bit, every sequence over one shared GpuModel (one CPU pool).
+TEST(CudaHybrid, PendingKeepEqualsRun) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(convert_fixture("qwen3_5_moe", "q8_0"));
+  sc::GpuSessionOptions o;
+  o.expert_slots = make_slots(*model, every_other);
+  o.cpu_threads = 3;
+  const auto gm = sc::make_gpu_model(*model, o);
+  auto make = [&gm]() -> std::unique_ptr<strata::Sequence> { return sc::make_gpu_session(gm, 40); };
+  strata::pending_test::check_pending_property(make, 501, 12, 9, 10, false);
+}
+
+// Hybrid sequences over one GpuModel on threads at once: each greedy run equals the same run alone, and
+// each sequence counts only its own routes.
+TEST(CudaHybrid, ConcurrentSequencesShareTheColdPool) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int64_t vocab = model->config().n_vocab;
+  sc::GpuSessionOptions o;
+  o.expert_slots = make_slots(*model, every_other);
+  o.cpu_threads = 2;
+  const auto gm = sc::make_gpu_model(*model, o);
+  std::vector<std::vector<int32_t>> prompts, alone;
+  std::vector<std::vector<uint64_t>> alone_counts;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = some_prompt(vocab, 4 + 5 * i);
+    for (int32_t& id : p) id = static_cast<int32_t>((id + 37 * i) % vocab);
+    prompts.push_back(p);
+    auto s = sc::make_gpu_session(gm, 64);
+    alone.push_back(sc::generate_greedy(*s, p, 20));
+    alone_counts.push_back(s->routing_counts());
+  }
+  std::vector<std::unique_ptr<sc::GpuSession>> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) seqs.push_back(sc::make_gpu_session(gm, 64));
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = sc::generate_greedy(*seqs[i], prompts[i], 20); });
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], alone[i]) << "sequence " << i;
+    EXPECT_EQ(seqs[i]->routing_counts(), alone_counts[i]) << "sequence " << i;
+  }
 }
 
 }  // namespace

@@ -17,15 +17,18 @@ TEST(CudaModel, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
 #include "strata/cpu/cpu_kernels.h"
+#include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "cuda_test_models.h"
+#include "pending_property.h"
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
@@ -266,6 +269,78 @@ TEST(CudaModel, RejectsBadInputsWithoutChangingState) {
   const std::vector<int32_t> five = {1, 2, 3, 4, 5};
   EXPECT_THROW(s.forward(five.data(), 5, logits.data(), false), strata::Error);
   EXPECT_EQ(s.n_past(), 0);
+}
+
+// Pending tokens on the GPU (chains and trees, recomputed from the saved DeltaNet state): run n, keep a
+// root path, continue == run the path, continue, bit for bit, with every sequence made over one shared
+// GpuModel. Both the batched prefill and the decode step run the drafts (1-token paths take the step).
+void expect_gpu_pending_property(const std::string& gguf, uint32_t seed) {
+  auto model = strata::Model::load(gguf);
+  const auto gm = sc::make_gpu_model(*model);
+  auto make = [&gm]() -> std::unique_ptr<strata::Sequence> { return sc::make_gpu_session(gm, 40); };
+  strata::pending_test::check_pending_property(make, seed, 16, 9, 10, false);
+}
+
+TEST(CudaModel, PendingKeepEqualsRunQwen3MoeFixture) {
+  REQUIRE_GPU();
+  expect_gpu_pending_property(convert_fixture("qwen3_moe", "f32"), 401);
+}
+
+TEST(CudaModel, PendingKeepEqualsRunQwen35MoeFixture) {
+  REQUIRE_GPU();
+  expect_gpu_pending_property(convert_fixture("qwen3_5_moe", "f32"), 402);
+}
+
+TEST(CudaModel, PendingKeepEqualsRunTinyModel) {
+  REQUIRE_GPU();
+  expect_gpu_pending_property(kTiny, 403);
+}
+
+// Sequences over one GpuModel own their state: interleaved steps, and greedy runs on threads at once,
+// give what each gives alone; the weights are uploaded once.
+TEST(CudaModel, SequencesShareOneModel) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int64_t vocab = model->config().n_vocab;
+  const auto gm = sc::make_gpu_model(*model);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = some_prompt(vocab, 5 + 3 * i);
+    for (int32_t& id : p) id = static_cast<int32_t>((id + 101 * i) % vocab);
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts) {
+    sc::GpuSession s(*model, 64);
+    alone.push_back(sc::generate_greedy(s, p, 24));
+  }
+  // Interleaved on one thread.
+  std::vector<std::unique_ptr<sc::GpuSession>> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) seqs.push_back(sc::make_gpu_session(gm, 64));
+  EXPECT_EQ(seqs[0]->weight_bytes(), seqs[3]->weight_bytes());
+  EXPECT_EQ(seqs[0]->gpu_model().get(), seqs[3]->gpu_model().get());
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<int32_t> next(prompts.size());
+  std::vector<float> scratch(static_cast<size_t>(vocab));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs[i]->forward(prompts[i].data(), static_cast<int>(prompts[i].size()) - 1, scratch.data(), false);
+    next[i] = seqs[i]->decode_argmax(prompts[i].back());
+  }
+  for (int t = 0; t < 24; ++t)
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      got[i].push_back(next[i]);
+      next[i] = seqs[i]->decode_argmax(next[i]);
+    }
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], alone[i]) << "interleaved sequence " << i;
+  // Concurrently, one thread per sequence.
+  std::vector<std::vector<int32_t>> threaded(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs[i]->reset();
+    threads.emplace_back([&, i] { threaded[i] = sc::generate_greedy(*seqs[i], prompts[i], 24); });
+  }
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(threaded[i], alone[i]) << "threaded sequence " << i;
 }
 
 }  // namespace

@@ -85,6 +85,33 @@ void DeviceSequenceState::swap_alternates() {
   parity_ ^= 1;
 }
 
+void DeviceSequenceState::save_snapshot(cudaStream_t s) {
+  for (DeviceLayerState& L : layers) {
+    if (L.conv && !L.conv_snap) L.conv_snap = alloc(conv_floats(c_));
+    if (L.ssm && !L.ssm_snap) L.ssm_snap = alloc(ssm_floats(c_));
+  }
+  copy_snapshot(true, s);
+  snap_n_past_ = n_past;
+}
+
+void DeviceSequenceState::restore_snapshot(cudaStream_t s) {
+  copy_snapshot(false, s);
+  n_past = snap_n_past_;
+}
+
+void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
+  auto copy = [save, s](float* live, float* snap, size_t floats) {
+    if (!live) return;
+    check_cuda(cudaMemcpyAsync(save ? snap : live, save ? live : snap, sizeof(float) * floats, cudaMemcpyDeviceToDevice,
+                               s),
+               save ? "save DeltaNet state" : "restore DeltaNet state");
+  };
+  for (DeviceLayerState& L : layers) {
+    copy(L.conv, L.conv_snap, conv_floats(c_));
+    copy(L.ssm, L.ssm_snap, ssm_floats(c_));
+  }
+}
+
 DeviceSequenceState::~DeviceSequenceState() {
   for (void* p : allocs_) cudaFree(p);
 }

@@ -9,12 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "strata/base/error.h"
+#include "strata/engine/token_tree.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_lookahead.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
+#include "strata/cuda/gpu_model.h"
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/decode_profile.h"
 #include "strata/cuda/kernels.h"
@@ -46,17 +49,17 @@ std::string device_description() {
 }
 
 struct GpuSession::Impl {
+  std::shared_ptr<GpuModel> gm;  // weights, hybrid MoE and prefill, shared with other sequences
   const Model& model;
   const ModelConfig& c;
-  DeviceModel dm;
+  const DeviceModel& dm;
   GpuSessionOptions opt;
   int max_ctx;
   DeviceSequenceState st;
   int& n_past;  // st.n_past
   cudaStream_t stream = nullptr;
   cudaGraphExec_t graphs[2] = {nullptr, nullptr};  // the decode step by state parity (ping-pong buffers)
-  std::unique_ptr<HybridMoe> hybrid;  // set when opt.expert_slots is not empty
-  std::unique_ptr<GpuPrefill> prefill;  // batched prefill (opt.batched_prefill), made on first use
+  HybridMoe* hybrid = nullptr;  // the model's, when it has an expert plan
 
   std::vector<void*> allocs;
   size_t state_bytes = 0;
@@ -97,8 +100,16 @@ struct GpuSession::Impl {
                                     // number is link.launched: nothing is launched after it while ahead)
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
 
-  Impl(const Model& m, int ctx, GpuSessionOptions o)
-      : model(m), c(m.config()), dm(m, o.expert_slots), opt(o), max_ctx(ctx), st(m.config(), ctx), n_past(st.n_past) {
+  Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
+      : gm(std::move(g)),
+        model(gm->model()),
+        c(model.config()),
+        dm(gm->device()),
+        opt(o),
+        max_ctx(ctx),
+        st(model.config(), ctx),
+        n_past(st.n_past),
+        hybrid(gm->hybrid()) {
     try {
       const char* fc = std::getenv("STRATA_GPU_FUSE_CONV");
       fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k) &&
@@ -106,7 +117,6 @@ struct GpuSession::Impl {
       const char* ds = std::getenv("STRATA_GPU_DOWN_SUM");
       down_sum = !(ds && std::strcmp(ds, "0") == 0);
       allocate();
-      if (!opt.expert_slots.empty()) hybrid = make_hybrid_moe(model, dm, opt);  // issue 8
       argmax_n = c.n_vocab;
       const char* la = std::getenv("STRATA_GPU_LOOKAHEAD");
       lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid &&
@@ -380,7 +390,7 @@ struct GpuSession::Impl {
     if (hybrid) {  // issue 8: hot/cold experts read xn
       rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
       prof.mark("rmsnorm", stream);
-      hybrid->enqueue_decode(il, xn, x, stream);
+      hybrid->enqueue_decode(il, xn, x, route_counts + static_cast<size_t>(il) * c.n_expert, stream);
       prof.mark("hybrid moe", stream);
       return;
     }
@@ -555,7 +565,61 @@ struct GpuSession::Impl {
     return h_io[0];
   }
 
+  // The hybrid MoE's buffers belong to the model: a hybrid step holds the model while it runs.
+  std::unique_lock<std::mutex> hold_hybrid() {
+    return hybrid ? std::unique_lock<std::mutex>(gm->exclusive()) : std::unique_lock<std::mutex>();
+  }
+
+  // Runs n validated tokens (the batched prefill, or the decode step token by token) and advances n_past.
+  void run(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
+    if (n > 1 && opt.batched_prefill) {
+      std::lock_guard<std::mutex> lock(gm->exclusive());
+      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts);
+      return;
+    }
+    const auto lock = hold_hybrid();
+    const size_t vocab = static_cast<size_t>(c.n_vocab);
+    for (int t = 0; t < n; ++t) {
+      step(tokens[t]);
+      const bool copy = logits_out && (all_positions || t == n - 1);
+      if (copy)
+        check_cuda(cudaMemcpyAsync(h_logits, logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                   "copy logits");
+      sync();
+      if (copy)
+        std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), h_logits, vocab * sizeof(float));
+    }
+  }
+
+  // Pending tokens (Sequence::forward_pending): they run by recomputation from a snapshot of the
+  // DeltaNet state, path by path for a tree; keep() recomputes the kept path unless the state holds it.
+  bool has_pending = false;
+  int pending_base = 0;     // n_past before the pending tokens
+  TokenTree pending;
+  std::vector<int> held;    // the pending root path the state holds now
+  std::vector<int32_t> pending_tokens;
+
+  void restore_snapshot() {
+    st.restore_snapshot(stream);
+    n_past = pending_base;
+  }
+
+  // Runs pending path `path` from the snapshot: n_past = pending_base + its length.
+  void run_path(const std::vector<int>& path, float* logits_out) {
+    restore_snapshot();
+    if (path.empty()) return;
+    std::vector<int32_t> ids;
+    for (int i : path) ids.push_back(pending_tokens[static_cast<size_t>(i)]);
+    run(ids.data(), static_cast<int>(ids.size()), logits_out, logits_out != nullptr);
+    held = path;
+  }
+
+  void check_not_pending() const {
+    if (has_pending) fail("tokens are pending: keep() them (or none) before the next forward");
+  }
+
   void validate(const int32_t* tokens, int n) const {
+    check_not_pending();
     if (n <= 0) fail("forward needs at least one token");
     if (n_past + n > max_ctx) fail("prompt of ", n_past + n, " tokens exceeds the context of ", max_ctx);
     for (int t = 0; t < n; ++t)
@@ -565,42 +629,79 @@ struct GpuSession::Impl {
 };
 
 GpuSession::GpuSession(const Model& model, int max_ctx, GpuSessionOptions options)
-    : impl_(std::make_unique<Impl>(model, max_ctx, options)) {}
+    : GpuSession(make_gpu_model(model, options), max_ctx, options) {}
+
+GpuSession::GpuSession(std::shared_ptr<GpuModel> model, int max_ctx, GpuSessionOptions options)
+    : impl_(std::make_unique<Impl>(std::move(model), max_ctx, std::move(options))) {}
 
 GpuSession::~GpuSession() = default;
 
 void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   Impl& m = *impl_;
-  m.drop();
   m.validate(tokens, n);
-  if (n > 1 && m.opt.batched_prefill) {
-    if (!m.prefill) {
-      PrefillOptions po;
-      po.math = m.opt.prefill_math;
-      po.max_chunk = m.opt.prefill_chunk;
-      m.prefill = std::make_unique<GpuPrefill>(m.dm, po);
-    }
-    m.prefill->run(m.st, tokens, n, logits_out, all_positions, m.stream, m.hybrid.get(), m.route_counts);
-    if (route_sink_) collect_routing_counts();  // issue 8: --profile
-    return;
-  }
-  const size_t vocab = static_cast<size_t>(m.c.n_vocab);
-  for (int t = 0; t < n; ++t) {
-    m.step(tokens[t]);
-    const bool copy = all_positions || t == n - 1;
-    if (copy)
-      check_cuda(cudaMemcpyAsync(m.h_logits, m.logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
-                 "copy logits");
-    m.sync();
-    if (copy)
-      std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), m.h_logits, vocab * sizeof(float));
-  }
-  if (route_sink_) collect_routing_counts();  // issue 8: --profile
+  m.drop();
+  m.run(tokens, n, logits_out, all_positions);
 }
+
+void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
+  Impl& m = *impl_;
+  m.validate(tokens, n);
+  const TokenTree tree = TokenTree::from_parents(parents, n);
+  m.drop();
+  m.st.save_snapshot(m.stream);
+  m.pending_base = m.n_past;
+  m.pending_tokens.assign(tokens, tokens + n);
+  m.has_pending = true;  // from here on a failure leaves the snapshot to return to
+  try {
+    if (tree.is_chain()) {
+      m.held.clear();
+      for (int i = 0; i < n; ++i) m.held.push_back(i);
+      m.run(tokens, n, logits_out, true);
+    } else {
+      // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot.
+      std::vector<char> has_child(static_cast<size_t>(n), 0), done(static_cast<size_t>(n), 0);
+      for (int i = 0; i < n; ++i)
+        if (tree.parent(i) >= 0) has_child[static_cast<size_t>(tree.parent(i))] = 1;
+      const size_t vocab = static_cast<size_t>(m.c.n_vocab);
+      std::vector<float> rows;
+      for (int leaf = 0; leaf < n; ++leaf) {
+        if (has_child[static_cast<size_t>(leaf)]) continue;
+        const std::vector<int> path = tree.path_to(leaf);
+        rows.resize(path.size() * vocab);
+        m.run_path(path, rows.data());
+        for (size_t j = 0; j < path.size(); ++j) {
+          const size_t t = static_cast<size_t>(path[j]);
+          if (done[t]) continue;
+          std::memcpy(logits_out + t * vocab, rows.data() + j * vocab, vocab * sizeof(float));
+          done[t] = 1;
+        }
+      }
+    }
+  } catch (...) {
+    m.restore_snapshot();
+    m.sync();
+    m.has_pending = false;
+    throw;
+  }
+  m.pending = tree;
+}
+
+void GpuSession::keep(const int* path, int n) {
+  Impl& m = *impl_;
+  if (!m.has_pending) fail("keep: no tokens are pending (run forward_pending first)");
+  m.pending.check_path(path, n);
+  const std::vector<int> want(path, path + n);
+  if (want != m.held) m.run_path(want, nullptr);
+  m.sync();
+  m.has_pending = false;
+}
+
+bool GpuSession::has_pending() const { return impl_->has_pending; }
 
 int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
   m.validate(&token, 1);
+  const auto lock = m.hold_hybrid();
   m.set_argmax_range(m.c.n_vocab);
   const int32_t id = m.greedy_step(token);
   if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");  // argmax_logit's rule
@@ -615,17 +716,19 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
+  m.check_not_pending();
   if (device_greedy) {  // the step's own arg-max, over ids < n_allowed
     m.validate(&token, 1);
+    const auto lock = m.hold_hybrid();
     m.set_argmax_range(n_allowed);
     const int32_t id = m.greedy_step(token);
-    if (route_sink_) collect_routing_counts();  // issue 8: --profile
     if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
     return id;
   }
   m.drop();
   if (!device_sample) return Sequence::decode_and_pick(token, sampler, history, n_allowed, scratch);
   m.validate(&token, 1);
+  const auto lock = m.hold_hybrid();
   m.step(token);
   // The sampler's reference is the largest finite logit among ids < n_allowed.
   argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, true);
@@ -636,7 +739,6 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
   gp.min_p = static_cast<double>(p.min_p);
   sample_token(m.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
   const int32_t id = m.read_token(m.d_pick);
-  if (route_sink_) collect_routing_counts();  // issue 8: --profile
   if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
   return id;
 }
@@ -644,6 +746,7 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
 void GpuSession::reset() {
   Impl& m = *impl_;
   m.drop();
+  m.has_pending = false;
   m.st.reset(m.stream);
   m.sync();
 }
@@ -668,10 +771,11 @@ void GpuSession::reset_routing_counts() {
   m.sync();
 }
 
-int GpuSession::n_past() const { return impl_->n_past; }
+int GpuSession::n_past() const { return impl_->has_pending ? impl_->pending_base : impl_->n_past; }
 int GpuSession::max_ctx() const { return impl_->max_ctx; }
 const Model& GpuSession::model() const { return impl_->model; }
 size_t GpuSession::weight_bytes() const { return impl_->dm.bytes(); }
+const std::shared_ptr<GpuModel>& GpuSession::gpu_model() const { return impl_->gm; }
 size_t GpuSession::state_bytes() const { return impl_->state_bytes + impl_->st.bytes(); }
 bool GpuSession::hybrid() const { return impl_->hybrid != nullptr; }
 HybridTelemetry GpuSession::hybrid_telemetry() const {
@@ -684,6 +788,10 @@ void GpuSession::reset_hybrid_telemetry() {
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options) {
   return std::make_unique<GpuSession>(model, max_ctx, options);
+}
+
+std::unique_ptr<GpuSession> make_gpu_session(std::shared_ptr<GpuModel> model, int max_ctx, GpuSessionOptions options) {
+  return std::make_unique<GpuSession>(std::move(model), max_ctx, std::move(options));
 }
 
 std::vector<int32_t> generate_greedy(GpuSession& session, const std::vector<int32_t>& prompt, int n_new) {

@@ -48,11 +48,16 @@ struct GpuSessionOptions {
   int prefill_chunk = 512;
 };
 
+class GpuModel;
+
 class GpuSession : public Sequence {
  public:
-  // Uploads the model's weights (fails on an unsupported weight type, naming the tensor) and allocates
-  // the KV cache / DeltaNet state for max_ctx tokens and every workspace.
+  // Uploads the model's weights into a GpuModel of its own (fails on an unsupported weight type, naming
+  // the tensor) and allocates the KV cache / DeltaNet state for max_ctx tokens and every workspace.
   GpuSession(const Model& model, int max_ctx, GpuSessionOptions options = {});
+  // A sequence over a shared GpuModel (gpu_model.h): its own state, workspaces, stream and graphs. The
+  // model's options decide placement, hybrid MoE and prefill; options here decide graphs and lookahead.
+  GpuSession(std::shared_ptr<GpuModel> model, int max_ctx, GpuSessionOptions options = {});
   ~GpuSession() override;
   GpuSession(const GpuSession&) = delete;
   GpuSession& operator=(const GpuSession&) = delete;
@@ -61,6 +66,14 @@ class GpuSession : public Sequence {
   // floats when all_positions, else [n_vocab] for the last token. Fails (strata::Error) when the tokens
   // would exceed the context or an id is out of range; the state is unchanged then.
   void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) override;
+
+  // Sequence::forward_pending / keep, by recomputation: the DeltaNet state is saved on the device before
+  // the pending tokens; a chain runs as one forward; a tree runs each root-to-leaf path from the saved
+  // state (its tokens' logits from the first path that holds them); keep() runs the kept path again from
+  // the saved state unless it is the path the state holds, so the state is exactly a plain run of it.
+  void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
+  void keep(const int* path, int m) override;
+  bool has_pending() const override;
 
   // Runs one token and returns the arg-max of its logits, computed on the GPU (no logits copy).
   int32_t decode_argmax(int32_t token);
@@ -76,12 +89,13 @@ class GpuSession : public Sequence {
   int n_past() const override;
   int max_ctx() const override;
   const Model& model() const override;
-  size_t weight_bytes() const;    // bytes of weights in GPU memory
+  const std::shared_ptr<GpuModel>& gpu_model() const;
+  size_t weight_bytes() const;    // bytes of weights in GPU memory (the shared model's)
   size_t state_bytes() const;     // KV cache, DeltaNet state and workspaces
 
-  // Router selections counted by the all-GPU decode step: [n_layer x n_expert] (row-major), summed
+  // Router selections of this sequence's steps and prefills: [n_layer x n_expert] (row-major), summed
   // since construction or the last reset_routing_counts(). Counting is always on (one atomic add per
-  // pick). Hybrid sessions route in HybridMoe and batched prefill in its own kernels: not counted here.
+  // pick), in all-GPU and hybrid sessions alike.
   std::vector<uint64_t> routing_counts() const;
   void reset_routing_counts();
   // Hybrid hot/cold experts (issue 8): whether expert_slots was given, and the counters of the cold
@@ -90,23 +104,22 @@ class GpuSession : public Sequence {
   HybridTelemetry hybrid_telemetry() const;
   void reset_hybrid_telemetry();
 
-  // Sequence::set_routing_counts: after every forward, the selections counted since the last one
-  // (routing_counts() of the all-GPU step, reset after reading; the hybrid MoE's expert_picks, read as
-  // a difference so --telemetry keeps its totals) are added to *counts. Its n_tokens grows by the
-  // tokens whose routes were counted: the all-GPU batched prefill does not count routes yet, so there
-  // a prompt adds nothing and the profile holds the decode steps (hotness stays counts / n_tokens).
-  // Costs one small device-to-host copy per forward while set. Implemented in gpu_session_routing.cpp.
+  // Sequence::set_routing_counts / flush_routing_counts: the device counts this sequence's picks; a
+  // flush (or detaching) moves what was counted since the last one into *counts (one small copy), so
+  // the decode loop, its lookahead included, runs as without counting. n_tokens grows by the tokens
+  // whose routes were counted (the busiest layer's picks / k). Implemented in gpu_session_routing.cpp.
   void set_routing_counts(RoutingCounts* counts) override;
+  void flush_routing_counts() override;
 
  private:
-  void collect_routing_counts();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   RoutingCounts* route_sink_ = nullptr;
-  std::vector<uint64_t> hybrid_picks_seen_;  // expert_picks at the last collection (hybrid sessions)
 };
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options = {});
+std::unique_ptr<GpuSession> make_gpu_session(std::shared_ptr<GpuModel> model, int max_ctx,
+                                             GpuSessionOptions options = {});
 
 // Greedy continuation on the GPU (arg-max on the device, ties: lowest id): runs the prompt, then picks
 // n_new tokens, feeding each back. Same result contract as strata::generate_greedy.

@@ -1,5 +1,5 @@
-// GpuSession's routing statistics for profiles (issue 8): moves the device counters into the
-// caller's RoutingCounts after each forward (see set_routing_counts in gpu_session.h).
+// GpuSession's routing statistics for profiles (issue 8): moves the device counters into the caller's
+// RoutingCounts when asked (see set_routing_counts in gpu_session.h).
 #include <algorithm>
 
 #include "strata/base/error.h"
@@ -13,31 +13,16 @@ void GpuSession::set_routing_counts(RoutingCounts* counts) {
   if (counts && (counts->n_layer != c.n_layer || counts->n_expert != c.n_expert))
     fail("routing counts of ", counts->n_layer, " layers x ", counts->n_expert, " experts do not fit the model (",
          c.n_layer, " x ", c.n_expert, ")");
-  if (counts) {
-    // Whatever the device counted before belongs to no one: start from here.
-    if (hybrid())
-      hybrid_picks_seen_ = hybrid_telemetry().expert_picks;
-    else
-      reset_routing_counts();
-  }
+  if (route_sink_ && counts != route_sink_) flush_routing_counts();  // what was counted belongs to the old table
+  if (counts && counts != route_sink_) reset_routing_counts();  // whatever the device counted before belongs to no one
   route_sink_ = counts;
 }
 
-void GpuSession::collect_routing_counts() {
+void GpuSession::flush_routing_counts() {
+  if (!route_sink_) return;
   const ModelConfig& c = model().config();
-  std::vector<uint64_t> delta;
-  if (hybrid()) {
-    const std::vector<uint64_t> now = hybrid_telemetry().expert_picks;
-    // A counter below what was seen means someone reset the telemetry since: count from zero.
-    if (hybrid_picks_seen_.size() != now.size()) hybrid_picks_seen_.assign(now.size(), 0);
-    delta.resize(now.size());
-    for (size_t i = 0; i < now.size(); ++i)
-      delta[i] = now[i] >= hybrid_picks_seen_[i] ? now[i] - hybrid_picks_seen_[i] : now[i];
-    hybrid_picks_seen_ = now;
-  } else {
-    delta = routing_counts();
-    reset_routing_counts();
-  }
+  const std::vector<uint64_t> delta = routing_counts();
+  reset_routing_counts();
   const size_t ne = static_cast<size_t>(c.n_expert);
   if (delta.size() != static_cast<size_t>(c.n_layer) * ne)
     fail("GPU routing counters hold ", delta.size(), " entries, expected ", c.n_layer, " x ", c.n_expert);

@@ -38,12 +38,13 @@ struct HybridDevCounters {
 
 // After route_topk: classifies layer il's k picks through slot_of (device, [n_expert]: slot or -1);
 // counts calls[il] += 1, cold_picks[il] += cold picks and expert_picks[ids[p]] += 1 (the layer's row of
-// per-expert counts); when there are cold picks, takes the next
+// the model's per-expert counts; also seq_picks[ids[p]] += 1 when seq_picks, the sequence's row); when there are cold picks, takes the next
 // sequence number, copies xn (d floats) to xn_host and the picks to *job (device pointers of mapped
 // memory), fences, and with ring rings job->doorbell; wait_seq[il] = that seq, or 0 with no cold pick.
 void hybrid_ring(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
                  float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq, unsigned long long* calls,
-                 unsigned long long* cold_picks, unsigned long long* expert_picks, bool ring, cudaStream_t s);
+                 unsigned long long* cold_picks, unsigned long long* expert_picks, unsigned long long* seq_picks,
+                 bool ring, cudaStream_t s);
 
 // x[j] += sum over the k picks in ascending expert id of weights[p] * row_p[j] (+ sigmoid(*shared_gate)
 // * ys[j] when ys is not null), where row_p is ye_cold + p*d (mapped host memory, written by the CPU)

@@ -87,7 +87,7 @@ class HybridMoeImpl final : public HybridMoe {
     release();
   }
 
-  void enqueue_decode(int il, const float* xn, float* x, cudaStream_t s) override {
+  void enqueue_decode(int il, const float* xn, float* x, unsigned long long* seq_picks, cudaStream_t s) override {
     const DevMoe& w = dm_.layers[static_cast<size_t>(il)].moe;
     const int k = c_.n_expert_used, d = c_.n_embd, ne = c_.n_expert;
     const int* slot_of = d_slot_ + static_cast<size_t>(il) * static_cast<size_t>(ne);
@@ -105,7 +105,8 @@ class HybridMoeImpl final : public HybridMoe {
     gemv_batch(first, n_first, s);
     route_topk(router_, ne, k, c_.norm_topk, ids_, wts_, s);
     hybrid_ring(il, ids_, k, slot_of, xn, d, job_d_, xn_d_, ctr_, wait_seq_, calls_, cold_picks_,
-                expert_picks_ + static_cast<size_t>(il) * static_cast<size_t>(ne), mode_ == HybridMode::Doorbell, s);
+                expert_picks_ + static_cast<size_t>(il) * static_cast<size_t>(ne), seq_picks, mode_ == HybridMode::Doorbell,
+                s);
     cudaStream_t hs = s;
     if (mode_ == HybridMode::Sync && n_hot < ne) {
       // Fork: the hot experts run on side_ while the stream stops in the host function.
@@ -154,7 +155,7 @@ class HybridMoeImpl final : public HybridMoe {
   void run_batch(int il, const float* xn, float* x, int n, cudaStream_t s) override {
     // Token by token through the decode path (the reference for the grouped form below).
     const size_t d = static_cast<size_t>(c_.n_embd);
-    for (int t = 0; t < n; ++t) enqueue_decode(il, xn + static_cast<size_t>(t) * d, x + static_cast<size_t>(t) * d, s);
+    for (int t = 0; t < n; ++t) enqueue_decode(il, xn + static_cast<size_t>(t) * d, x + static_cast<size_t>(t) * d, nullptr, s);
   }
 
   // ---- grouped batched prefill (hybrid_moe.h) ----------------------------------------------------------

@@ -18,9 +18,10 @@ class HybridMoe {
  public:
   virtual ~HybridMoe() = default;
   // Decode: enqueues layer il's MoE FFN for one token: xn (device, n_embd floats, the FFN-normed
-  // hidden state) in, x (device, the residual stream) += the FFN output. Must be graph-capturable
+  // hidden state) in, x (device, the residual stream) += the FFN output; seq_picks (device, the
+  // sequence's [n_expert] counts of layer il, optional) += the token's picks. Must be graph-capturable
   // (the decode step is one CUDA graph per token).
-  virtual void enqueue_decode(int il, const float* xn, float* x, cudaStream_t s) = 0;
+  virtual void enqueue_decode(int il, const float* xn, float* x, unsigned long long* seq_picks, cudaStream_t s) = 0;
   // Prefill: the same for n tokens (xn and x are [n x n_embd], row-major), token by token through the
   // decode path. May synchronise. (The batched prefill uses the grouped form below instead.)
   virtual void run_batch(int il, const float* xn, float* x, int n, cudaStream_t s) = 0;

@@ -217,6 +217,7 @@ std::string Scheduler::sequence_metrics() const {
 void Scheduler::record_routes(Slot& slot) {
   if (!config_.record_routes) return;
   try {
+    slot.session->flush_routing_counts();
     config_.record_routes(slot.routes);
   } catch (const std::exception& e) {
     // The answer is fine; the profile is not: say so on the console without failing the request.

@@ -1,0 +1,32 @@
+#include "strata/cuda/gpu_model.h"
+
+#include "strata/cuda/device_model.h"
+#include "strata/cuda/hybrid_moe.h"
+#include "strata/cuda/prefill.h"
+
+namespace strata::cuda {
+
+GpuModel::GpuModel(const Model& model, const GpuSessionOptions& opt)
+    : model_(model), opt_(opt), dm_(std::make_unique<DeviceModel>(model, opt.expert_slots)) {
+  if (!opt.expert_slots.empty()) hybrid_ = make_hybrid_moe(model, *dm_, opt);
+}
+
+GpuModel::~GpuModel() = default;
+
+GpuPrefill& GpuModel::prefill() {
+  if (!prefill_) {
+    PrefillOptions po;
+    po.math = opt_.prefill_math;
+    po.max_chunk = opt_.prefill_chunk;
+    prefill_ = std::make_unique<GpuPrefill>(*dm_, po);
+  }
+  return *prefill_;
+}
+
+size_t GpuModel::weight_bytes() const { return dm_->bytes(); }
+
+std::shared_ptr<GpuModel> make_gpu_model(const Model& model, const GpuSessionOptions& opt) {
+  return std::make_shared<GpuModel>(model, opt);
+}
+
+}  // namespace strata::cuda
