@@ -11,6 +11,7 @@
 #include "strata/cuda/gpu_memory.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_types.h"
+#include "strata/cuda/matvec_kernels.h"
 #endif
 
 namespace strata::cli {
@@ -25,8 +26,12 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "routing profile FILE: guides which experts stay on the GPU, and is updated with what this run routes "
                  "(created when missing; refused when it belongs to another model)");
   sub.add_flag("--telemetry", o.telemetry, "with --gpu: the hybrid per-token breakdown (run, chat: on stderr at the end; serve: on /metrics)");
-  sub.add_option("--hybrid-mode", o.hybrid_mode, "with --gpu: how cold experts reach the CPU, sync or doorbell (default)");
   sub.add_option("--cpu-threads", o.cpu_threads, "with --gpu: CPU threads for cold experts (default: from the core count)");
+  sub.add_option("--numerics", o.numerics,
+                 "with --gpu: fast (default: int8 activations for k-quant decode matvecs, fp16 tensor-core prefill) "
+                 "or exact (float32 matvecs and prefill)");
+  sub.add_flag("--no-lookahead", o.no_lookahead,
+               "with --gpu: greedy decode waits for each token before launching the next step (same output, slower)");
 }
 
 void check_backend_options(const BackendOptions& o) {
@@ -34,14 +39,15 @@ void check_backend_options(const BackendOptions& o) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
     if (o.telemetry) fail("--telemetry needs --gpu");
-    if (!o.hybrid_mode.empty()) fail("--hybrid-mode needs --gpu");
     if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
+    if (!o.numerics.empty()) fail("--numerics needs --gpu");
+    if (o.no_lookahead) fail("--no-lookahead needs --gpu");
     return;
   }
   if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, "--gpu-mem");
   if (!o.expert_budget.empty()) parse_expert_budget(o.expert_budget);
-  if (!o.hybrid_mode.empty() && o.hybrid_mode != "sync" && o.hybrid_mode != "doorbell")
-    fail("--hybrid-mode '", o.hybrid_mode, "': expected sync or doorbell");
+  if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
+    fail("--numerics '", o.numerics, "': expected fast or exact");
   if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
 }
 
@@ -58,8 +64,13 @@ cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, const 
                                          const ProfileStore* profile) {
   const cuda::GpuMemoryInfo mem = cuda::gpu_memory_info();
   cuda::GpuSessionOptions so;
-  if (!o.hybrid_mode.empty()) so.hybrid_mode = cuda::parse_hybrid_mode(o.hybrid_mode);
   so.cpu_threads = o.cpu_threads;
+  so.lookahead = !o.no_lookahead;
+  const bool exact = o.numerics == "exact";
+  so.prefill_math = exact ? cuda::PrefillMath::Exact : cuda::PrefillMath::Fast;
+  // The decode matvec arithmetic is process-wide (matvec_kernels.h); every sequence of a process is
+  // made from the same flags.
+  cuda::set_gemv_math(exact ? cuda::GemvMath::Float : cuda::GemvMath::Int8);
   GpuPlanRequest req;
   req.gpu_total = mem.total_bytes;
   req.gpu_free = mem.free_bytes;
@@ -127,10 +138,10 @@ std::string telemetry_text(const Sequence& sequence) {
   const double n = t.tokens > 0 ? static_cast<double>(t.tokens) : 1.0;
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "telemetry: hybrid (%s, %d CPU threads), %llu tokens through the MoE: %.2f cold picks/token of %.2f, "
+                "telemetry: hybrid (%d CPU threads), %llu tokens through the MoE: %.2f cold picks/token of %.2f, "
                 "cold-hit %.3f; CPU cold work %.3f ms/token (overlaps the GPU), GPU wait for the CPU %.3f ms/token, "
                 "%.2f layers/token reached the CPU\n",
-                t.mode.c_str(), t.cpu_threads, static_cast<unsigned long long>(t.tokens),
+                t.cpu_threads, static_cast<unsigned long long>(t.tokens),
                 static_cast<double>(t.cold_picks) / n, static_cast<double>(t.picks) / n, t.cold_hit_rate(),
                 t.cpu_cold_ms / n, t.gpu_wait_ms / n, static_cast<double>(t.cpu_jobs) / n);
   std::string s = buf;

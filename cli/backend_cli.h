@@ -2,7 +2,8 @@
 // --gpu (CUDA builds), and the issue-8 options around it: a VRAM budget (--gpu-mem, --expert-budget)
 // that decides which routed experts live on the GPU and which are computed on the CPU (hybrid), a
 // routing profile (--profile) that both guides that placement and records what the model routes,
-// and --telemetry for the hybrid per-token breakdown. One flag set and one factory, so every command
+// --telemetry for the hybrid per-token breakdown, and the GPU's tuning choices (--numerics,
+// --no-lookahead; every other tuning value is a fixed constant). One flag set and one factory, so every command
 // offers the same choice, and a build or machine without a GPU refuses --gpu with one clear line
 // instead of silently using the CPU.
 #pragma once
@@ -26,15 +27,19 @@ struct BackendOptions {
   std::string expert_budget;  // --expert-budget SIZE|PCT ("": what is left after the core)
   std::string profile;        // --profile FILE
   bool telemetry = false;     // --telemetry
-  std::string hybrid_mode;    // --hybrid-mode sync|doorbell ("": doorbell)
   int cpu_threads = 0;        // --cpu-threads N for cold experts (0: a default from the core count)
+  // --numerics fast|exact ("": fast). fast: K-quant decode matvecs dot int8-quantised activations (as the
+  // CPU engine's SIMD kernels do) and the prefill multiplies fp16 copies on tensor cores; exact: float32
+  // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
+  std::string numerics;
+  bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
 };
 
-// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --hybrid-mode, --cpu-threads.
+// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
 // Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
-// (sizes, percentages, the hybrid mode, a negative thread count), before any model is loaded.
+// (sizes, percentages, the numerics mode, a negative thread count), before any model is loaded.
 // make_sequence calls it too.
 void check_backend_options(const BackendOptions& o);
 

@@ -1,7 +1,7 @@
 // `strata bench -m FILE [-p 512] [-n 128] [-r 5] [--threads N] [--json]`: prefill and decode tok/s
 // and time to first token (median and spread over repetitions), like llama-bench, with the host
 // DRAM bandwidth floor printed beside each figure.
-// With `--gpu --expert-budget SIZE|PCT [--profile FILE] [--hybrid-mode sync|doorbell] [--cpu-threads N]`
+// With `--gpu --expert-budget SIZE|PCT [--profile FILE] [--cpu-threads N]`
 // the GPU holds only the experts the placement picks for that budget (issue 8); the cold ones run on
 // the CPU, and the report adds the cold-hit rate, CPU/wait time per token and the hybrid floor.
 #include <omp.h>
@@ -36,7 +36,6 @@ struct BenchArgs {
   bool gpu = false;
   std::string expert_budget;  // hybrid hot/cold experts (with --gpu)
   std::string profile;
-  std::string hybrid_mode = "doorbell";
   int cpu_threads = 0;
 };
 
@@ -72,7 +71,6 @@ void setup_bench(CLI::App& sub) {
                  "with --gpu: VRAM for routed experts, a size (24G) or a percent of all expert bytes (50%); "
                  "the other experts run on the CPU");
   sub.add_option("--profile", a->profile, "routing profile (strata calibrate) the expert placement is made from");
-  sub.add_option("--hybrid-mode", a->hybrid_mode, "how cold experts reach the CPU: doorbell (default) or sync");
   sub.add_option("--cpu-threads", a->cpu_threads, "CPU threads for cold experts (default: all but two)");
   sub.callback([a] {
     strata::set_cpu_threads(a->threads);
@@ -109,8 +107,7 @@ void setup_bench(CLI::App& sub) {
       if (hybrid) {
         if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad) for the cold experts...\n");
         host_bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
-        plan = strata::cuda::plan_hybrid_bench(*model, max_ctx, a->expert_budget, a->profile,
-                                               strata::cuda::parse_hybrid_mode(a->hybrid_mode), a->cpu_threads);
+        plan = strata::cuda::plan_hybrid_bench(*model, max_ctx, a->expert_budget, a->profile, a->cpu_threads);
       }
       backend = strata::cuda::make_gpu_bench_backend(*model, max_ctx, plan.options);
 #else
@@ -146,7 +143,6 @@ void setup_bench(CLI::App& sub) {
                      {"all_experts", plan.all_experts},
                      {"placement_from", plan.hotness_source},
                      {"expected_cold_hit_rate", plan.expected_cold_hit},
-                     {"mode", t.mode},
                      {"cpu_threads", t.cpu_threads},
                      {"tokens", t.tokens},
                      {"picks", t.picks},

@@ -134,7 +134,8 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--expert-budget 50%", "--expert-budget needs --gpu"},
       {"--gpu-mem 8G", "--gpu-mem needs --gpu"},
       {"--telemetry", "--telemetry needs --gpu"},
-      {"--hybrid-mode sync", "--hybrid-mode needs --gpu"},
+      {"--numerics exact", "--numerics needs --gpu"},
+      {"--no-lookahead", "--no-lookahead needs --gpu"},
       {"--cpu-threads 4", "--cpu-threads needs --gpu"},
   };
   for (const auto& [flags, message] : cases) {
@@ -142,6 +143,13 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
   }
+}
+
+// A malformed --numerics is refused before any GPU or model work (and on machines without a GPU).
+TEST(BackendCli, UnknownNumericsModeFails) {
+  const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids --gpu --numerics fp8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--numerics 'fp8': expected fast or exact"), std::string::npos) << r.err;
 }
 
 TEST(BackendCli, LogitsRefusesProfile) {

@@ -163,16 +163,6 @@ TEST_F(CliRun, ActionableErrors) {
   // --gpu on a machine (or build) without a usable GPU: one line saying why, never a silent CPU run.
   // CUDA_VISIBLE_DEVICES= hides any GPU, so this holds on the GPU machine too.
   expect_clear_error(run_cli("run -m " + *model_path_ + " hello --gpu", "CUDA_VISIBLE_DEVICES="), {"--gpu:"});
-
-  // No -m and no bundled model to be found: says where it looked and how to pass one.
-  expect_clear_error(run_cli("run hello", "STRATA_MODEL=" + dir + "/nowhere.gguf"), {"STRATA_MODEL", "nowhere.gguf"});
-}
-
-TEST_F(CliRun, StrataModelEnvironmentVariablePicksTheDefault) {
-  const RunResult a = run_cli("run 'def f(x):' -n 4 --temp 0 --no-stats", "STRATA_MODEL=" + *model_path_);
-  const RunResult b = run_cli("run -m " + *model_path_ + " 'def f(x):' -n 4 --temp 0 --no-stats");
-  ASSERT_EQ(a.exit_code, 0) << a.err;
-  EXPECT_EQ(a.out, b.out);
 }
 
 TEST_F(CliRun, ChatAnswersEachLineAndExits) {
@@ -265,7 +255,7 @@ std::string bundled_model() { return std::string(STRATA_SOURCE_DIR) + "/models/s
 
 TEST(CliRunBundled, DefaultModelCompletesCode) {
   if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
-  const RunResult r = run_cli("run 'def fibonacci(n):' -n 32 --temp 0", "env -u STRATA_MODEL");
+  const RunResult r = run_cli("run 'def fibonacci(n):' -n 32 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_GT(r.out.size(), 5u) << r.out;
   const auto stats = all_stats(r.err);
@@ -275,7 +265,7 @@ TEST(CliRunBundled, DefaultModelCompletesCode) {
 
 TEST(CliRunBundled, ChatRepliesAndReusesTheCache) {
   if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
-  const RunResult r = run_cli("chat --temp 0 -n 24 < /dev/stdin", "printf 'hello\\nwhat is 2+2?\\n/exit\\n' | env -u STRATA_MODEL");
+  const RunResult r = run_cli("chat --temp 0 -n 24 < /dev/stdin", "printf 'hello\\nwhat is 2+2?\\n/exit\\n' |");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto stats = all_stats(r.err);
   ASSERT_EQ(stats.size(), 2u) << r.err;

@@ -1,7 +1,7 @@
 // Hybrid hot/cold experts on the GPU (issue 8): with some experts cold (computed on the CPU from the
 // mapped GGUF), the GPU session must give the same greedy tokens as the all-GPU session and logits
-// within the GPU-vs-CPU tolerance of tests/test_cuda_model.cpp, in both hand-over modes (host-function
-// "sync" and "doorbell"), with and without the CUDA graph, for about half the experts cold, all hot
+// within the GPU-vs-CPU tolerance of tests/test_cuda_model.cpp, with and without the CUDA graph, for
+// about half the experts cold, all hot
 // and all cold; the telemetry must count what happened (all hot: the CPU is never involved).
 // The CPU runs at its scalar kernel level for the exactness checks (its float path computes what the
 // GPU computes; the int8 levels differ by ~1e-3 by design); one test also runs the fast level.
@@ -79,7 +79,7 @@ struct Reference {
 
 // Options both sessions share. The prompt runs token by token through the decode step by default (the
 // batched prefill's fast math rounds to fp16 by design); one test covers the batched prefill (exact
-// math), where the hybrid MoE runs through run_batch.
+// math), where the hybrid MoE runs through its grouped cold-expert form.
 sc::GpuSessionOptions base_options(bool batched_prefill = false) {
   sc::GpuSessionOptions o;
   o.batched_prefill = batched_prefill;
@@ -105,14 +105,13 @@ Reference reference(const strata::Model& model, const std::vector<int32_t>& prom
 
 // One hybrid configuration against the references; returns the telemetry of the greedy run.
 sc::HybridTelemetry check_hybrid(const strata::Model& model, const Reference& ref, const std::vector<int32_t>& prompt,
-                                 int n_new, const SlotMap& slots, sc::HybridMode mode, bool graph,
+                                 int n_new, const SlotMap& slots, bool graph,
                                  const std::string& label, double tol = 1e-3,
                                  const sc::GpuSessionOptions& base = base_options()) {
   const int64_t vocab = model.config().n_vocab;
   const int ctx = static_cast<int>(prompt.size()) + n_new + 1;
   sc::GpuSessionOptions o = base;
   o.expert_slots = slots;
-  o.hybrid_mode = mode;
   o.use_graph = graph;
   o.cpu_threads = 3;
   sc::GpuSession h(model, ctx, o);
@@ -168,25 +167,22 @@ void run_all_maps(const std::string& gguf, const std::string& label, int n_promp
   g_experts = c.n_expert;
   const SlotMap half = make_slots(*model, every_other), hot = make_slots(*model, all_hot),
                 cold = make_slots(*model, all_cold), lop = make_slots(*model, lopsided);
-  for (sc::HybridMode mode : {sc::HybridMode::Sync, sc::HybridMode::Doorbell}) {
-    const std::string m = std::string(" ") + sc::hybrid_mode_name(mode);
-    for (bool graph : {true, false}) {
-      const std::string g = graph ? " graph" : " direct";
-      const auto th = check_hybrid(*model, ref, prompt, n_new, half, mode, graph, label + m + g + " half cold");
-      EXPECT_GT(th.cold_picks, 0u);
-      EXPECT_LT(th.cold_picks, th.picks);
-    }
-    const auto tc = check_hybrid(*model, ref, prompt, n_new, cold, mode, true, label + m + " all cold");
-    EXPECT_EQ(tc.cold_picks, tc.picks);
-    const auto tl = check_hybrid(*model, ref, prompt, n_new, lop, mode, true, label + m + " lopsided");
-    EXPECT_EQ(tl.cold_picks_per_layer.front(), 0u);
-    EXPECT_EQ(tl.cold_picks_per_layer.back(), tl.tokens * static_cast<uint64_t>(c.n_expert_used));
-    // All hot: the fast path never reaches the CPU and never waits.
-    const auto tt = check_hybrid(*model, ref, prompt, n_new, hot, mode, true, label + m + " all hot");
-    EXPECT_EQ(tt.cold_picks, 0u);
-    EXPECT_EQ(tt.cpu_jobs, 0u);
-    EXPECT_EQ(tt.gpu_wait_ms, 0.0);
+  for (bool graph : {true, false}) {
+    const std::string g = graph ? " graph" : " direct";
+    const auto th = check_hybrid(*model, ref, prompt, n_new, half, graph, label + g + " half cold");
+    EXPECT_GT(th.cold_picks, 0u);
+    EXPECT_LT(th.cold_picks, th.picks);
   }
+  const auto tc = check_hybrid(*model, ref, prompt, n_new, cold, true, label + " all cold");
+  EXPECT_EQ(tc.cold_picks, tc.picks);
+  const auto tl = check_hybrid(*model, ref, prompt, n_new, lop, true, label + " lopsided");
+  EXPECT_EQ(tl.cold_picks_per_layer.front(), 0u);
+  EXPECT_EQ(tl.cold_picks_per_layer.back(), tl.tokens * static_cast<uint64_t>(c.n_expert_used));
+  // All hot: the fast path never reaches the CPU and never waits.
+  const auto tt = check_hybrid(*model, ref, prompt, n_new, hot, true, label + " all hot");
+  EXPECT_EQ(tt.cold_picks, 0u);
+  EXPECT_EQ(tt.cpu_jobs, 0u);
+  EXPECT_EQ(tt.gpu_wait_ms, 0.0);
 }
 
 TEST(CudaHybrid, Qwen3MoeFixtureEqualsAllGpu) {
@@ -206,7 +202,8 @@ TEST(CudaHybrid, TinyModelEqualsAllGpu) {
   run_all_maps(kTiny, "strata-tiny", 16, 24);
 }
 
-// The batched prefill hands each layer's MoE for a whole chunk to HybridMoe::run_batch.
+// The batched prefill with a slot map (hot experts in its grouped GEMMs, cold ones on the CPU pool)
+// against the all-GPU session and the CPU.
 TEST(CudaHybrid, BatchedPrefillEqualsAllGpu) {
   REQUIRE_GPU();
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
@@ -215,9 +212,7 @@ TEST(CudaHybrid, BatchedPrefillEqualsAllGpu) {
   const sc::GpuSessionOptions base = base_options(true);
   const Reference ref = reference(*model, prompt, 16, base);
   const SlotMap half = make_slots(*model, every_other);
-  for (sc::HybridMode mode : {sc::HybridMode::Sync, sc::HybridMode::Doorbell})
-    check_hybrid(*model, ref, prompt, 16, half, mode, true,
-                 std::string("strata-tiny batched prefill ") + sc::hybrid_mode_name(mode), 1e-3, base);
+  check_hybrid(*model, ref, prompt, 16, half, true, "strata-tiny batched prefill", 1e-3, base);
 }
 
 // ---- grouped batched prefill (HybridMoe::cold_batch_*, GpuPrefill with a slot map) ----------------------
@@ -396,7 +391,7 @@ TEST(CudaHybrid, TinyModelFastCpuKernels) {
   const std::vector<int32_t> prompt = some_prompt(model->config().n_vocab, 16);
   const Reference ref = reference(*model, prompt, 24);
   const SlotMap half = make_slots(*model, every_other);
-  check_hybrid(*model, ref, prompt, 24, half, sc::HybridMode::Doorbell, true, "strata-tiny int8 cold doorbell", 2e-2);
+  check_hybrid(*model, ref, prompt, 24, half, true, "strata-tiny int8 cold", 2e-2);
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
 }
 
@@ -448,7 +443,7 @@ TEST(CudaHybrid, BenchFloorIsTheSlowerOfGpuAndHostReads) {
   EXPECT_NEAR(slow.floor_tps, 1.0 / (8e6 / 10e9), 1e-6);
 }
 
-// A rough decode rate of the tiny model, all-GPU vs hybrid half cold in both modes, for the
+// A rough decode rate of the tiny model, all-GPU vs hybrid half cold, for the
 // gpu-check table (not a benchmark: see `strata bench --gpu --expert-budget`).
 TEST(CudaHybrid, TinyDecodeRate) {
   REQUIRE_GPU();
@@ -459,13 +454,10 @@ TEST(CudaHybrid, TinyDecodeRate) {
   struct Run {
     const char* name;
     bool hybrid;
-    sc::HybridMode mode;
   };
-  for (const Run& r : {Run{"all-GPU", false, sc::HybridMode::Doorbell}, Run{"half cold, sync", true, sc::HybridMode::Sync},
-                       Run{"half cold, doorbell", true, sc::HybridMode::Doorbell}}) {
+  for (const Run& r : {Run{"all-GPU", false}, Run{"half cold", true}}) {
     sc::GpuSessionOptions o = base_options();
     if (r.hybrid) o.expert_slots = half;
-    o.hybrid_mode = r.mode;
     sc::GpuSession s(*model, 300, o);
     int32_t t = 1;
     for (int i = 0; i < 8; ++i) t = s.decode_argmax(t);

@@ -1,5 +1,5 @@
 // The small pieces around generation: the progress indicator's plain (non-terminal) output and
-// finding the bundled model (STRATA_MODEL first, then the candidates in order, else a clear error).
+// finding the bundled model (the candidates in order, else a clear error).
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -62,13 +62,12 @@ TEST(ProgressBar, FormatsBytes) {
   EXPECT_EQ(format_bytes(3ull << 30), "3.0 GB");
 }
 
-TEST(DefaultModel, EnvironmentThenCandidatesInOrder) {
+TEST(DefaultModel, CandidatesInOrder) {
   const fs::path dir = fs::path(::testing::TempDir()) / cat("strata_default_model_", ::getpid());
   fs::create_directories(dir);
   const std::string a = (dir / "a.gguf").string(), b = (dir / "b.gguf").string();
   const std::string missing = (dir / "missing.gguf").string();
   std::ofstream(b) << "x";
-  ::unsetenv("STRATA_MODEL");
   EXPECT_EQ(find_default_model({missing, b}), b);
   std::ofstream(a) << "x";
   EXPECT_EQ(find_default_model({a, b}), a);
@@ -81,11 +80,6 @@ TEST(DefaultModel, EnvironmentThenCandidatesInOrder) {
     EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
     EXPECT_NE(msg.find("-m"), std::string::npos) << msg;
   }
-  ::setenv("STRATA_MODEL", b.c_str(), 1);
-  EXPECT_EQ(find_default_model({a}), b);  // the variable wins
-  ::setenv("STRATA_MODEL", missing.c_str(), 1);
-  EXPECT_THROW(find_default_model({a}), Error);  // set but wrong: an error, never skipped
-  ::unsetenv("STRATA_MODEL");
   fs::remove_all(dir);
 }
 

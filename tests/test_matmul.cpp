@@ -407,41 +407,20 @@ TEST(MatmulErrors, BadShapesFailLoudly) {
 
 namespace {
 
-// STRATA_CPU_KERNELS is read on first use, so each case runs in a fresh child process.
-TEST(MatmulEnvDeathTest, KernelLevelFromEnvironment) {
+// Without a set_cpu_kernel_level call the level is the best this CPU supports (decided on first use,
+// so the check runs in a fresh child process); the setter then switches it.
+TEST(MatmulLevelDeathTest, DefaultIsTheBestSupportedLevel) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const CpuKernelLevel best = strata::cpu_supports(CpuKernelLevel::Avx512) ? CpuKernelLevel::Avx512
+                              : strata::cpu_supports(CpuKernelLevel::Avx2) ? CpuKernelLevel::Avx2
+                                                                            : CpuKernelLevel::Scalar;
   EXPECT_EXIT(
       {
-        setenv("STRATA_CPU_KERNELS", "bogus", 1);
-        try {
-          strata::cpu_kernel_level();
-        } catch (const strata::Error& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::exit(3);
-        }
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(3), "unknown level");
-  EXPECT_EXIT(
-      {
-        setenv("STRATA_CPU_KERNELS", "scalar", 1);
-        std::exit(strata::cpu_kernel_level() == CpuKernelLevel::Scalar ? 4 : 5);
+        if (strata::cpu_kernel_level() != best) std::exit(5);
+        strata::set_cpu_kernel_level(CpuKernelLevel::Scalar);
+        std::exit(strata::cpu_kernel_level() == CpuKernelLevel::Scalar ? 4 : 6);
       },
       ::testing::ExitedWithCode(4), "");
-  if (!strata::cpu_supports(CpuKernelLevel::Avx512)) {
-    EXPECT_EXIT(
-        {
-          setenv("STRATA_CPU_KERNELS", "avx512", 1);
-          try {
-            strata::cpu_kernel_level();
-          } catch (const strata::Error& e) {
-            std::fprintf(stderr, "%s\n", e.what());
-            std::exit(3);
-          }
-          std::exit(0);
-        },
-        ::testing::ExitedWithCode(3), "does not support");
-  }
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -36,17 +35,13 @@ bool is_regular_file(const std::string& path) {
 }  // namespace
 
 std::string find_default_model(const std::vector<std::string>& candidates) {
-  if (const char* env = std::getenv("STRATA_MODEL"); env != nullptr && *env != '\0') {
-    if (!is_regular_file(env)) fail("STRATA_MODEL is set to '", env, "', which is not a file");
-    return env;
-  }
   std::string tried;
   for (const std::string& c : candidates) {
     if (is_regular_file(c)) return c;
     tried += cat(tried.empty() ? "" : ", ", c);
   }
-  fail("no model given and the bundled model was not found (tried STRATA_MODEL",
-       tried.empty() ? "" : ", ", tried, "); pass one with -m MODEL.gguf or set STRATA_MODEL");
+  fail("no model given and the bundled model was not found (tried ", tried.empty() ? "no path" : tried,
+       "); pass one with -m MODEL.gguf");
 }
 
 }  // namespace strata

@@ -1,6 +1,6 @@
-// Where the bundled model lives when a command is run without -m: the STRATA_MODEL environment
-// variable, else the candidates the caller passes (next to the installed executable, then the source
-// tree). The base library knows no build paths, so the CLI passes them in.
+// Where the bundled model lives when a command is run without -m: the candidates the caller passes
+// (next to the installed executable, then the source tree). The base library knows no build paths, so
+// the CLI passes them in. Any other model is given with -m.
 #pragma once
 
 #include <string>
@@ -18,9 +18,8 @@ std::string executable_dir();
 // <source_dir>/models/strata-tiny.gguf (skipped when source_dir is empty).
 std::vector<std::string> bundled_model_candidates(const std::string& source_dir);
 
-// STRATA_MODEL when set (it must exist: a set but wrong variable is an error, never skipped);
-// otherwise the first candidate that is an existing regular file. Throws strata::Error listing
-// every path tried and how to pass a model (-m) when none is found.
+// The first candidate that is an existing regular file. Throws strata::Error listing every path tried
+// and how to pass a model (-m) when none is found.
 std::string find_default_model(const std::vector<std::string>& candidates);
 
 }  // namespace strata

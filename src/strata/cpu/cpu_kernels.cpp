@@ -1,9 +1,7 @@
-// Run-time choice of the kernel level: CPUID, overridable by STRATA_CPU_KERNELS.
+// Run-time choice of the kernel level: the best CPUID allows, or what set_cpu_kernel_level forced.
 #include "strata/cpu/cpu_kernels.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 #include "strata/base/error.h"
 
@@ -17,19 +15,6 @@ CpuKernelLevel best_supported() {
   if (cpu_supports(CpuKernelLevel::Avx512)) return CpuKernelLevel::Avx512;
   if (cpu_supports(CpuKernelLevel::Avx2)) return CpuKernelLevel::Avx2;
   return CpuKernelLevel::Scalar;
-}
-
-CpuKernelLevel level_from_env() {
-  const char* env = std::getenv("STRATA_CPU_KERNELS");
-  if (env == nullptr || *env == '\0') return best_supported();
-  const std::string v = env;
-  for (CpuKernelLevel l : {CpuKernelLevel::Scalar, CpuKernelLevel::Avx2, CpuKernelLevel::Avx512}) {
-    if (v == cpu_kernel_level_name(l)) {
-      if (!cpu_supports(l)) fail("STRATA_CPU_KERNELS=", v, ": this CPU does not support ", v);
-      return l;
-    }
-  }
-  fail("STRATA_CPU_KERNELS=", v, ": unknown level (expected scalar, avx2 or avx512)");
 }
 
 }  // namespace
@@ -64,7 +49,7 @@ bool cpu_supports(CpuKernelLevel level) {
 CpuKernelLevel cpu_kernel_level() {
   int l = g_level.load(std::memory_order_acquire);
   if (l < 0) {
-    l = static_cast<int>(level_from_env());
+    l = static_cast<int>(best_supported());
     int expected = -1;
     if (!g_level.compare_exchange_strong(expected, l)) l = expected;
   }

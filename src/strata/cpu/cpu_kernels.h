@@ -96,12 +96,12 @@ bool cpu_fused_path();
 void quantize_activations_i8_scalar(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 void quantize_activations_i8(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 
-// Name as STRATA_CPU_KERNELS spells it: "scalar", "avx2", "avx512".
+// "scalar", "avx2", "avx512".
 const char* cpu_kernel_level_name(CpuKernelLevel level);
 // Whether this CPU can run the level (CPUID via __builtin_cpu_supports).
 bool cpu_supports(CpuKernelLevel level);
-// The level matmul uses: STRATA_CPU_KERNELS when set (fails if unknown or unsupported by the CPU),
-// otherwise the best supported one. Decided on first use.
+// The level matmul uses: the one set_cpu_kernel_level forced, otherwise the best supported one
+// (decided on first use). The levels are not bitwise alike (the SIMD ones take the int8 path).
 CpuKernelLevel cpu_kernel_level();
 // Forces a level for the rest of the process (tests, benchmarks). Throws if the CPU lacks it.
 void set_cpu_kernel_level(CpuKernelLevel level);

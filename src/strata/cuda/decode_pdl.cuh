@@ -3,14 +3,12 @@
 // kernel on the stream is still finishing (hiding most of the launch gap between the ~360 small kernels
 // of a step). Correctness rests on every such kernel calling pdl_enter() before it reads or writes any
 // memory: it lets the next kernel launch early and then waits until the previous grid has completed
-// and its writes are visible (griddepcontrol.wait). Without the attribute both instructions do nothing.
-// STRATA_GPU_PDL=0 in the environment turns the attribute off (for comparisons).
+// and its writes are visible (griddepcontrol.wait). Without the attribute (GPUs before Hopper) both
+// instructions do nothing.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "strata/cuda/cuda_check.h"
@@ -40,8 +38,7 @@ inline bool pdl_enabled() {
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    const char* env = std::getenv("STRATA_GPU_PDL");
-    return major >= 9 && !(env && std::strcmp(env, "0") == 0);
+    return major >= 9;
   }();
   return on;
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -69,9 +68,9 @@ struct GpuSession::Impl {
   int* d_argmax = nullptr;
   int* d_pick = nullptr;                       // sample_token's draw
   unsigned char* sample_scratch = nullptr;     // sample_token's scratch
-  float *x, *xn, *y, *q, *kk, *vv, *o, *scores;
+  float *x, *xn, *q, *kk, *vv, *o;
   float *qkv, *mixed, *z, *b, *alpha, *o2;
-  float *router, *wts, *g, *u, *ye, *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
+  float *router, *wts, *g, *ye, *sg = nullptr, *gs = nullptr, *ys = nullptr;
   int* ids;
   float* logits;
   float* h_logits = nullptr;                  // pinned staging for logits copies (pageable copies are ~8x slower)
@@ -84,15 +83,13 @@ struct GpuSession::Impl {
   double* dn_scratch = nullptr;                // deltanet_step_fast per-slice sums of squares
   unsigned int* dn_counters = nullptr;
   DecodeProfile prof;                           // STRATA_GPU_PROFILE=1: per-operation times, direct launches
-  // DeltaNet conv fused into the input projection and the step (STRATA_GPU_FUSE_CONV=0: separate launch).
+  // DeltaNet conv fused into the input projection and the step where the step takes the head shape
+  // (deltanet_step_fuses_qk_norm); else a separate conv launch.
   bool fuse_conv = false;
-  // The MoE down projection and combine as one gemv_down_sum launch where it fits (STRATA_GPU_DOWN_SUM=0:
-  // the down jobs + last-block combine, for comparisons).
-  bool down_sum = true;
   // Decode lookahead (decode_lookahead.h): the next greedy step runs from the pick, launched before the
   // pick is read back, and is kept only when the caller feeds that pick back. Off with
-  // GpuSessionOptions::lookahead = false or STRATA_GPU_LOOKAHEAD=0, and where the step is not one graph
-  // (direct launches, the profiles) or the MoE is hybrid (its cold experts run on the host mid-step).
+  // GpuSessionOptions::lookahead = false, and where the step is not one graph (direct launches, the
+  // profiles) or the MoE is hybrid (its cold experts run on the host mid-step).
   bool lookahead = false;
   LookaheadLink link;
   bool ahead = false;               // a speculative step is launched, neither kept nor dropped yet
@@ -111,16 +108,10 @@ struct GpuSession::Impl {
         n_past(st.n_past),
         hybrid(gm->hybrid()) {
     try {
-      const char* fc = std::getenv("STRATA_GPU_FUSE_CONV");
-      fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k) &&
-                  !(fc && std::strcmp(fc, "0") == 0);
-      const char* ds = std::getenv("STRATA_GPU_DOWN_SUM");
-      down_sum = !(ds && std::strcmp(ds, "0") == 0);
+      fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k);
       allocate();
       argmax_n = c.n_vocab;
-      const char* la = std::getenv("STRATA_GPU_LOOKAHEAD");
-      lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid &&
-                  !(la && std::strcmp(la, "0") == 0);
+      lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid;
       if (lookahead) {
         st.add_alternates();
         link.allocate();
@@ -155,13 +146,11 @@ struct GpuSession::Impl {
     const size_t d = static_cast<size_t>(c.n_embd);
     x = dalloc<float>(d);
     xn = dalloc<float>(d);
-    y = dalloc<float>(d);
     if (c.n_full_attention_layers() > 0) {
       q = dalloc<float>(static_cast<size_t>(c.n_head) * q_stride_head());
       kk = dalloc<float>(kv_width());
       vv = dalloc<float>(kv_width());
       o = dalloc<float>(static_cast<size_t>(c.n_head) * c.head_dim);
-      scores = dalloc<float>(static_cast<size_t>(c.n_head) * max_ctx);
       attn_scratch = dalloc<float>(attention_scratch_floats(c.n_head, c.head_dim, max_ctx));
       attn_counters = dalloc<unsigned int>(static_cast<size_t>(c.n_head));
     }
@@ -189,12 +178,10 @@ struct GpuSession::Impl {
     ids = dalloc<int>(static_cast<size_t>(c.n_layer) * k);  // each layer routes into its own k ids
     wts = dalloc<float>(k);
     g = dalloc<float>(k * c.n_ff_exp);
-    u = dalloc<float>(k * c.n_ff_exp);
     ye = dalloc<float>(k * d);
     if (c.n_ff_shexp > 0) {
       sg = dalloc<float>(1);
       gs = dalloc<float>(c.n_ff_shexp);
-      us = dalloc<float>(c.n_ff_shexp);
       ys = dalloc<float>(d);
     }
     logits = dalloc<float>(static_cast<size_t>(c.n_vocab));
@@ -350,7 +337,7 @@ struct GpuSession::Impl {
     return m;
   }
 
-  // The MoE down projections where gemv_down_sum does not fit (or STRATA_GPU_DOWN_SUM=0): the k routed
+  // The MoE down projections where gemv_down_sum does not fit: the k routed
   // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
   // last block (when one launch holds them) or by moe_combine_add_norm.
   void moe_down_jobs(int il, const DevLayer& D) {
@@ -409,7 +396,7 @@ struct GpuSession::Impl {
     fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
     if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = sg;
     fused.x = x;
-    if (down_sum && gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
+    if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {

@@ -39,7 +39,6 @@ struct GpuSessionOptions {
   // computed on the CPU from the mapped GGUF and never uploaded.
   std::vector<std::vector<int>> expert_slots;
   int cpu_threads = 0;  // CPU workers for cold experts (0: a default from the core count)
-  HybridMode hybrid_mode = HybridMode::Doorbell;  // how cold picks reach the CPU (hybrid_types.h)
   // Prompts (forward with n > 1) run through the batched prefill (prefill.h: chunks of prefill_chunk
   // tokens, matrix-matrix products) in the arithmetic prefill_math names (prefill_math.h); false: token
   // by token through the decode step.

@@ -16,7 +16,7 @@
 namespace strata::cuda {
 
 HybridBenchPlan plan_hybrid_bench(const Model& model, int ctx, const std::string& expert_budget,
-                                  const std::string& profile_path, HybridMode mode, int cpu_threads) {
+                                  const std::string& profile_path, int cpu_threads) {
   const ModelConfig& c = model.config();
   HybridBenchPlan p;
   p.budget_text = expert_budget;
@@ -39,7 +39,6 @@ HybridBenchPlan plan_hybrid_bench(const Model& model, int ctx, const std::string
   }
   const ExpertPlan plan = plan_placement(in);
   p.options.expert_slots = plan.slot_of;
-  p.options.hybrid_mode = mode;
   p.options.cpu_threads = cpu_threads > 0 ? cpu_threads : ColdExpertPool::default_threads();
   p.hot_bytes = plan.bytes_used;
   p.hot_experts = plan.n_hot_total();
@@ -85,9 +84,9 @@ std::string format_hybrid_bench(const HybridBenchPlan& p, const HybridBenchNumbe
                 format_binary_size(p.hot_bytes).c_str(), p.hotness_source.c_str(), p.expected_cold_hit);
   out += buf;
   std::snprintf(buf, sizeof buf,
-                "hybrid run (%s, %d CPU threads, %llu tokens through the MoE): cold-hit %.3f, %.2f cold picks/token "
+                "hybrid run (%d CPU threads, %llu tokens through the MoE): cold-hit %.3f, %.2f cold picks/token "
                 "on %.2f layers/token with CPU jobs; CPU %.3f ms/token, GPU wait %.3f ms/token\n",
-                t.mode.c_str(), t.cpu_threads, static_cast<unsigned long long>(t.tokens), t.cold_hit_rate(),
+                t.cpu_threads, static_cast<unsigned long long>(t.tokens), t.cold_hit_rate(),
                 n.cold_picks_per_token, n.tokens > 0 ? static_cast<double>(t.cpu_jobs) / n.tokens : 0.0,
                 n.cpu_ms_per_token, n.wait_ms_per_token);
   out += buf;

@@ -27,7 +27,7 @@ struct HybridBenchPlan {
 // Parses the budget (percent of all routed-expert bytes, or a size), reads the profile when given
 // (refusing one of another model), and makes the optimal placement (moe/placement.h).
 HybridBenchPlan plan_hybrid_bench(const Model& model, int ctx, const std::string& expert_budget,
-                                  const std::string& profile_path, HybridMode mode, int cpu_threads);
+                                  const std::string& profile_path, int cpu_threads);
 
 struct HybridBenchNumbers {
   HybridTelemetry telemetry;

@@ -21,7 +21,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 __global__ void ring_kernel(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
                             float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq,
                             unsigned long long* calls, unsigned long long* cold_picks,
-                            unsigned long long* expert_picks, unsigned long long* seq_picks, bool ring) {
+                            unsigned long long* expert_picks, unsigned long long* seq_picks) {
   __shared__ int n_cold;
   __shared__ unsigned long long seq;
   if (threadIdx.x == 0) {
@@ -51,12 +51,11 @@ __global__ void ring_kernel(int il, const int* ids, int k, const int* slot_of, c
       j->ids[p] = ids[p];
       j->cold[p] = slot_of[ids[p]] < 0 ? 1 : 0;
     }
-    j->seq = seq;
   }
   // Every thread's writes reach host memory before the doorbell.
   __threadfence_system();
   __syncthreads();
-  if (threadIdx.x == 0 && ring) {
+  if (threadIdx.x == 0) {
     volatile HostJob* j = job;
     j->doorbell = seq;
     __threadfence_system();
@@ -111,10 +110,10 @@ __global__ void combine_kernel(float* x, const float* ye_hot, const float* ye_co
 void hybrid_ring(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
                  float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq, unsigned long long* calls,
                  unsigned long long* cold_picks, unsigned long long* expert_picks, unsigned long long* seq_picks,
-                 bool ring, cudaStream_t s) {
+                 cudaStream_t s) {
   check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_ring: 1 <= k <= 64");
   ring_kernel<<<1, 256, 0, s>>>(il, ids, k, slot_of, xn, d, job, xn_host, ctr, wait_seq, calls, cold_picks, expert_picks,
-                                   seq_picks, ring);
+                                   seq_picks);
   check_launch("hybrid_ring");
 }
 

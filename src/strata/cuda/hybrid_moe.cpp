@@ -6,9 +6,8 @@
 //   hot experts + shared expert                            (GPU, overlapping the CPU's cold work)
 //   cold experts                                           (CPU pool, ColdExpertPool, from the mapped GGUF)
 //   combine in ascending expert id                         (GPU; waits for the CPU only with cold picks)
-// The two modes differ only in how the CPU learns about a job: Sync puts a host-function node in the
-// stream for each layer that can have cold picks (the hot experts run on a forked stream meanwhile);
-// Doorbell has a listener thread spinning on the job's doorbell, so the stream never stops for the host.
+// The CPU learns about a job from a listener thread spinning on the job's doorbell, so the stream never
+// stops for the host and the token stays one CUDA graph.
 // Batched prefill (cold_batch_begin/finish, driven by GpuPrefill): the prefill routes the chunk and runs
 // the hot experts with its grouped GEMMs over this layer's slot map; here the ids and inputs are copied
 // to pinned memory, the CPU pool computes the cold pairs grouped by expert (each cold expert's weights
@@ -20,7 +19,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -34,14 +32,6 @@
 #include "strata/moe/cold_experts.h"
 
 namespace strata::cuda {
-
-const char* hybrid_mode_name(HybridMode mode) { return mode == HybridMode::Sync ? "sync" : "doorbell"; }
-
-HybridMode parse_hybrid_mode(const std::string& name) {
-  if (name == "sync") return HybridMode::Sync;
-  if (name == "doorbell") return HybridMode::Doorbell;
-  fail("unknown hybrid mode '", name, "' (expected sync or doorbell)");
-}
 
 namespace {
 
@@ -63,7 +53,6 @@ class HybridMoeImpl final : public HybridMoe {
       : model_(model),
         dm_(dm),
         c_(model.config()),
-        mode_(opt.hybrid_mode),
         pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()) {
     if (!dm.hybrid()) fail("hybrid MoE: the device model was built without an expert slot map");
     if (c_.n_expert_used < 1 || c_.n_expert_used > kHybridMaxK)
@@ -75,10 +64,7 @@ class HybridMoeImpl final : public HybridMoe {
       throw;
     }
     prefault_cold_experts();
-    // The batched prefill's cold experts: SIMD float tiles (default) or, with STRATA_COLD_TILES=0, the
-    // decode path's int8 row kernels (bitwise equal to the per-token path; for comparisons).
-    if (const char* v = std::getenv("STRATA_COLD_TILES"); v && std::string(v) == "0") pool_.set_batch_float_tiles(false);
-    if (mode_ == HybridMode::Doorbell) listener_ = std::thread([this] { listen(); });
+    listener_ = std::thread([this] { listen(); });
   }
 
   ~HybridMoeImpl() override {
@@ -105,23 +91,13 @@ class HybridMoeImpl final : public HybridMoe {
     gemv_batch(first, n_first, s);
     route_topk(router_, ne, k, c_.norm_topk, ids_, wts_, s);
     hybrid_ring(il, ids_, k, slot_of, xn, d, job_d_, xn_d_, ctr_, wait_seq_, calls_, cold_picks_,
-                expert_picks_ + static_cast<size_t>(il) * static_cast<size_t>(ne), seq_picks, mode_ == HybridMode::Doorbell,
-                s);
-    cudaStream_t hs = s;
-    if (mode_ == HybridMode::Sync && n_hot < ne) {
-      // Fork: the hot experts run on side_ while the stream stops in the host function.
-      check_cuda(cudaEventRecord(ev_fork_, s), "hybrid: fork");
-      check_cuda(cudaStreamWaitEvent(side_, ev_fork_, 0), "hybrid: fork");
-      hs = side_;
-      check_cuda(cudaLaunchHostFunc(s, &HybridMoeImpl::host_fn, &host_calls_[static_cast<size_t>(il)]),
-                 "cudaLaunchHostFunc");
-    }
+                expert_picks_ + static_cast<size_t>(il) * static_cast<size_t>(ne), seq_picks, s);
     // Hot routed experts through the layer's slot map (a cold pick's rows are skipped: zeros), then
     // the routed and shared down projections in one launch.
     GemvJob up[kMaxGemvJobs], down[kMaxGemvJobs];
     int n_up = 0, n_down = 0;
     auto flush = [&](GemvJob* jobs, int& n) {
-      if (n > 0) gemv_batch(jobs, n, hs);
+      if (n > 0) gemv_batch(jobs, n, s);
       n = 0;
     };
     if (n_hot > 0) {
@@ -144,18 +120,8 @@ class HybridMoeImpl final : public HybridMoe {
       sd.w = &w.shared_down, sd.x = gs_, sd.y = ys_;
     }
     flush(down, n_down);
-    if (hs != s) {
-      check_cuda(cudaEventRecord(ev_join_, side_), "hybrid: join");
-      check_cuda(cudaStreamWaitEvent(s, ev_join_, 0), "hybrid: join");
-    }
     hybrid_combine_add(x, ye_, yec_d_, ids_, slot_of, wts_, k, d, w.has_shared ? ys_ : nullptr, sg_, wait_seq_ + il,
                        job_d_, ctr_, kCpuTimeoutS, s);
-  }
-
-  void run_batch(int il, const float* xn, float* x, int n, cudaStream_t s) override {
-    // Token by token through the decode path (the reference for the grouped form below).
-    const size_t d = static_cast<size_t>(c_.n_embd);
-    for (int t = 0; t < n; ++t) enqueue_decode(il, xn + static_cast<size_t>(t) * d, x + static_cast<size_t>(t) * d, nullptr, s);
   }
 
   // ---- grouped batched prefill (hybrid_moe.h) ----------------------------------------------------------
@@ -219,7 +185,6 @@ class HybridMoeImpl final : public HybridMoe {
 
   HybridTelemetry telemetry() const override {
     HybridTelemetry t;
-    t.mode = hybrid_mode_name(mode_);
     t.cpu_threads = pool_.n_threads();
     const size_t nl = static_cast<size_t>(c_.n_layer);
     std::vector<unsigned long long> calls(nl), cold(nl);
@@ -266,11 +231,6 @@ class HybridMoeImpl final : public HybridMoe {
   }
 
  private:
-  struct HostCall {
-    HybridMoeImpl* self;
-    int il;
-  };
-
   template <class T>
   T* dalloc(size_t n) {
     void* p = nullptr;
@@ -342,12 +302,10 @@ class HybridMoeImpl final : public HybridMoe {
     ids_ = dalloc<int>(k);
     wts_ = dalloc<float>(k);
     g_ = dalloc<float>(k * static_cast<size_t>(c_.n_ff_exp));
-    u_ = dalloc<float>(k * static_cast<size_t>(c_.n_ff_exp));
     ye_ = dalloc<float>(k * d);
     if (c_.n_ff_shexp > 0) {
       sg_ = dalloc<float>(1);
       gs_ = dalloc<float>(static_cast<size_t>(c_.n_ff_shexp));
-      us_ = dalloc<float>(static_cast<size_t>(c_.n_ff_shexp));
       ys_ = dalloc<float>(d);
     }
     ctr_ = dalloc<HybridDevCounters>(1);
@@ -358,14 +316,9 @@ class HybridMoeImpl final : public HybridMoe {
     job_h_ = halloc_mapped<HostJob>(1, &job_d_);
     xn_h_ = halloc_mapped<float>(d, &xn_d_);
     yec_h_ = halloc_mapped<float>(k * d, &yec_d_);
-    check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "hybrid: side stream");
-    check_cuda(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), "hybrid: event");
-    check_cuda(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming), "hybrid: event");
     check_cuda(cudaEventCreateWithFlags(&ev_copied_, cudaEventDisableTiming), "hybrid: event");
     batch_calls_.assign(nl, 0);
     batch_cold_.assign(nl, 0);
-    host_calls_.resize(nl);
-    for (size_t l = 0; l < nl; ++l) host_calls_[l] = {this, static_cast<int>(l)};
     check_cuda(cudaDeviceSynchronize(), "hybrid MoE: allocate");
   }
 
@@ -374,14 +327,9 @@ class HybridMoeImpl final : public HybridMoe {
     allocs_.clear();
     for (void* p : host_allocs_) cudaFreeHost(p);
     host_allocs_.clear();
-    if (ev_fork_) cudaEventDestroy(ev_fork_);
-    if (ev_join_) cudaEventDestroy(ev_join_);
     if (ev_copied_) cudaEventDestroy(ev_copied_);
     ev_copied_ = nullptr;
     free_batch();
-    if (side_) cudaStreamDestroy(side_);
-    ev_fork_ = ev_join_ = nullptr;
-    side_ = nullptr;
   }
 
   // Touches every page of the cold experts once, so the first tokens do not pay the page faults of the
@@ -430,16 +378,7 @@ class HybridMoeImpl final : public HybridMoe {
     __atomic_store_n(&job_h_->done, seq, __ATOMIC_RELEASE);
   }
 
-  // Sync mode: runs on CUDA's host-callback thread when the stream reaches layer il's host node.
-  static void CUDART_CB host_fn(void* p) {
-    HostCall* c = static_cast<HostCall*>(p);
-    HybridMoeImpl& m = *c->self;
-    const unsigned long long seq = __atomic_load_n(&m.job_h_->seq, __ATOMIC_ACQUIRE);
-    if (seq == m.last_seq_) return;  // this layer pass had no cold picks: the ring wrote no job
-    m.process(seq);
-  }
-
-  // Doorbell mode: a thread that watches the doorbell for the session's lifetime.
+  // A thread that watches the doorbell for the session's lifetime.
   void listen() {
     auto idle_since = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
@@ -459,22 +398,18 @@ class HybridMoeImpl final : public HybridMoe {
   const Model& model_;
   const DeviceModel& dm_;
   const ModelConfig& c_;
-  HybridMode mode_;
   ColdExpertPool pool_;
   std::vector<int> n_hot_;
   std::vector<void*> allocs_, host_allocs_;
   int* d_slot_ = nullptr;
-  float *router_ = nullptr, *wts_ = nullptr, *g_ = nullptr, *u_ = nullptr, *ye_ = nullptr;
-  float *sg_ = nullptr, *gs_ = nullptr, *us_ = nullptr, *ys_ = nullptr;
+  float *router_ = nullptr, *wts_ = nullptr, *g_ = nullptr, *ye_ = nullptr;
+  float *sg_ = nullptr, *gs_ = nullptr, *ys_ = nullptr;
   int* ids_ = nullptr;
   HybridDevCounters* ctr_ = nullptr;
   unsigned long long *wait_seq_ = nullptr, *calls_ = nullptr, *cold_picks_ = nullptr, *expert_picks_ = nullptr;
   HostJob* job_h_ = nullptr;
   HostJob* job_d_ = nullptr;
   float *xn_h_ = nullptr, *xn_d_ = nullptr, *yec_h_ = nullptr, *yec_d_ = nullptr;
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
-  std::vector<HostCall> host_calls_;
   // Grouped batched prefill: pinned ids / inputs / cold outputs / cold pair indices for batch_cap_
   // tokens, the layer begun and not yet finished, host-side pass counters.
   cudaEvent_t ev_copied_ = nullptr;

@@ -22,9 +22,6 @@ class HybridMoe {
   // sequence's [n_expert] counts of layer il, optional) += the token's picks. Must be graph-capturable
   // (the decode step is one CUDA graph per token).
   virtual void enqueue_decode(int il, const float* xn, float* x, unsigned long long* seq_picks, cudaStream_t s) = 0;
-  // Prefill: the same for n tokens (xn and x are [n x n_embd], row-major), token by token through the
-  // decode path. May synchronise. (The batched prefill uses the grouped form below instead.)
-  virtual void run_batch(int il, const float* xn, float* x, int n, cudaStream_t s) = 0;
 
   // Grouped batched prefill (GpuPrefill, prefill.cpp): the prefill routes a chunk of n tokens on the GPU,
   // groups the (token, slot) pairs by expert with this layer's slot map and runs the hot experts with

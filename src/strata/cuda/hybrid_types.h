@@ -1,32 +1,14 @@
 // Plain data of the hybrid hot/cold expert execution (issue 8) that the session's public header
-// exposes: the execution mode and the telemetry counters. No CUDA types.
+// exposes: the telemetry counters. No CUDA types.
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace strata::cuda {
 
-// How the GPU hands a layer's cold picks to the CPU workers.
-enum class HybridMode {
-  // Per MoE layer a host-function node in the stream (cudaLaunchHostFunc, captured into the token's
-  // graph): the stream stops while the CPU computes the cold experts; the hot experts run meanwhile on
-  // a forked stream. Every layer pays the host round trip, cold picks or not.
-  Sync,
-  // The GPU writes the job into mapped host memory and rings a doorbell; CPU workers spinning on it
-  // compute the cold experts and raise a done flag that the combine kernel waits on -- only when the
-  // layer has cold picks. No host round trip in the stream; one CUDA graph per token.
-  Doorbell,
-};
-
-const char* hybrid_mode_name(HybridMode mode);
-// "sync" / "doorbell"; fails (strata::Error) on anything else.
-HybridMode parse_hybrid_mode(const std::string& name);
-
 // Counters since construction (or the last reset), over every token the hybrid MoE has run.
 struct HybridTelemetry {
-  std::string mode;                     // hybrid_mode_name
   int cpu_threads = 0;
   uint64_t tokens = 0;                  // token passes through the first MoE layer
   uint64_t picks = 0;                   // routed picks in total (tokens x MoE layers x k)
@@ -37,7 +19,7 @@ struct HybridTelemetry {
   std::vector<uint64_t> expert_picks;
   uint64_t cpu_jobs = 0;                // layer passes that had cold picks (the others never reach the CPU)
   double cpu_cold_ms = 0.0;             // CPU wall time computing cold experts, summed over jobs
-  double gpu_wait_ms = 0.0;             // time the GPU's combine kernels spent waiting for the CPU (doorbell)
+  double gpu_wait_ms = 0.0;             // time the GPU's combine kernels spent waiting for the CPU
   double cold_hit_rate() const { return picks ? static_cast<double>(cold_picks) / static_cast<double>(picks) : 0.0; }
 };
 

@@ -1,5 +1,5 @@
-// CUDA kernels of the decode step (see kernels.h for each one's contract). First version: correct and
-// graph-capturable, one simple kernel per operation; fusion and bandwidth tuning come later.
+// CUDA kernels of the decode step (see kernels.h for each one's contract): the embedding, norms and
+// routing shared with the prefill and the hybrid step, and the fused kernels of the decode graph.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,98 +60,9 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   if (i < n) x[i] += y[i];
 }
 
-// One block per head; head_dim <= 1024 (the block has head_dim rounded up to a warp multiple threads).
-__global__ void norm_rope_kernel(const float* src, int src_head_stride, float* dst, int dst_head_stride,
-                                 int64_t dst_pos_stride, int head_dim, const float* w, float eps, int rope_dims,
-                                 float freq_base, const int* pos_ptr) {
-  extern __shared__ float buf[];  // head_dim
-  const int h = blockIdx.x;
-  const int64_t pos = *pos_ptr;
-  const float* x = src + static_cast<int64_t>(h) * src_head_stride;
-  float* o = dst + pos * dst_pos_stride + static_cast<int64_t>(h) * dst_head_stride;
-  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
-}
-
-__global__ void store_row_kernel(const float* src, float* dst, int64_t n, const int* pos) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[static_cast<int64_t>(*pos) * n + i] = src[i];
-}
-
-// One block per query head: scores for every cached position into the scratch row, softmax, then
-// one thread per output dim sums over positions. (Split-K over the cache is the next step for long
-// contexts.)
-__global__ void attention_decode_kernel(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
-                                        int64_t kv_stride, int group, int head_dim, float scale, bool gated,
-                                        const int* pos_ptr, int max_ctx, float* scores, float* out) {
-  extern __shared__ float sq[];  // head_dim
-  const int h = blockIdx.x;
-  const int g = h / group;
-  const int n_ctx = *pos_ptr + 1;
-  const float* qh = q + static_cast<int64_t>(h) * q_head_stride;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) sq[d] = qh[d];
-  __syncthreads();
-  float* sc = scores + static_cast<int64_t>(h) * max_ctx;
-  float mx = -INFINITY;
-  for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) {
-    const float* k = k_cache + static_cast<int64_t>(p) * kv_stride + static_cast<int64_t>(g) * head_dim;
-    float dot = 0.0f;
-    for (int d = 0; d < head_dim; ++d) dot += sq[d] * k[d];
-    dot *= scale;
-    sc[p] = dot;
-    mx = fmaxf(mx, dot);
-  }
-  mx = block_max(mx);
-  double sum = 0.0;
-  for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) {
-    const float e = expf(sc[p] - mx);
-    sc[p] = e;
-    sum += e;
-  }
-  sum = block_sum_d(sum);
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) sc[p] *= inv;
-  __syncthreads();
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    const float* v = v_cache + static_cast<int64_t>(g) * head_dim + d;
-    float acc = 0.0f;
-    for (int p = 0; p < n_ctx; ++p) acc += sc[p] * v[static_cast<int64_t>(p) * kv_stride];
-    if (gated) acc *= sigmoid_dev(qh[head_dim + d]);
-    out[static_cast<int64_t>(h) * head_dim + d] = acc;
-  }
-}
-
 // ---- gated DeltaNet --------------------------------------------------------------------------------
-__global__ void conv1d_silu_kernel(const float* x, const float* weight, int K, int channels, float* state, float* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const float* w = weight + static_cast<int64_t>(c) * K;
-  float acc = w[K - 1] * x[c];
-  for (int j = 0; j < K - 1; ++j) acc += w[j] * state[static_cast<int64_t>(j) * channels + c];
-  out[c] = silu_dev(acc);
-  if (K > 1) {
-    for (int j = 0; j < K - 2; ++j)
-      state[static_cast<int64_t>(j) * channels + c] = state[static_cast<int64_t>(j + 1) * channels + c];
-    state[static_cast<int64_t>(K - 2) * channels + c] = x[c];
-  }
-}
-
-// Block per head, blockIdx.y: 0 = q, 1 = k.
-__global__ void qk_l2norm_kernel(float* mixed, int n_k_heads, int dk, float q_scale) {
-  const int h = blockIdx.x;
-  const bool is_q = blockIdx.y == 0;
-  float* x = mixed + (is_q ? 0 : static_cast<int64_t>(n_k_heads) * dk) + static_cast<int64_t>(h) * dk;
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = block_sum_d(ss);
-  const float inv = static_cast<float>(1.0 / sqrt(ss + 1e-6f));
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    float v = x[i] * inv;
-    if (is_q) v *= q_scale;
-    x[i] = v;
-  }
-}
-
-// Block per value head, one thread per value dim j (blockDim.x = dv rounded up to 32).
+// The step for key-head sizes the split kernel does not take (deltanet_step_fast): block per value
+// head, one thread per value dim j (blockDim.x = dv rounded up to 32), state updated in place.
 __global__ void deltanet_step_kernel(float* S_all, const float* mixed, const float* b, const float* alpha,
                                      const float* a, const float* dt_bias, const float* norm_w, const float* z,
                                      float eps, int n_k_heads, int dk, int dv, float* out) {
@@ -205,59 +116,6 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
   __shared__ float chosen_p[64];
   warp_route(logits, n_expert, k, chosen, chosen_p, p);
   warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, counts);
-}
-
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = silu_dev(g[i]) * u[i];
-}
-
-__global__ void moe_combine_kernel(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
-                                   const float* ys, const float* shared_gate) {
-  __shared__ int order[64];
-  if (threadIdx.x == 0) {
-    slots_in_ascending_id(ids, k, order);  // the CPU engine sums experts in that order
-  }
-  __syncthreads();
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= d) return;
-  float acc = 0.0f;
-  for (int s = 0; s < k; ++s) acc += weights[order[s]] * ye[static_cast<int64_t>(order[s]) * d + j];
-  if (ys) acc += sigmoid_dev(*shared_gate) * ys[j];
-  x[j] += acc;
-}
-
-__global__ void argmax_kernel(const float* x, int64_t n, int* out) {
-  __shared__ float sv[32];
-  __shared__ int64_t si[32];
-  float bv = -INFINITY;
-  int64_t bi = -1;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    if (bi < 0 || x[i] > bv) {
-      bv = x[i];
-      bi = i;
-    }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  if ((threadIdx.x & 31) == 0) {
-    sv[threadIdx.x >> 5] = bv;
-    si[threadIdx.x >> 5] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
-      if (si[w] >= 0 && (bi < 0 || sv[w] > bv || (sv[w] == bv && si[w] < bi))) {
-        bv = sv[w];
-        bi = si[w];
-      }
-    *out = static_cast<int>(bi < 0 ? 0 : bi);
-  }
 }
 
 // Fewest positions per attention chunk (attn_split_kernel): a block's work is worth its launch and the
@@ -673,24 +531,6 @@ void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s) {
   gemv_batch(&j, 1, s);
 }
 
-void matvec_routed(const DevMatrix& stack, const int* ids, int n_slots, const float* x, int64_t x_slot_stride,
-                   float* y, cudaStream_t s, const int* slot_of_expert) {
-  GemvJob jobs[kMaxGemvJobs];
-  for (int first = 0; first < n_slots; first += kMaxGemvJobs) {
-    const int n = std::min(kMaxGemvJobs, n_slots - first);
-    for (int i = 0; i < n; ++i) {
-      GemvJob& j = jobs[i];
-      j.w = &stack;
-      j.x = x + static_cast<int64_t>(first + i) * x_slot_stride;
-      j.y = y + static_cast<int64_t>(first + i) * stack.n_rows;
-      j.ids = ids;
-      j.slot = first + i;
-      j.slot_of_expert = slot_of_expert;
-    }
-    gemv_batch(jobs, n, s);
-  }
-}
-
 void embed_row(const DevMatrix& t, const int* token, float* x, cudaStream_t s) {
   switch (t.type) {
     case GgmlType::F32: return launch_embed_t<GgmlType::F32>(t, token, x, s);
@@ -713,73 +553,11 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
   check_launch("add_inplace");
 }
 
-void norm_rope_heads(const float* src, int src_head_stride, float* dst, int dst_head_stride, int64_t dst_pos_stride,
-                     int n_heads, int head_dim, const float* w, float eps, int rope_dims, float freq_base,
-                     const int* pos, cudaStream_t s) {
-  check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "norm_rope_heads: head_dim/rope_dims");
-  norm_rope_kernel<<<n_heads, warp_round(head_dim), head_dim * sizeof(float), s>>>(
-      src, src_head_stride, dst, dst_head_stride, dst_pos_stride, head_dim, w, eps, rope_dims, freq_base, pos);
-  check_launch("norm_rope_heads");
-}
-
-void store_row_at_pos(const float* src, float* dst, int64_t n, const int* pos, cudaStream_t s) {
-  store_row_kernel<<<blocks_for(n, 256), 256, 0, s>>>(src, dst, n, pos);
-  check_launch("store_row_at_pos");
-}
-
-void attention_decode(const float* q, int q_head_stride, const float* k_cache, const float* v_cache, int64_t kv_stride,
-                      int n_head, int n_head_kv, int head_dim, float scale, bool gated, const int* pos, int max_ctx,
-                      float* scores, float* out, cudaStream_t s) {
-  check_arg(n_head % n_head_kv == 0, "attention_decode: n_head must be a multiple of n_head_kv");
-  attention_decode_kernel<<<n_head, 256, head_dim * sizeof(float), s>>>(q, q_head_stride, k_cache, v_cache, kv_stride,
-                                                                         n_head / n_head_kv, head_dim, scale, gated,
-                                                                         pos, max_ctx, scores, out);
-  check_launch("attention_decode");
-}
-
-void conv1d_silu_step(const float* x, const float* weight, int K, int channels, float* state, float* out,
-                      cudaStream_t s) {
-  conv1d_silu_kernel<<<blocks_for(channels, 256), 256, 0, s>>>(x, weight, K, channels, state, out);
-  check_launch("conv1d_silu_step");
-}
-
-void deltanet_qk_norm(float* mixed, int n_k_heads, int dk, float q_scale, cudaStream_t s) {
-  qk_l2norm_kernel<<<dim3(n_k_heads, 2), 128, 0, s>>>(mixed, n_k_heads, dk, q_scale);
-  check_launch("deltanet_qk_norm");
-}
-
-void deltanet_step_gated(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
-                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
-                         int n_v_heads, int dk, int dv, float* out, cudaStream_t s) {
-  check_arg(dv <= 1024, "deltanet_step_gated: value head dim > 1024");
-  deltanet_step_kernel<<<n_v_heads, warp_round(dv), 2 * dk * sizeof(float), s>>>(S, mixed, b, alpha, a, dt_bias,
-                                                                                   norm_w, z, eps, n_k_heads, dk, dv,
-                                                                                   out);
-  check_launch("deltanet_step_gated");
-}
-
 void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s,
                 unsigned long long* counts) {
   check_arg(n_expert <= 1024 && k <= 64 && k <= n_expert, "route_topk: n_expert <= 1024 and k <= 64");
   route_kernel<<<1, 32, 0, s>>>(logits, n_expert, k, norm_topk, ids, weights, counts);
   check_launch("route_topk");
-}
-
-void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
-  swiglu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, n, out);
-  check_launch("swiglu");
-}
-
-void moe_combine_add(float* x, const float* ye, const int* ids, const float* weights, int k, int d, const float* ys,
-                     const float* shared_gate, cudaStream_t s) {
-  check_arg(k <= 64, "moe_combine_add: k <= 64");
-  moe_combine_kernel<<<blocks_for(d, 256), 256, 0, s>>>(x, ye, ids, weights, k, d, ys, shared_gate);
-  check_launch("moe_combine_add");
-}
-
-void argmax(const float* x, int64_t n, int* out, cudaStream_t s) {
-  argmax_kernel<<<1, 1024, 0, s>>>(x, n, out);
-  check_launch("argmax");
 }
 
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
@@ -802,6 +580,17 @@ void conv_qk_norm(const float* x, const float* weight, int K, float* state, floa
 
 size_t deltanet_scratch_doubles(int n_v_heads, int dv) { return static_cast<size_t>(n_v_heads) * ((dv + 31) / 32); }
 
+// The column kernel's launcher (deltanet_step_fast's fallback).
+static void deltanet_step_columns(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
+                                  const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
+                                  int n_v_heads, int dk, int dv, float* out, cudaStream_t s) {
+  check_arg(dv <= 1024, "deltanet_step_fast: value head dim > 1024");
+  deltanet_step_kernel<<<n_v_heads, warp_round(dv), 2 * dk * sizeof(float), s>>>(S, mixed, b, alpha, a, dt_bias,
+                                                                                   norm_w, z, eps, n_k_heads, dk, dv,
+                                                                                   out);
+  check_launch("deltanet_step_fast");
+}
+
 // Rows per warp of the split DeltaNet kernel for key-head size dk; 0: not covered.
 int split_rows_per_warp(int dk) {
   for (int cand : {32, 16, 8})
@@ -823,8 +612,8 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
       check_cuda(cudaMemcpyAsync(S_out, S, sizeof(float) * static_cast<size_t>(n_v_heads) * dk * dv,
                                  cudaMemcpyDeviceToDevice, s),
                  "deltanet_step_fast: state copy");
-    deltanet_step_gated(S_out ? S_out : S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk, dv,
-                        out, s);
+    deltanet_step_columns(S_out ? S_out : S, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, n_v_heads, dk,
+                          dv, out, s);
     return;
   }
   const float* S_in = S;

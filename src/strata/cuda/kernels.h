@@ -37,13 +37,6 @@ const char* supported_type_names();
 // y[r] = dot(W[r], x) for every row (float32 accumulation).
 void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s);
 
-// Routed experts: for slot j < n_slots, expert ids[j] (device memory) of the stack:
-// y[j * n_rows + r] = dot(W_ids[j][r], x + j * x_slot_stride). x_slot_stride 0 shares one input.
-// slot_of_expert (device, may be null = identity): expert id -> row block of the stack, -1 = not
-// resident (that slot's y is zeroed).
-void matvec_routed(const DevMatrix& stack, const int* ids, int n_slots, const float* x, int64_t x_slot_stride,
-                   float* y, cudaStream_t s, const int* slot_of_expert = nullptr);
-
 // x[0..n_cols) = row *token (device memory) of the table, decoded to float.
 void embed_row(const DevMatrix& table, const int* token, float* x, cudaStream_t s);
 
@@ -53,81 +46,43 @@ void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, 
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
 
-// For each of n_heads head vectors src + h * src_head_stride (head_dim long): RMSNorm with w, then NEOX
-// rotary on the first rope_dims dims at position *pos; written to dst + *pos * dst_pos_stride +
-// h * dst_head_stride (dst may equal src with dst_pos_stride 0: in place).
-void norm_rope_heads(const float* src, int src_head_stride, float* dst, int dst_head_stride, int64_t dst_pos_stride,
-                     int n_heads, int head_dim, const float* w, float eps, int rope_dims, float freq_base,
-                     const int* pos, cudaStream_t s);
-
-// dst[*pos * n + i] = src[i] for i < n (appending a value row to the cache).
-void store_row_at_pos(const float* src, float* dst, int64_t n, const int* pos, cudaStream_t s);
-
-// Decode attention: query head h (at q + h * q_head_stride) against positions 0 .. *pos of KV head
-// h / (n_head / n_head_kv) (key p at k_cache + p * kv_stride + g * head_dim, values alike); softmax of
-// q.k * scale; out[h * head_dim + d]. With gated, multiplied by sigmoid(q[head_dim + d]) (the gate values
-// follow the query values of each head). scores: scratch of n_head * max_ctx floats.
-void attention_decode(const float* q, int q_head_stride, const float* k_cache, const float* v_cache, int64_t kv_stride,
-                      int n_head, int n_head_kv, int head_dim, float scale, bool gated, const int* pos, int max_ctx,
-                      float* scores, float* out, cudaStream_t s);
-
-// Causal depthwise conv1d step with SiLU: out[c] = silu(sum_j w[c*K+j] * window_j[c]) where the window is
-// state ((K-1) x channels, oldest first) followed by x; the state then drops its oldest row and appends x.
-void conv1d_silu_step(const float* x, const float* weight, int K, int channels, float* state, float* out,
-                      cudaStream_t s);
-
-// DeltaNet q/k: L2-normalise each of n_k_heads heads of q (at mixed) and k (at mixed + n_k_heads*dk),
-// eps 1e-6, then multiply q by q_scale. In place.
-void deltanet_qk_norm(float* mixed, int n_k_heads, int dk, float q_scale, cudaStream_t s);
-
-// One gated delta-rule step for every value head h (deltanet_step of cpu/ops.h) followed by the gated
-// RMSNorm: beta = sigmoid(b[h]), g = a[h] * softplus(alpha[h] + dt_bias[h]); q/k of key head h % n_k_heads
-// (q at mixed, k at mixed + n_k*dk, v at mixed + 2*n_k*dk); state S [n_v x dk x dv];
-// out[h*dv + j] = rmsnorm(o)[j] * norm_w[j] * silu(z[h*dv + j]).
-void deltanet_step_gated(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
-                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
-                         int n_v_heads, int dk, int dv, float* out, cudaStream_t s);
-
 // Router: softmax over n_expert logits, the k largest (ties: lower id), weights renormalised to sum 1
 // when norm_topk. ids[k], weights[k] in descending probability order. n_expert <= 1024.
 // counts (device, n_expert entries, may be null): counts[id] += 1 for every chosen expert.
 void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights, cudaStream_t s,
                 unsigned long long* counts = nullptr);
 
-// out[i] = silu(gate[i]) * up[i].
-void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
-
-// x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
-//         (+ sigmoid(*shared_gate) * ys[j] when ys is not null).
-void moe_combine_add(float* x, const float* ye, const int* ids, const float* weights, int k, int d, const float* ys,
-                     const float* shared_gate, cudaStream_t s);
-
-// *out = index of the largest of x[0..n) (lowest index among equals).
-void argmax(const float* x, int64_t n, int* out, cudaStream_t s);
-
 // ---- fused operations of the fast decode step (gpu_session.cpp) --------------------------------------
 
-// attention inputs: norm_rope_heads of the n_head query heads in place (q, q_head_stride) and of the
-// n_kv key heads (kk, packed) into k_cache row *pos, and vv (kv_width floats) into v_cache row *pos.
+// attention inputs: each of the n_head query heads (q, q_head_stride) in place and each of the n_kv key
+// heads (kk, packed) into k_cache row *pos get RMSNorm (q_norm / k_norm) then NEOX rotary on the first
+// rope_dims dims at position *pos; vv (kv_width floats) is copied into v_cache row *pos.
 // *pos is read before the kernel waits on the previous kernel of the stream (programmatic dependent
 // launch): it must have been written before that kernel started (a copy or an earlier step).
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s);
 
-// conv1d_silu_step over the 2*n_k*dk + n_v*dv channels followed by deltanet_qk_norm, in one launch.
-// state_out set: the advanced window goes there and state is only read.
+// Causal depthwise conv1d step with SiLU over the 2*n_k*dk + n_v*dv channels (out[c] = silu(sum_j
+// w[c*K+j] * window_j[c]), the window being state ((K-1) x channels, oldest first) followed by x; the
+// state then drops its oldest row and appends x), then the DeltaNet q/k L2 norms (eps 1e-6) of the
+// n_k heads of q and k, q times q_scale; one launch. state_out set: the advanced window goes there and
+// state is only read.
 void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
                   int dk, int dv, float q_scale, cudaStream_t s, float* state_out = nullptr);
 
-// deltanet_step_gated with each head's state spread over ceil(dv / 32) blocks (32 value columns each,
-// rows over warps). scratch: deltanet_scratch_doubles(n_v_heads, dv) doubles; counters: n_v_heads
+// One gated delta-rule step for every value head h (deltanet_step of cpu/ops.h) followed by the gated
+// RMSNorm: beta = sigmoid(b[h]), g = a[h] * softplus(alpha[h] + dt_bias[h]); q/k of key head h % n_k_heads
+// (q at mixed, k at mixed + n_k*dk, v at mixed + 2*n_k*dk); state S [n_v x dk x dv];
+// out[h*dv + j] = rmsnorm(o)[j] * norm_w[j] * silu(z[h*dv + j]). Each head's state is spread over
+// ceil(dv / 32) blocks (32 value columns each, rows over warps); key-head sizes that layout does not
+// take (deltanet_step_fuses_qk_norm false) run one thread per value column instead. scratch: deltanet_scratch_doubles(n_v_heads, dv) doubles; counters: n_v_heads
 // unsigned ints, zero before the first call (each call leaves them zero). The state S is read before
 // the kernel waits on the previous kernel of the stream (programmatic dependent launch): the step that
 // last wrote S must have completed (a synchronisation or graph boundary between two steps on one state,
 // as every decode step has), not merely have been launched earlier on the stream.
 size_t deltanet_scratch_doubles(int n_v_heads, int dv);
-// qk_norm: mixed holds the raw conv outputs of q and k; the step applies deltanet_qk_norm's L2 norms
+// qk_norm: mixed holds the raw conv outputs of q and k; the step applies conv_qk_norm's L2 norms
 // (and q_scale) itself, so conv1d can run fused into the input projection (GemvJob::conv_w) with no
 // conv_qk_norm launch. Needs deltanet_step_fuses_qk_norm(dk); fails otherwise.
 // S_out set: the updated state goes there and S is only read (the decode lookahead's ping-pong state).
@@ -137,7 +92,9 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
                         cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr);
 bool deltanet_step_fuses_qk_norm(int dk);
 
-// moe_combine_add followed by xn = rmsnorm(x) * norm_w (the next layer's input norm), one launch.
+// x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
+//         (+ sigmoid(*shared_gate) * ys[j] when ys is not null),
+// then, when norm_w is set, xn = rmsnorm(x) * norm_w (the next layer's input norm); one launch.
 void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
                           const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn,
                           cudaStream_t s);
@@ -152,7 +109,11 @@ int argmax_wide_blocks(int64_t n);
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
                  cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr);
 
-// attention_decode split over the cache positions (flash-decoding) so long contexts use the whole GPU:
+// Decode attention: query head h (at q + h * q_head_stride) against positions 0 .. *pos of KV head
+// h / (n_head / n_head_kv) (key p at k_cache + p * kv_stride + g * head_dim, values alike); softmax of
+// q.k * scale; out[h * head_dim + d]. With gated, multiplied by sigmoid(q[head_dim + d]) (the gate values
+// follow the query values of each head). Split over the cache positions (flash-decoding) so long
+// contexts use the whole GPU:
 // up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least
 // attention_scratch_floats(n_head, head_dim, max_ctx) floats; counters: n_head unsigned ints, zero before
 // the first call (each call leaves them zero). *pos is read before the kernel waits on the previous

@@ -6,9 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
@@ -72,28 +69,13 @@ int gemv_blocks_per_sm() {
   return n;
 }
 
-// STRATA_GEMV_MATH=float|int8 sets the starting value (for comparisons); set_gemv_math overrides it.
-GemvMath initial_math() {
-  const char* v = std::getenv("STRATA_GEMV_MATH");
-  if (!v) return GemvMath::Int8;
-  const std::string m = v;
-  if (m == "int8") return GemvMath::Int8;
-  if (m == "float") return GemvMath::Float;
-  fail("STRATA_GEMV_MATH must be int8 or float, not '", m, "'");
-}
-GemvMath g_math = initial_math();
+// Process-wide arithmetic (set_gemv_math); Int8 unless a caller chose otherwise.
+GemvMath g_math = GemvMath::Int8;
 
-// Units of a row per lane (launches that fit one wave of resident blocks take fewer, gemv_batch).
-// Measured on the H100 (docs/PERF.md, 2026-11-23 08:50): 8 beats 4 and 16 (tg128 337.8 / 336.8 vs
-// 335.2 / 334.4 and 335.8 / 335.6): the DeltaNet input projection's ~770 tiles at 4 units become one
-// wave of ~385, and the lm_head's tiles grow to 64 rows.
-int units_per_thread() {
-  static const int u = [] {
-    const char* v = std::getenv("STRATA_GEMV_UNITS");
-    return v ? std::max(1, std::min(16, std::atoi(v))) : 8;
-  }();
-  return u;
-}
+// Units of a row per lane (launches that fit one wave of resident blocks take fewer, gemv_batch):
+// 8 beat 4 and 16 on the H100 (docs/PERF.md): the DeltaNet input projection's tiles then fill about one
+// wave, and the lm_head's tiles grow to 64 rows.
+constexpr int kUnitsPerThread = 8;
 
 int sm_count() {
   static const int n = [] {
@@ -106,14 +88,6 @@ int sm_count() {
 }
 
 bool int8_math() { return g_math == GemvMath::Int8; }
-
-bool fill_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("STRATA_GEMV_FILL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
 
 // The device form of one job, checked (its tiling is set by tile_jobs).
 DJob describe_job(const GemvJob& in) {
@@ -219,12 +193,11 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
     b.j[i] = describe_job(jobs[i]);
     max_cols = std::max(max_cols, b.j[i].n_cols);
   }
-  // Units per lane: units_per_thread(), halved while the launch still fits one wave of resident blocks
-  // (STRATA_GEMV_FILL=0: never): a launch of few tiles otherwise leaves SMs with one block or none.
+  // Units per lane: kUnitsPerThread, halved while the launch still fits one wave of resident blocks: a
+  // launch of few tiles otherwise leaves SMs with one block or none.
   const int capacity = sm_count() * gemv_blocks_per_sm();
-  int per_thread = units_per_thread();
-  if (fill_enabled())
-    while (per_thread > 1 && tile_jobs(b.j, n_jobs, per_thread / 2) <= capacity) per_thread /= 2;
+  int per_thread = kUnitsPerThread;
+  while (per_thread > 1 && tile_jobs(b.j, n_jobs, per_thread / 2) <= capacity) per_thread /= 2;
   const int tiles = tile_jobs(b.j, n_jobs, per_thread);
   b.n_tiles = tiles;
   if (norm) {

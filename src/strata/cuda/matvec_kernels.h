@@ -44,7 +44,7 @@ struct GemvJob {
   const float* norm_w = nullptr;
   float norm_eps = 0.0f;
   // conv_w set (Store mode only): row r is a channel of a causal depthwise conv1d with SiLU (the
-  // DeltaNet input conv, conv1d_silu_step's arithmetic): y[r] = silu(sum_j conv_w[r*K+j] * window_j[r])
+  // DeltaNet input conv, conv_qk_norm's conv arithmetic): y[r] = silu(sum_j conv_w[r*K+j] * window_j[r])
   // over the window conv_state rows (K-1 of conv_channels floats, oldest first) then W[r].x; the state
   // drops its oldest row and appends W[r].x. Saves the conv launch. conv_state_out set: the advanced
   // state goes there and conv_state is only read (the decode lookahead's ping-pong state).
@@ -59,7 +59,8 @@ constexpr int kMaxGemvJobs = 12;
 
 // How K-quant weights meet the input vector (see the top of this file). Int8 is the default and what
 // the CPU engine does at its SIMD levels; Float is the full-precision form (tests compare kernels with
-// float64 references through it). Process-wide; set it before launches are enqueued or captured.
+// float64 references through it; `--numerics exact` selects it). Process-wide; set it before launches
+// are enqueued or captured.
 enum class GemvMath { Int8, Float };
 void set_gemv_math(GemvMath m);
 GemvMath gemv_math();

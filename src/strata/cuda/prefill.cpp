@@ -28,6 +28,7 @@ void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error in ", what, ": status ", static_cast<int>(st));
 }
 
+// STRATA_PREFILL_PROFILE=1: the per-piece times of every prefill on stderr (debugging output only).
 bool env_profile() {
   const char* v = std::getenv("STRATA_PREFILL_PROFILE");
   return v && *v && std::string(v) != "0";
@@ -55,12 +56,9 @@ struct GpuPrefill::Impl {
   cublasHandle_t blas = nullptr;
   cudaStream_t s = nullptr;
   PrefillProfile prof;
-  // STRATA_HYBRID_PREFILL=per-token: a HybridMoe runs each layer token by token through its decode path
-  // (HybridMoe::run_batch) instead of the grouped form -- the baseline for measurements.
-  bool per_token_hybrid = false;
-  // The DeltaNet rule over a chunk: the chunkwise-parallel form (default) or the staged token scan
-  // (STRATA_PREFILL_DELTANET=staged, for comparisons).
-  bool chunked_deltanet = true;
+  // The DeltaNet rule over a chunk: the chunkwise-parallel form where it takes the head shape, else
+  // the staged token scan (set in allocate).
+  bool chunked_deltanet = false;
 
   std::vector<void*> allocs;
   size_t bytes = 0;
@@ -100,20 +98,6 @@ struct GpuPrefill::Impl {
 
   Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
     if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
-    if (const char* v = std::getenv("STRATA_HYBRID_PREFILL")) {
-      const std::string mode = v;
-      if (mode == "per-token")
-        per_token_hybrid = true;
-      else if (mode != "grouped" && !mode.empty())
-        fail("STRATA_HYBRID_PREFILL=", mode, ": expected grouped (the default) or per-token");
-    }
-    if (const char* v = std::getenv("STRATA_PREFILL_DELTANET")) {  // for comparisons
-      const std::string form = v;
-      if (form == "staged")
-        chunked_deltanet = false;
-      else if (form != "chunked" && !form.empty())
-        fail("STRATA_PREFILL_DELTANET=", form, ": expected chunked (the default) or staged");
-    }
     chunk = opt.max_chunk;
     try {
       check_cublas(cublasCreate(&blas), "cublasCreate");
@@ -197,8 +181,7 @@ struct GpuPrefill::Impl {
       al = dalloc<float>(C * c.ssm_v_heads);
       o2 = dalloc<float>(C * v_dim());
       // The chunked form takes the real models' head shapes; others run the staged scan (the same rule).
-      chunked_deltanet =
-          chunked_deltanet && prefill::deltanet_chunked_supported(c.ssm_head_k, c.ssm_head_v, c.ssm_conv_channels());
+      chunked_deltanet = prefill::deltanet_chunked_supported(c.ssm_head_k, c.ssm_head_v, c.ssm_conv_channels());
       if (chunked_deltanet)
         dn_scratch = dalloc<float>(prefill::deltanet_chunked_scratch_floats(static_cast<int>(C), c.ssm_v_heads,
                                                                             c.ssm_head_k, c.ssm_head_v));
@@ -421,10 +404,10 @@ struct GpuPrefill::Impl {
         prefill::swiglu_rows_h(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, gh, s);
         prefill::grouped_gemm_h(w.down, gh, false, k, groups, bound, ye, s);
       } else {
-        prefill::grouped_gemm(w.gate, xn, true, k, groups, bound, g, false, s);
-        prefill::grouped_gemm(w.up, xn, true, k, groups, bound, u, false, s);
+        prefill::grouped_gemm(w.gate, xn, true, k, groups, bound, g, s);
+        prefill::grouped_gemm(w.up, xn, true, k, groups, bound, u, s);
         prefill::swiglu_rows(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, g, s);
-        prefill::grouped_gemm(w.down, g, false, k, groups, bound, ye, false, s);
+        prefill::grouped_gemm(w.down, g, false, k, groups, bound, ye, s);
       }
     }
     if (w.has_shared) {
@@ -484,12 +467,7 @@ struct GpuPrefill::Impl {
         }
         unsigned long long* counts_out =
             route_counts && !hybrid ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
-        if (hybrid && per_token_hybrid) {
-          Timed t(*this, kExperts);
-          hybrid->run_batch(il, xn, x, m, s);  // the decode path per token (STRATA_HYBRID_PREFILL=per-token)
-        } else {
-          moe(il, D.moe, m, hybrid, counts_out);
-        }
+        moe(il, D.moe, m, hybrid, counts_out);
       }
       st.n_past = pos0 + m;
       if (logits_out) {

@@ -118,13 +118,14 @@ void scatter_rows(const float* src, const int* pairs, const int* pair_row, int n
 // Grouped expert GEMM over the tiles of g: for sorted row r of tile i (expert e = tile_expert[i]),
 // y[r * N + c] = dot(W_e row c, x row in(r)) with in(r) = src_pair[r] / k when gather (the token of the
 // pair: the FFN input xn), else r (rows already in sorted order). N = stack.n_rows, x rows n_cols long.
-// fast: weights and inputs rounded to half in shared memory, tensor-core products with fp32 accumulation;
-// else fp32 FMA. grid_tiles is the launch bound (max_tiles); tiles beyond *n_tiles exit at once.
+// fp32 FMA (PrefillMath::Exact). grid_tiles is the launch bound (max_tiles); tiles beyond *n_tiles exit
+// at once.
 constexpr int kGroupTileM = 32;
 void grouped_gemm(const DevMatrix& stack, const float* x, bool gather, int k, const ExpertGroups& g, int grid_tiles,
-                  float* y, bool fast, cudaStream_t s);
+                  float* y, cudaStream_t s);
 
-// The fast form (PrefillMath::Fast): inputs already in half, 128 outputs per block, tensor cores.
+// The fast form (PrefillMath::Fast): inputs already in half, weights rounded to half in shared memory,
+// 128 outputs per block, tensor-core products with fp32 accumulation.
 void grouped_gemm_h(const DevMatrix& stack, const __half* x, bool gather, int k, const ExpertGroups& g,
                     int grid_tiles, float* y, cudaStream_t s);
 

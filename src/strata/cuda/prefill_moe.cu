@@ -4,8 +4,9 @@
 // expert's weight rows from the stored blocks into shared memory and multiplies the tile's gathered input
 // rows against it, so an expert's weights are read once per tile of its tokens and no host round trip or
 // per-expert launch is needed.
-// Two arithmetic modes: exact (fp32 FMA, each thread a 4 x 4 block of outputs) and fast (weights and
-// inputs rounded to half in shared memory, WMMA 16x16x16 tensor-core products accumulated in fp32).
+// Two arithmetic modes: exact (grouped_gemm: fp32 FMA, each thread a 4 x 4 block of outputs) and fast
+// (grouped_gemm_h: inputs already in half, weights rounded to half in shared memory, WMMA 16x16x16
+// tensor-core products accumulated in fp32).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -113,7 +114,7 @@ __device__ __forceinline__ void load_weight_chunk(const uint8_t* w, size_t row_b
   }
 }
 
-template <GgmlType T, bool kFast>
+template <GgmlType T>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(
     const uint8_t* w_all, size_t row_bytes, size_t expert_stride, int64_t N, int64_t K, const float* x, bool gather,
     int k_slots, const int* src_pair, const int* tile_expert, const int* tile_row0, const int* tile_rows,
@@ -144,124 +145,66 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(
   // Weight chunk of this thread per k-step: row wr (of the TN), chunk wc (of the 2).
   const int wr = tid / 2, wc = tid % 2;
 
-  if constexpr (kFast) {
-    using namespace nvcuda;
-    constexpr int LDH = KS + 8;
-    constexpr int LDC = TN + 4;
-    __shared__ __align__(32) __half xs[TM * LDH];
-    __shared__ __align__(32) __half ws[TN * LDH];
-    __shared__ __align__(32) float cs[TM * LDC];
-    const int warp = tid / 32;
-    const int fm = warp & 1;         // 16-row block of the tile
-    const int fn = (warp >> 1) * 2;  // first of two 16-column blocks
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-    wmma::fill_fragment(acc[0], 0.0f);
-    wmma::fill_fragment(acc[1], 0.0f);
-    for (int64_t k0 = 0; k0 < K; k0 += KS) {
-      float v[32];
-      load_weight_chunk<T>(w, row_bytes, N, K, n0 + wr, k0 / 32 + wc, v);
-      __half2* wd = reinterpret_cast<__half2*>(ws + wr * LDH + wc * 32);
+  constexpr int LDF = KS + 1;
+  __shared__ float xs[TM * LDF];
+  __shared__ float ws[TN * LDF];
+  const int rg = tid % 16, tg = tid / 16;  // outputs: weight rows rg + 16 i, tile rows tg + 8 j
+  float acc[4][4];
 #pragma unroll
-      for (int l = 0; l < 16; ++l) wd[l] = __floats2half2_rn(v[2 * l], v[2 * l + 1]);
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (xrow[i] && k0 + xc < K) xv = *reinterpret_cast<const float4*>(xrow[i] + k0 + xc);
-        __half2* xd = reinterpret_cast<__half2*>(xs + (xr + 8 * i) * LDH + xc);
-        xd[0] = __floats2half2_rn(xv.x, xv.y);
-        xd[1] = __floats2half2_rn(xv.z, xv.w);
-      }
-      __syncthreads();
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  for (int64_t k0 = 0; k0 < K; k0 += KS) {
+    float v[32];
+    load_weight_chunk<T>(w, row_bytes, N, K, n0 + wr, k0 / 32 + wc, v);
 #pragma unroll
-      for (int kk = 0; kk < KS; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, xs + fm * 16 * LDH + kk, LDH);
+    for (int l = 0; l < 32; ++l) ws[wr * LDF + wc * 32 + l] = v[l];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, ws + (fn + b) * 16 * LDH + kk, LDH);
-          wmma::mma_sync(acc[b], fa, fb, acc[b]);
-        }
-      }
-      __syncthreads();
+    for (int i = 0; i < 4; ++i) {
+      float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (xrow[i] && k0 + xc < K) xv = *reinterpret_cast<const float4*>(xrow[i] + k0 + xc);
+      float* xd = xs + (xr + 8 * i) * LDF + xc;
+      xd[0] = xv.x;
+      xd[1] = xv.y;
+      xd[2] = xv.z;
+      xd[3] = xv.w;
     }
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      wmma::store_matrix_sync(cs + fm * 16 * LDC + (fn + b) * 16, acc[b], LDC, wmma::mem_row_major);
     __syncthreads();
-    for (int idx = tid; idx < TM * TN; idx += kThreads) {
-      const int r = idx / TN, c = idx % TN;
-      if (r < rows && n0 + c < N) y[static_cast<int64_t>(row0 + r) * N + n0 + c] = cs[r * LDC + c];
-    }
-  } else {
-    constexpr int LDF = KS + 1;
-    __shared__ float xs[TM * LDF];
-    __shared__ float ws[TN * LDF];
-    const int rg = tid % 16, tg = tid / 16;  // outputs: weight rows rg + 16 i, tile rows tg + 8 j
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += KS) {
-      float v[32];
-      load_weight_chunk<T>(w, row_bytes, N, K, n0 + wr, k0 / 32 + wc, v);
-#pragma unroll
-      for (int l = 0; l < 32; ++l) ws[wr * LDF + wc * 32 + l] = v[l];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (xrow[i] && k0 + xc < K) xv = *reinterpret_cast<const float4*>(xrow[i] + k0 + xc);
-        float* xd = xs + (xr + 8 * i) * LDF + xc;
-        xd[0] = xv.x;
-        xd[1] = xv.y;
-        xd[2] = xv.z;
-        xd[3] = xv.w;
-      }
-      __syncthreads();
 #pragma unroll 8
-      for (int kk = 0; kk < KS; ++kk) {
-        float wv[4], xv[4];
+    for (int kk = 0; kk < KS; ++kk) {
+      float wv[4], xv[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) wv[i] = ws[(rg + 16 * i) * LDF + kk];
+      for (int i = 0; i < 4; ++i) wv[i] = ws[(rg + 16 * i) * LDF + kk];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) xv[j] = xs[(tg + 8 * j) * LDF + kk];
+      for (int j = 0; j < 4; ++j) xv[j] = xs[(tg + 8 * j) * LDF + kk];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] += wv[i] * xv[j];
-      }
-      __syncthreads();
+        for (int j = 0; j < 4; ++j) acc[i][j] += wv[i] * xv[j];
     }
+    __syncthreads();
+  }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = tg + 8 * j;
-      if (r >= rows) continue;
+  for (int j = 0; j < 4; ++j) {
+    const int r = tg + 8 * j;
+    if (r >= rows) continue;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t c = n0 + rg + 16 * i;
-        if (c < N) y[static_cast<int64_t>(row0 + r) * N + c] = acc[i][j];
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int64_t c = n0 + rg + 16 * i;
+      if (c < N) y[static_cast<int64_t>(row0 + r) * N + c] = acc[i][j];
     }
   }
 }
 
 template <GgmlType T>
 void launch_grouped(const DevMatrix& m, const float* x, bool gather, int k, const ExpertGroups& g, int grid_tiles,
-                    float* y, bool fast, cudaStream_t s) {
+                    float* y, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((m.n_rows + TN - 1) / TN), static_cast<unsigned>(grid_tiles));
-  if (fast) {
-    grouped_gemm_kernel<T, true><<<grid, kThreads, 0, s>>>(m.data, m.row_bytes, m.expert_stride, m.n_rows, m.n_cols, x,
-                                                           gather, k, g.src_pair, g.tile_expert, g.tile_row0,
-                                                           g.tile_rows, g.n_tiles, y);
-  } else {
-    grouped_gemm_kernel<T, false><<<grid, kThreads, 0, s>>>(m.data, m.row_bytes, m.expert_stride, m.n_rows, m.n_cols, x,
-                                                            gather, k, g.src_pair, g.tile_expert, g.tile_row0,
-                                                            g.tile_rows, g.n_tiles, y);
-  }
+  grouped_gemm_kernel<T><<<grid, kThreads, 0, s>>>(m.data, m.row_bytes, m.expert_stride, m.n_rows, m.n_cols, x, gather,
+                                                   k, g.src_pair, g.tile_expert, g.tile_row0, g.tile_rows, g.n_tiles,
+                                                   y);
   check_launch("grouped_gemm");
 }
-
 
 // ---- fast grouped GEMM with half inputs ----------------------------------------------------------------
 // The tensor-core form used by PrefillMath::Fast: inputs arrive in half (converted once per layer, or
@@ -408,17 +351,17 @@ void scatter_rows(const float* src, const int* pairs, const int* pair_row, int n
 }
 
 void grouped_gemm(const DevMatrix& stack, const float* x, bool gather, int k, const ExpertGroups& g, int grid_tiles,
-                  float* y, bool fast, cudaStream_t s) {
+                  float* y, cudaStream_t s) {
   check_arg(stack.n_cols % 32 == 0, "grouped_gemm: expert rows must be a multiple of 32 long");
   if (grid_tiles <= 0) return;
   switch (stack.type) {
-    case GgmlType::F32: return launch_grouped<GgmlType::F32>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::F16: return launch_grouped<GgmlType::F16>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::BF16: return launch_grouped<GgmlType::BF16>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::Q8_0: return launch_grouped<GgmlType::Q8_0>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::Q4_K: return launch_grouped<GgmlType::Q4_K>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::Q5_K: return launch_grouped<GgmlType::Q5_K>(stack, x, gather, k, g, grid_tiles, y, fast, s);
-    case GgmlType::Q6_K: return launch_grouped<GgmlType::Q6_K>(stack, x, gather, k, g, grid_tiles, y, fast, s);
+    case GgmlType::F32: return launch_grouped<GgmlType::F32>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::F16: return launch_grouped<GgmlType::F16>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::BF16: return launch_grouped<GgmlType::BF16>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::Q8_0: return launch_grouped<GgmlType::Q8_0>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::Q4_K: return launch_grouped<GgmlType::Q4_K>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::Q5_K: return launch_grouped<GgmlType::Q5_K>(stack, x, gather, k, g, grid_tiles, y, s);
+    case GgmlType::Q6_K: return launch_grouped<GgmlType::Q6_K>(stack, x, gather, k, g, grid_tiles, y, s);
     default: fail_unsupported_type("grouped_gemm", stack.type);
   }
 }
