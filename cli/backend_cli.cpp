@@ -9,6 +9,7 @@
 
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/gpu_memory.h"
+#include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_types.h"
 #include "strata/cuda/matvec_kernels.h"
@@ -59,8 +60,8 @@ std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOpti
 #ifdef STRATA_HAVE_CUDA
 namespace {
 
-// The receipt, the placement and the session options for --gpu.
-cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, const BackendOptions& o,
+// The receipt, the placement and the session options for --gpu, for `slots` sequences.
+cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, int slots, const BackendOptions& o,
                                          const ProfileStore* profile) {
   const cuda::GpuMemoryInfo mem = cuda::gpu_memory_info();
   cuda::GpuSessionOptions so;
@@ -76,7 +77,7 @@ cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, const 
   req.gpu_free = mem.free_bytes;
   if (!o.gpu_mem.empty()) req.gpu_mem = parse_size(o.gpu_mem, "--gpu-mem");
   if (!o.expert_budget.empty()) req.expert_budget = parse_expert_budget(o.expert_budget);
-  req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, so.prefill_chunk);
+  req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, so.prefill_chunk, slots);
   RoutingCounts counts;
   if (profile) {
     counts = profile->snapshot();
@@ -85,33 +86,63 @@ cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, const 
                                              : cat("uniform (profile ", profile->path(), " has no tokens yet)");
   }
   const GpuExpertPlan plan =
-      plan_gpu_experts(model_footprint(model, max_ctx, 1), model.config().n_expert_used, req);
+      plan_gpu_experts(model_footprint(model, max_ctx, slots), model.config().n_expert_used, req);
   std::fputs(plan.text.c_str(), stderr);
   so.expert_slots = plan.expert_slots;
   return so;
 }
 
 }  // namespace
+
+struct SequenceFactory::Gpu {
+  cuda::GpuSessionOptions options;
+  std::shared_ptr<cuda::GpuModel> model;
+};
+#else
+struct SequenceFactory::Gpu {};
 #endif
 
-std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
-                                        const ProfileStore* profile) {
+SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, const BackendOptions& o,
+                                 const ProfileStore* profile)
+    : model_(model), max_ctx_(max_ctx) {
   check_backend_options(o);
   // A command that offers --profile opens the store (open_profile) and passes it; one that does not
   // would otherwise ignore the flag.
   if (!o.profile.empty() && !profile) fail("--profile: this command does not record routing profiles");
-  if (!o.gpu) return std::make_unique<Session>(model, max_ctx);
+  if (slots < 1) fail("a backend needs at least one slot, got ", slots);
+  if (!o.gpu) return;
 #ifdef STRATA_HAVE_CUDA
   if (!cuda::device_available()) fail("--gpu: ", cuda::device_description());
   try {
-    return cuda::make_gpu_session(model, max_ctx, plan_gpu_session(model, max_ctx, o, profile));
+    gpu_ = std::make_unique<Gpu>();
+    gpu_->options = plan_gpu_session(model, max_ctx, slots, o, profile);
+    gpu_->model = cuda::make_gpu_model(model, gpu_->options);
   } catch (const Error& e) {
     fail("--gpu: ", e.what());
   }
 #else
-  (void)profile;
   fail("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
 #endif
+}
+
+SequenceFactory::~SequenceFactory() = default;
+
+std::unique_ptr<Sequence> SequenceFactory::make() {
+  if (!gpu_) return std::make_unique<Session>(model_, max_ctx_);
+#ifdef STRATA_HAVE_CUDA
+  try {
+    return cuda::make_gpu_session(gpu_->model, max_ctx_, gpu_->options);
+  } catch (const Error& e) {
+    fail("--gpu: ", e.what());
+  }
+#else
+  fail("--gpu: this strata was built without CUDA");
+#endif
+}
+
+std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
+                                        const ProfileStore* profile) {
+  return SequenceFactory(model, max_ctx, 1, o, profile).make();
 }
 
 ProfileRecorder::ProfileRecorder(ProfileStore* store, Sequence& sequence) : store_(store), sequence_(sequence) {

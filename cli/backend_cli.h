@@ -47,7 +47,27 @@ void check_backend_options(const BackendOptions& o);
 // nullptr without --profile.
 std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o);
 
-// A sequence of max_ctx tokens on the chosen backend. With --gpu: prints the VRAM receipt and the
+// The backend for `slots` sequences of max_ctx tokens each, planned once: the CPU engine (every
+// sequence a Session over the Model) or, with --gpu, one GpuModel -- one VRAM receipt and expert
+// placement counting every slot's KV cache, state and workspaces -- that every sequence made shares.
+// Throws like make_sequence.
+class SequenceFactory {
+ public:
+  SequenceFactory(const Model& model, int max_ctx, int slots, const BackendOptions& o, const ProfileStore* profile);
+  ~SequenceFactory();
+  SequenceFactory(const SequenceFactory&) = delete;
+  SequenceFactory& operator=(const SequenceFactory&) = delete;
+  // A new sequence (thread-safe); with --gpu at most `slots` of them live at once fit the plan.
+  std::unique_ptr<Sequence> make();
+
+ private:
+  struct Gpu;
+  const Model& model_;
+  int max_ctx_;
+  std::unique_ptr<Gpu> gpu_;
+};
+
+// A sequence of max_ctx tokens on the chosen backend (a SequenceFactory for one slot). With --gpu: prints the VRAM receipt and the
 // expert placement on stderr (placement from the profile's hotness when `profile` has counts,
 // uniform otherwise) and makes an all-GPU or a hybrid session; fails with the receipt when the core
 // does not fit. Throws strata::Error for --gpu in a build without CUDA or on a machine without a GPU.

@@ -51,11 +51,14 @@ void setup_serve(CLI::App& sub) {
       };
     }
     if (backend->gpu) {
-      // Each GPU session uploads its own copy of the weights today, so the GPU serves one slot.
-      if (o->slots != 1) strata::fail("serve --gpu runs one slot for now (got --slots ", o->slots, ")");
+      // One GpuModel (one receipt and placement for every slot), shared by the slots' sequences.
       o->backend = "gpu";
-      o->make_sequence = [backend, profile](const strata::Model& m, int ctx) {
-        return strata::cli::make_sequence(m, ctx, *backend, profile->get());
+      auto factory = std::make_shared<std::unique_ptr<strata::cli::SequenceFactory>>();
+      const int slots = o->slots;
+      o->make_sequence = [backend, profile, factory, slots](const strata::Model& m, int ctx) {
+        if (!*factory)
+          *factory = std::make_unique<strata::cli::SequenceFactory>(m, ctx, slots, *backend, profile->get());
+        return (*factory)->make();
       };
     }
     strata::cli::set_exit_code(strata::serve::run_server(*o));

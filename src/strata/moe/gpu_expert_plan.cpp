@@ -37,7 +37,7 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   return out;
 }
 
-uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk) {
+uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk, int slots) {
   const uint64_t f = sizeof(float);
   const uint64_t q_width = static_cast<uint64_t>(c.n_head) * c.head_dim * (c.attn_output_gate ? 2 : 1);
   const uint64_t kv_width = static_cast<uint64_t>(c.n_head_kv) * std::max(c.head_dim, c.head_dim_v);
@@ -52,12 +52,13 @@ uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill
   const uint64_t prefill = static_cast<uint64_t>(std::max(prefill_chunk, 1)) * per_token * f;
   const uint64_t fixed = 64ull << 20;
   // The decode lookahead (cuda/decode_lookahead.h) holds every DeltaNet layer's conv window and recurrent
-  // state a second time. Only all-GPU sessions use it; counted for every plan (a hybrid one keeps the slack).
-  const uint64_t lookahead = static_cast<uint64_t>(c.n_deltanet_layers()) *
-                             (static_cast<uint64_t>(std::max(c.ssm_conv_kernel - 1, 0)) * c.ssm_conv_channels() +
-                              static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v) *
-                             f;
-  return decode + prefill + fixed + lookahead;
+  // state a second time (only all-GPU sessions use it; counted for every plan, a hybrid one keeps the
+  // slack), and pending tokens (Sequence::forward_pending) a third.
+  const uint64_t state_copies = 2 * static_cast<uint64_t>(c.n_deltanet_layers()) *
+                                (static_cast<uint64_t>(std::max(c.ssm_conv_kernel - 1, 0)) * c.ssm_conv_channels() +
+                                 static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v) *
+                                f;
+  return static_cast<uint64_t>(std::max(slots, 1)) * (decode + state_copies) + prefill + fixed;
 }
 
 }  // namespace strata

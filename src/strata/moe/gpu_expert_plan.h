@@ -45,8 +45,10 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
 // decode step's vectors and attention scores for ctx positions, the batched prefill's buffers for
 // prefill_chunk tokens (hidden states, attention and DeltaNet projections, router scores, the chosen
 // experts' intermediates, one row of logits per token), the decode lookahead's second copy of the
-// DeltaNet state, plus a fixed 64 MiB for cuBLAS workspaces, CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
+// DeltaNet state and the pending-token snapshot (a third), plus a fixed 64 MiB for cuBLAS workspaces, CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
 // (default_safety_reserve) absorbs the difference.
-uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk);
+// With slots sequences sharing one model, each has its own decode workspaces and state copies; the
+// prefill's are shared.
+uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk, int slots = 1);
 
 }  // namespace strata

@@ -202,16 +202,14 @@ void Scheduler::run(Slot& slot, Job& job) {
       std::fprintf(stderr, "strata serve: sequence metrics: %s\n", e.what());
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    slot.metrics = std::move(text);
+    latest_metrics_ = std::move(text);
   }
   job.finish(std::move(out));
 }
 
 std::string Scheduler::sequence_metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string s;
-  for (const Slot& slot : slots_) s += slot.metrics;
-  return s;
+  return latest_metrics_;
 }
 
 void Scheduler::record_routes(Slot& slot) {

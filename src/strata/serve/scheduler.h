@@ -34,7 +34,8 @@ struct SchedulerConfig {
   // from several slots must be safe) before the client gets the end of its answer.
   std::function<void(const RoutingCounts&)> record_routes;
   // When set, called with the slot's sequence after each request (in the worker thread, between
-  // forwards); the text it returns (Prometheus lines) is kept and shown on /metrics (sequence_metrics()).
+  // forwards); the text it returns (Prometheus lines about the backend the slots share, such as the
+  // hybrid MoE's counters) replaces the previous one and is shown on /metrics (sequence_metrics()).
   std::function<std::string(const Sequence&)> sequence_metrics;
 };
 
@@ -55,7 +56,7 @@ class Scheduler {
   bool idle() const;
   SchedulerGauges gauges();  // also drops queued jobs whose clients left
   const SchedulerConfig& config() const { return config_; }
-  // Every slot's latest SchedulerConfig::sequence_metrics text, concatenated ("" when not set).
+  // The latest SchedulerConfig::sequence_metrics text ("" when not set or before the first request).
   std::string sequence_metrics() const;
 
  private:
@@ -64,7 +65,6 @@ class Scheduler {
     std::vector<int32_t> held;  // the tokens the session holds
     std::shared_ptr<Job> running;
     RoutingCounts routes;  // counted since the last request ended (record_routes)
-    std::string metrics;   // sequence_metrics after the slot's last request (under mutex_)
   };
   void record_routes(Slot& slot);
   void work(int index);
@@ -80,6 +80,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<Slot> slots_;
+  std::string latest_metrics_;  // SchedulerConfig::sequence_metrics after the latest request
   int busy_ = 0;
   bool accepting_ = true;
   bool exiting_ = false;
