@@ -575,6 +575,7 @@ TEST(CudaPrefill, RoutingCountsIncludeThePrompt) {
   gpu.set_routing_counts(&sink);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   gpu.forward(prompt.data(), n, logits.data(), false);
+  gpu.flush_routing_counts();  // the device counts until asked
   EXPECT_EQ(sink.n_tokens, static_cast<uint64_t>(n));
   for (int l = 0; l < c.n_layer; ++l) EXPECT_EQ(sink.layer_total(l), static_cast<uint64_t>(n) * c.n_expert_used);
 }

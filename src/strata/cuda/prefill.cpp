@@ -466,7 +466,7 @@ struct GpuPrefill::Impl {
           rmsnorm_rows(x, D.ffn_norm, c.rms_eps, m, d, xn, s);
         }
         unsigned long long* counts_out =
-            route_counts && !hybrid ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
+            route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
         moe(il, D.moe, m, hybrid, counts_out);
       }
       st.n_past = pos0 + m;
