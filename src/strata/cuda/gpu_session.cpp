@@ -418,8 +418,10 @@ struct GpuSession::Impl {
     prof.mark("embed", stream);
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
-      mixer(D, st.layers[il]);
-      moe(il, D);
+      mixer(D, st.layers[il]);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
+      switch (c.layers[static_cast<size_t>(il)].ffn) {
+        case FfnKind::Moe: moe(il, D); break;
+      }
     }
     const GemvJob head = head_job();
     gemv_batch(&head, 1, stream);

@@ -467,7 +467,9 @@ struct GpuPrefill::Impl {
         }
         unsigned long long* counts_out =
             route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
-        moe(il, D.moe, m, hybrid, counts_out);
+        switch (c.layers[static_cast<size_t>(il)].ffn) {
+          case FfnKind::Moe: moe(il, D.moe, m, hybrid, counts_out); break;
+        }
       }
       st.n_past = pos0 + m;
       if (logits_out) {
