@@ -1,7 +1,8 @@
 // The property every backend's pending forward must have (Sequence::forward_pending / keep): running n
 // drafted tokens (a chain or a random token tree), keeping a root path of m of them and continuing gives
 // exactly what running those m tokens and continuing gives: bit-equal logits, and (where the caller can
-// read it) bit-equal state. Shared by the CPU and GPU test files.
+// read it) bit-equal state, and the same routing counts (only kept tokens count). Shared by the CPU and
+// GPU test files.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
 #include "strata/engine/token_tree.h"
 
@@ -54,6 +56,7 @@ inline Trial random_trial(std::mt19937& rng, int vocab, int max_prompt, int max_
 }
 
 struct Outcome {
+  RoutingCounts routes;               // what the sequence counted over the whole trial
   std::vector<float> pending_logits;  // [n x vocab] of the pending forward (empty for the reference)
   std::vector<float> path_logits;     // the reference: [m x vocab] of the path run as a chain
   std::vector<float> after_logits;    // [after x vocab]
@@ -75,11 +78,13 @@ inline void run_after(Sequence& s, const Trial& t, Outcome& o) {
     o.after_logits.insert(o.after_logits.end(), l.begin(), l.end());
   }
   o.n_past = s.n_past();
+  s.set_routing_counts(nullptr);  // flushes what the backend still holds
 }
 
 inline Outcome run_pending(Sequence& s, const Trial& t) {
   const int64_t V = s.model().config().n_vocab;
   Outcome o;
+  s.set_routing_counts(&o.routes);
   run_prompt(s, t);
   const int n = static_cast<int>(t.drafts.size());
   o.pending_logits.resize(static_cast<size_t>(n * V));
@@ -96,6 +101,7 @@ inline Outcome run_pending(Sequence& s, const Trial& t) {
 inline Outcome run_reference(Sequence& s, const Trial& t) {
   const int64_t V = s.model().config().n_vocab;
   Outcome o;
+  s.set_routing_counts(&o.routes);
   run_prompt(s, t);
   std::vector<int32_t> kept;
   for (int i : t.path) kept.push_back(t.drafts[static_cast<size_t>(i)]);
@@ -134,6 +140,9 @@ inline void check_pending_property(const std::function<std::unique_ptr<Sequence>
     const Outcome want = run_reference(*b, t);
     EXPECT_EQ(got.n_past, want.n_past) << what;
     EXPECT_EQ(got.after_logits, want.after_logits) << what;
+    // Only kept tokens count as routed traffic, each once.
+    EXPECT_EQ(got.routes.n_tokens, want.routes.n_tokens) << what;
+    EXPECT_EQ(got.routes.counts, want.routes.counts) << what;
     if (pending_rows_exact) {
       for (size_t j = 0; j < t.path.size(); ++j)
         EXPECT_TRUE(std::equal(want.path_logits.begin() + static_cast<std::ptrdiff_t>(j * V),

@@ -29,6 +29,7 @@ TEST(CudaModel, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA
 #include "strata/engine/session.h"
 #include "cuda_test_models.h"
 #include "pending_property.h"
+#include "strata/engine/token_tree.h"
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
@@ -294,6 +295,68 @@ TEST(CudaModel, PendingKeepEqualsRunQwen35MoeFixture) {
 TEST(CudaModel, PendingKeepEqualsRunTinyModel) {
   REQUIRE_GPU();
   expect_gpu_pending_property(kTiny, 403);
+}
+
+// A tree on the GPU: every node's logits are those of a chain run of its root path (a node inside a
+// longer path comes from that path's prefill, whose GEMM shapes differ: close, not bit-equal); greedy
+// steps with the lookahead in flight around the pending tokens give what a plain run gives.
+TEST(CudaModel, PendingTreeLogitsAndLookahead) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int64_t vocab = model->config().n_vocab;
+  const auto gm = sc::make_gpu_model(*model);
+  const std::vector<int32_t> prompt = some_prompt(vocab, 6);
+  std::vector<int32_t> drafts = some_prompt(vocab, 7);
+  for (int32_t& id : drafts) id = static_cast<int32_t>((id + 11) % vocab);
+  const std::vector<int> parents = {-1, 0, 0, -1, 2, 1, 5};
+  const strata::TokenTree tree = strata::TokenTree::from_parents(parents.data(), 7);
+  std::vector<float> scratch(static_cast<size_t>(vocab));
+  // prompt[0..5) prefilled, prompt[5] and its pick p1 fed by greedy steps: the step for p1's pick is in
+  // flight (lookahead) when the pending tokens arrive, and must be dropped.
+  auto start = [&](sc::GpuSession& s) {
+    s.forward(prompt.data(), 5, scratch.data(), false);
+    const int32_t p1 = s.decode_argmax(prompt[5]);
+    s.decode_argmax(p1);
+    return p1;
+  };
+
+  auto a = sc::make_gpu_session(gm, 64);
+  const int32_t p1 = start(*a);
+  std::vector<float> logits(drafts.size() * static_cast<size_t>(vocab), NAN);
+  a->forward_pending(drafts.data(), 7, parents.data(), logits.data());
+  double worst = 0;
+  for (int node = 0; node < 7; ++node) {
+    std::vector<int32_t> path;
+    for (int i : tree.path_to(node)) path.push_back(drafts[static_cast<size_t>(i)]);
+    auto b = sc::make_gpu_session(gm, 64);
+    b->forward(prompt.data(), 6, scratch.data(), false);
+    b->forward(&p1, 1, scratch.data(), false);
+    std::vector<float> rows(path.size() * static_cast<size_t>(vocab));
+    b->forward(path.data(), static_cast<int>(path.size()), rows.data(), true);
+    const std::vector<float> last(rows.end() - vocab, rows.end());
+    const std::vector<float> got(logits.begin() + node * vocab, logits.begin() + (node + 1) * vocab);
+    worst = std::max(worst, max_row_rel_err(got, last, static_cast<size_t>(vocab)));
+  }
+  std::printf("[cuda-model] pending tree logits vs chain runs of each root path: max row relative error %.3g\n", worst);
+  EXPECT_LE(worst, 5e-3);
+
+  // Keep the path to node 6 (0 -> 1 -> 5 -> 6), then greedy steps from its pick: what a plain run of the
+  // same tokens gives.
+  const std::vector<int> keep = tree.path_to(6);
+  a->keep(keep.data(), static_cast<int>(keep.size()));
+  std::vector<int32_t> got_ids, want_ids;
+  int32_t next = strata::argmax(logits.data() + 6 * vocab, vocab);
+  for (int i = 0; i < 12; ++i) got_ids.push_back(next = a->decode_argmax(next));
+
+  auto b = sc::make_gpu_session(gm, 64);
+  EXPECT_EQ(start(*b), p1);
+  std::vector<int32_t> kept;
+  for (int i : keep) kept.push_back(drafts[static_cast<size_t>(i)]);
+  b->forward(kept.data(), static_cast<int>(kept.size()), scratch.data(), false);
+  next = strata::argmax(scratch.data(), vocab);
+  for (int i = 0; i < 12; ++i) want_ids.push_back(next = b->decode_argmax(next));
+  EXPECT_EQ(got_ids, want_ids);
+  EXPECT_EQ(a->n_past(), b->n_past());
 }
 
 // Sequences over one GpuModel own their state: interleaved steps, and greedy runs on threads at once,

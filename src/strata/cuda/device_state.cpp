@@ -85,11 +85,16 @@ void DeviceSequenceState::swap_alternates() {
   parity_ ^= 1;
 }
 
-void DeviceSequenceState::save_snapshot(cudaStream_t s) {
+void DeviceSequenceState::add_snapshot() {
   for (DeviceLayerState& L : layers) {
     if (L.conv && !L.conv_snap) L.conv_snap = alloc(conv_floats(c_));
     if (L.ssm && !L.ssm_snap) L.ssm_snap = alloc(ssm_floats(c_));
   }
+  has_snapshot_ = true;
+}
+
+void DeviceSequenceState::save_snapshot(cudaStream_t s) {
+  if (!has_snapshot_) fail("sequence state: save_snapshot before add_snapshot");
   copy_snapshot(true, s);
   snap_n_past_ = n_past;
 }

@@ -26,7 +26,7 @@ struct DeviceLayerState {
   // they were: the decode lookahead's rollback). Null: steps update conv/ssm in place.
   float* conv_alt = nullptr;
   float* ssm_alt = nullptr;
-  // save_snapshot's copies of conv/ssm (allocated on first use).
+  // save_snapshot's copies of conv/ssm (add_snapshot).
   float* conv_snap = nullptr;
   float* ssm_snap = nullptr;
 };
@@ -46,8 +46,10 @@ class DeviceSequenceState {
   // Swaps conv <-> conv_alt and ssm <-> ssm_alt in every layer; parity() flips.
   void swap_alternates();
   int parity() const { return parity_; }
-  // Copies the DeltaNet conv/ssm state and n_past aside (buffers allocated on first use, counted in
-  // bytes()), and puts them back; the KV cache needs neither (rows >= n_past are written before read).
+  // Allocates the snapshot buffers (once; counted in bytes()). save_snapshot copies the DeltaNet
+  // conv/ssm state and n_past aside, restore_snapshot puts them back; the KV cache needs neither (rows
+  // >= n_past are written before read).
+  void add_snapshot();
   void save_snapshot(cudaStream_t s);
   void restore_snapshot(cudaStream_t s);
 
@@ -67,6 +69,7 @@ class DeviceSequenceState {
   size_t bytes_ = 0;
   int parity_ = 0;
   int snap_n_past_ = 0;
+  bool has_snapshot_ = false;
   std::vector<void*> allocs_;
   float* alloc(size_t floats);
   void copy_snapshot(bool save, cudaStream_t s);

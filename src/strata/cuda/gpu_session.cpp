@@ -77,6 +77,7 @@ struct GpuSession::Impl {
   unsigned long long* argmax_part = nullptr;  // argmax_wide scratch
   unsigned int* argmax_counter = nullptr;
   unsigned long long* route_counts = nullptr;  // [n_layer x n_expert] router selections (decode steps)
+  unsigned long long* route_counts_saved = nullptr;  // route_counts before the pending tokens
   float* attn_scratch = nullptr;               // attention_decode_split partials
   unsigned int* attn_counters = nullptr;
   unsigned int* norm_counter = nullptr;        // GemvNorm epilogues (one launch at a time on the stream)
@@ -116,6 +117,8 @@ struct GpuSession::Impl {
         st.add_alternates();
         link.allocate();
       }
+      st.add_snapshot();  // pending tokens return to it; allocated now, not mid-serve
+      check_cuda(cudaDeviceSynchronize(), "allocate");  // the zeroing memsets precede any use on the stream
     } catch (...) {
       release();
       throw;
@@ -171,6 +174,7 @@ struct GpuSession::Impl {
     sample_scratch = dalloc<unsigned char>(sample_scratch_bytes(c.n_vocab));
     argmax_counter = dalloc<unsigned int>(1);
     route_counts = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
+    route_counts_saved = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
     const size_t k = static_cast<size_t>(c.n_expert_used);
@@ -588,14 +592,28 @@ struct GpuSession::Impl {
   std::vector<int> held;    // the pending root path the state holds now
   std::vector<int32_t> pending_tokens;
 
+  // The DeltaNet state, n_past and the routing counters as they were before the pending tokens: the
+  // counters then hold the kept tokens' picks only, each once (as the CPU engine counts them).
+  void save_snapshot() {
+    st.save_snapshot(stream);
+    check_cuda(cudaMemcpyAsync(route_counts_saved, route_counts, route_counts_bytes(), cudaMemcpyDeviceToDevice, stream),
+               "save routing counts");
+    pending_base = n_past;
+  }
   void restore_snapshot() {
     st.restore_snapshot(stream);
+    check_cuda(cudaMemcpyAsync(route_counts, route_counts_saved, route_counts_bytes(), cudaMemcpyDeviceToDevice, stream),
+               "restore routing counts");
     n_past = pending_base;
+  }
+  size_t route_counts_bytes() const {
+    return static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert) * sizeof(unsigned long long);
   }
 
   // Runs pending path `path` from the snapshot: n_past = pending_base + its length.
   void run_path(const std::vector<int>& path, float* logits_out) {
     restore_snapshot();
+    held.clear();  // until the path has run, the state holds no pending path
     if (path.empty()) return;
     std::vector<int32_t> ids;
     for (int i : path) ids.push_back(pending_tokens[static_cast<size_t>(i)]);
@@ -637,8 +655,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
   m.validate(tokens, n);
   const TokenTree tree = TokenTree::from_parents(parents, n);
   m.drop();
-  m.st.save_snapshot(m.stream);
-  m.pending_base = m.n_past;
+  m.save_snapshot();
   m.pending_tokens.assign(tokens, tokens + n);
   m.has_pending = true;  // from here on a failure leaves the snapshot to return to
   try {
@@ -667,9 +684,9 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       }
     }
   } catch (...) {
+    m.has_pending = false;
     m.restore_snapshot();
     m.sync();
-    m.has_pending = false;
     throw;
   }
   m.pending = tree;
@@ -757,6 +774,8 @@ void GpuSession::reset_routing_counts() {
   m.drop();
   const size_t n = static_cast<size_t>(m.c.n_layer) * m.c.n_expert;
   check_cuda(cudaMemsetAsync(m.route_counts, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
+  // While tokens are pending, keep() returns the counters to the saved copy: it restarts from zero too.
+  check_cuda(cudaMemsetAsync(m.route_counts_saved, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
   m.sync();
 }
 
@@ -767,12 +786,16 @@ size_t GpuSession::weight_bytes() const { return impl_->dm.bytes(); }
 const std::shared_ptr<GpuModel>& GpuSession::gpu_model() const { return impl_->gm; }
 size_t GpuSession::state_bytes() const { return impl_->state_bytes + impl_->st.bytes(); }
 bool GpuSession::hybrid() const { return impl_->hybrid != nullptr; }
+// The hybrid MoE belongs to the model: its counters are read and reset under the model's lock.
 HybridTelemetry GpuSession::hybrid_telemetry() const {
   if (!impl_->hybrid) fail("hybrid telemetry: this GPU session has every expert resident (no expert slot map)");
+  std::lock_guard<std::mutex> lock(impl_->gm->exclusive());
   return impl_->hybrid->telemetry();
 }
 void GpuSession::reset_hybrid_telemetry() {
-  if (impl_->hybrid) impl_->hybrid->reset_telemetry();
+  if (!impl_->hybrid) return;
+  std::lock_guard<std::mutex> lock(impl_->gm->exclusive());
+  impl_->hybrid->reset_telemetry();
 }
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options) {

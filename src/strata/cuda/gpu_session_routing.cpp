@@ -19,7 +19,9 @@ void GpuSession::set_routing_counts(RoutingCounts* counts) {
 }
 
 void GpuSession::flush_routing_counts() {
-  if (!route_sink_) return;
+  // Pending tokens' picks are not counts yet (only the kept ones become counts): the next flush after
+  // keep() moves them.
+  if (!route_sink_ || has_pending()) return;
   const ModelConfig& c = model().config();
   const std::vector<uint64_t> delta = routing_counts();
   reset_routing_counts();

@@ -30,7 +30,14 @@ void forward_model(const Model& model, SequenceState& state, const int32_t* toke
 
     rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
     switch (spec.ffn) {
-      case FfnKind::Moe: moe_block(c, L.moe, xn.data(), n, y.data(), counts, il); break;
+      case FfnKind::Moe:
+        if (pending) {
+          state.pending_picks.resize(static_cast<size_t>(c.n_layer));
+          moe_block(c, L.moe, xn.data(), n, y.data(), nullptr, il, &state.pending_picks[static_cast<size_t>(il)]);
+        } else {
+          moe_block(c, L.moe, xn.data(), n, y.data(), counts, il);
+        }
+        break;
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
   }
@@ -43,10 +50,18 @@ void forward_model(const Model& model, SequenceState& state, const int32_t* toke
   }
 }
 
-void keep_pending(const Model& model, SequenceState& state, const int* path, int m) {
+void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts) {
   if (!state.has_pending) fail("keep: no tokens are pending (run forward_pending first)");
   state.pending.check_path(path, m);
   const ModelConfig& c = model.config();
+  if (counts) {
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    for (size_t il = 0; il < state.pending_picks.size(); ++il)
+      for (int j = 0; j < m; ++j)
+        for (size_t p = 0; p < k; ++p)
+          counts->add(static_cast<int>(il), state.pending_picks[il][static_cast<size_t>(path[j]) * k + p], 1);
+    counts->n_tokens += static_cast<uint64_t>(m);
+  }
   for (int il = 0; il < c.n_layer; ++il) {
     switch (c.mixer(il)) {
       case LayerKind::FullAttention: attention_keep(c, state.layers[il], state.n_past, path, m); break;

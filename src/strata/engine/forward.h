@@ -17,12 +17,14 @@ namespace strata {
 // Runs tokens[0..n) after state.n_past kept tokens. pending == nullptr: a chain, kept at once
 // (state.n_past += n). Otherwise the tokens' tree (a chain or not): they stay pending in state until
 // keep_pending. logits: [n x n_vocab] when all_positions, else [n_vocab] for the last token.
-// counts (optional): routing picks per (layer, expert) are added to it (n_tokens is the caller's).
+// counts (optional): routing picks per (layer, expert) are added to it (n_tokens is the caller's); a
+// pending forward keeps its picks for keep_pending instead, which counts the kept tokens only.
 void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
                    float* logits, bool all_positions, RoutingCounts* counts = nullptr);
 
 // Keeps the root path path[0..m) of the pending tokens (checked against their tree) and drops the
-// rest: the state then equals running those m tokens as a chain.
-void keep_pending(const Model& model, SequenceState& state, const int* path, int m);
+// rest: the state then equals running those m tokens as a chain. counts (optional): the kept tokens'
+// picks are added to it, and m to its n_tokens.
+void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts = nullptr);
 
 }  // namespace strata

@@ -26,7 +26,7 @@ void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMa
 }  // namespace
 
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out, RoutingCounts* counts,
-               int layer) {
+               int layer, std::vector<int>* picks) {
   const int d = c.n_embd;
   const int k = c.n_expert_used;
 
@@ -38,6 +38,8 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   for (int t = 0; t < n; ++t)
     route_token(probs.data() + static_cast<int64_t>(t) * c.n_expert, c.n_expert, k, c.norm_topk,
                 chosen.data() + static_cast<int64_t>(t) * k, weight.data() + static_cast<int64_t>(t) * k);
+
+  if (picks) *picks = chosen;
 
   // Group (token, weight) pairs by expert.
   std::vector<std::vector<std::pair<int, float>>> users(static_cast<size_t>(c.n_expert));

@@ -31,6 +31,8 @@ struct SequenceState {
   // value rows are n_past + t; n_past does not move until keep() chooses a root path.
   bool has_pending = false;
   TokenTree pending;
+  // The pending tokens' router picks per layer ([n x k]), counted when keep() keeps them.
+  std::vector<std::vector<int>> pending_picks;
 
   SequenceState() = default;
   SequenceState(const ModelConfig& config, int max_ctx);

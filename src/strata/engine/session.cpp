@@ -30,10 +30,9 @@ void Session::forward_pending(const int32_t* tokens, int n, const int* parents, 
   check_tokens(model_.config(), state_, tokens, n);
   const TokenTree tree = TokenTree::from_parents(parents, n);
   forward_model(model_, state_, tokens, n, &tree, logits_out, true, routing_counts_);
-  if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
 }
 
-void Session::keep(const int* path, int m) { keep_pending(model_, state_, path, m); }
+void Session::keep(const int* path, int m) { keep_pending(model_, state_, path, m, routing_counts_); }
 
 void Session::set_routing_counts(RoutingCounts* counts) {
   const ModelConfig& c = model_.config();
