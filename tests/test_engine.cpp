@@ -391,4 +391,65 @@ TEST(Pending, BadTreesPathsAndCallsFailAndKeepTheState) {
   EXPECT_EQ(s.n_past(), 0);
 }
 
+// Several sessions in one batched forward end exactly as their own forwards leave them: logits, state
+// and routing counts bit for bit; a bad step anywhere changes no session.
+void expect_batched_sessions_equal_alone(const std::string& path) {
+  auto model = strata::Model::load(path);
+  const int64_t V = model->config().n_vocab;
+  const std::vector<std::vector<int32_t>> history = {{1, 2, 3}, {40, 41}, {7, 8, 9, 10, 11}};
+  const std::vector<std::vector<int32_t>> next = {{5}, {60, 61, 62}, {9}};
+  std::vector<std::unique_ptr<strata::Session>> together, alone;
+  std::vector<strata::RoutingCounts> rc_together(3), rc_alone(3);
+  std::vector<float> scratch(static_cast<size_t>(V) * 8);
+  for (size_t i = 0; i < 3; ++i) {
+    together.push_back(std::make_unique<strata::Session>(*model, 16));
+    alone.push_back(std::make_unique<strata::Session>(*model, 16));
+    for (auto* s : {together.back().get(), alone.back().get()})
+      s->forward(history[i].data(), static_cast<int>(history[i].size()), scratch.data(), false);
+    together[i]->set_routing_counts(&rc_together[i]);
+    alone[i]->set_routing_counts(&rc_alone[i]);
+  }
+  std::vector<std::vector<float>> got(3), want(3);
+  std::vector<strata::SessionStep> steps(3);
+  for (size_t i = 0; i < 3; ++i) {
+    got[i].resize(next[i].size() * static_cast<size_t>(V));
+    want[i].resize(got[i].size());
+    steps[i].session = together[i].get(), steps[i].tokens = next[i].data(), steps[i].n = static_cast<int>(next[i].size());
+    steps[i].logits = got[i].data(), steps[i].all_positions = true;
+    alone[i]->forward(next[i].data(), static_cast<int>(next[i].size()), want[i].data(), true);
+  }
+  strata::forward_sessions(steps.data(), 3);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i], want[i]) << "session " << i;
+    EXPECT_EQ(together[i]->n_past(), alone[i]->n_past());
+    EXPECT_EQ(rc_together[i].counts, rc_alone[i].counts) << "session " << i;
+    EXPECT_EQ(rc_together[i].n_tokens, rc_alone[i].n_tokens) << "session " << i;
+    const auto& a = together[i]->state().layers;
+    const auto& b = alone[i]->state().layers;
+    for (size_t l = 0; l < a.size(); ++l) {
+      EXPECT_EQ(a[l].k, b[l].k) << "session " << i << " layer " << l;  // rows past n_past were never written
+      EXPECT_EQ(a[l].conv, b[l].conv) << "session " << i << " layer " << l;
+      EXPECT_EQ(a[l].ssm, b[l].ssm) << "session " << i << " layer " << l;
+    }
+  }
+  // A bad id in the last step: nothing runs, no session moves.
+  const int32_t bad = static_cast<int32_t>(V);
+  steps[2].tokens = &bad, steps[2].n = 1;
+  EXPECT_THROW(strata::forward_sessions(steps.data(), 3), strata::Error);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(together[i]->n_past(), alone[i]->n_past());
+  steps[1].session = together[0].get();
+  steps[2].tokens = next[2].data();
+  EXPECT_THROW(strata::forward_sessions(steps.data(), 3), strata::Error);  // one session twice
+}
+
+TEST(Batched, Qwen3MoeSessionsTogetherEqualAlone) {
+  expect_batched_sessions_equal_alone(TinyModelWriter(TinySpec{}, 41).write("tiny_batch_q3.gguf"));
+}
+
+TEST(Batched, Qwen35MoeQ8_0SessionsTogetherEqualAlone) {
+  TinySpec s = qwen35_spec();
+  s.matrix_type = strata::GgmlType::Q8_0;
+  expect_batched_sessions_equal_alone(TinyModelWriter(s, 42).write("tiny_batch_q35.gguf"));
+}
+
 }  // namespace

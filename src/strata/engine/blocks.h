@@ -44,11 +44,10 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
 void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const int* path, int m);
 
 // Mixture of experts: softmax router, top-k (renormalised when c.norm_topk), SwiGLU experts run once per
-// batch on the tokens that chose them, plus the sigmoid-gated shared expert when present.
-// counts (optional): one pick per (token, chosen expert) is added to row `layer`. picks (optional):
-// receives the chosen expert ids, [n x k] (pending tokens count only once kept).
+// batch on the tokens that chose them, plus the sigmoid-gated shared expert when present. picks
+// (optional): receives the chosen expert ids, [n x k] (the forward counts routes from them).
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               RoutingCounts* counts = nullptr, int layer = 0, std::vector<int>* picks = nullptr);
+               std::vector<int>* picks = nullptr);
 
 // Final norm and output projection; logits for every row of X ([n x n_vocab]) or for the last only.
 void output_logits(const ModelConfig& c, const ModelWeights& w, const float* X, int n, bool all_positions,

@@ -7,47 +7,84 @@
 
 namespace strata {
 
-void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
-                   float* logits, bool all_positions, RoutingCounts* counts) {
+void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
-  if (pending && pending->size() != n) fail("forward: a tree of ", pending->size(), " tokens for ", n, " tokens");
-  const size_t width = static_cast<size_t>(n) * c.n_embd;
+  int n = 0;
+  std::vector<int> first(static_cast<size_t>(n_parts));  // each part's first row
+  std::vector<int32_t> tokens;
+  for (int p = 0; p < n_parts; ++p) {
+    const ForwardPart& part = parts[p];
+    if (part.n <= 0) fail("forward: a part of ", part.n, " tokens");
+    if (part.pending && part.pending->size() != part.n)
+      fail("forward: a tree of ", part.pending->size(), " tokens for ", part.n, " tokens");
+    for (int q = 0; q < p; ++q)
+      if (parts[q].state == part.state) fail("forward: one sequence appears twice in a batch");
+    first[static_cast<size_t>(p)] = n;
+    tokens.insert(tokens.end(), part.tokens, part.tokens + part.n);
+    n += part.n;
+  }
+  const size_t d = static_cast<size_t>(c.n_embd);
+  const size_t width = static_cast<size_t>(n) * d;
   std::vector<float> x(width), xn(width), y(width);
+  std::vector<int> picks;
 
-  embed_tokens(w.token_embd, tokens, n, x.data());
+  embed_tokens(w.token_embd, tokens.data(), n, x.data());
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w.layers[il];
     const LayerSpec& spec = c.layers[static_cast<size_t>(il)];
     rmsnorm_rows(x.data(), L.attn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
-    switch (spec.mixer) {
-      case LayerKind::FullAttention:
-        attention_block(c, L.attn, state.layers[il], state.n_past, pending, xn.data(), n, y.data());
-        break;
-      case LayerKind::DeltaNet: deltanet_block(c, L.deltanet, state.layers[il], pending, xn.data(), n, y.data()); break;
+    for (int p = 0; p < n_parts; ++p) {  // mixers: per sequence, on its rows
+      ForwardPart& part = parts[p];
+      const size_t at = static_cast<size_t>(first[static_cast<size_t>(p)]) * d;
+      LayerState& ls = part.state->layers[static_cast<size_t>(il)];
+      switch (spec.mixer) {
+        case LayerKind::FullAttention:
+          attention_block(c, L.attn, ls, part.state->n_past, part.pending, xn.data() + at, part.n, y.data() + at);
+          break;
+        case LayerKind::DeltaNet: deltanet_block(c, L.deltanet, ls, part.pending, xn.data() + at, part.n, y.data() + at); break;
+      }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
 
     rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
     switch (spec.ffn) {
-      case FfnKind::Moe:
-        if (pending) {
-          state.pending_picks.resize(static_cast<size_t>(c.n_layer));
-          moe_block(c, L.moe, xn.data(), n, y.data(), nullptr, il, &state.pending_picks[static_cast<size_t>(il)]);
-        } else {
-          moe_block(c, L.moe, xn.data(), n, y.data(), counts, il);
-        }
-        break;
+      case FfnKind::Moe: moe_block(c, L.moe, xn.data(), n, y.data(), &picks); break;
+    }
+    // Each part's picks: kept for keep_pending, or counted now.
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    for (int p = 0; p < n_parts; ++p) {
+      ForwardPart& part = parts[p];
+      const auto from = picks.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first[static_cast<size_t>(p)]) * k);
+      const auto to = from + static_cast<std::ptrdiff_t>(static_cast<size_t>(part.n) * k);
+      if (part.pending) {
+        part.state->pending_picks.resize(static_cast<size_t>(c.n_layer));
+        part.state->pending_picks[static_cast<size_t>(il)].assign(from, to);
+      } else if (part.counts) {
+        for (auto e = from; e != to; ++e) part.counts->add(il, *e, 1);
+      }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
   }
-  output_logits(c, w, x.data(), n, all_positions, logits);
-  if (pending) {
-    state.pending = *pending;
-    state.has_pending = true;
-  } else {
-    state.n_past += n;
+  for (int p = 0; p < n_parts; ++p) {
+    ForwardPart& part = parts[p];
+    output_logits(c, w, x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, part.n, part.all_positions,
+                  part.logits);
+    if (part.pending) {
+      part.state->pending = *part.pending;
+      part.state->has_pending = true;
+    } else {
+      part.state->n_past += part.n;
+    }
   }
+}
+
+void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
+                   float* logits, bool all_positions, RoutingCounts* counts) {
+  ForwardPart part;
+  part.state = &state, part.tokens = tokens, part.n = n, part.pending = pending;
+  part.logits = logits, part.all_positions = all_positions, part.counts = counts;
+  forward_batch(model, &part, 1);
 }
 
 void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts) {

@@ -14,6 +14,26 @@
 
 namespace strata {
 
+// One sequence's part of a batched forward: its state, its tokens (consecutive rows of the batch), their
+// shape (pending == nullptr: a chain, kept at once; otherwise their tree, left pending until
+// keep_pending), where its logits go ([n x n_vocab] when all_positions, else the last token's) and its
+// routing counts (optional; n_tokens is the caller's; pending parts keep their picks for keep_pending).
+struct ForwardPart {
+  SequenceState* state = nullptr;
+  const int32_t* tokens = nullptr;
+  int n = 0;
+  const TokenTree* pending = nullptr;
+  float* logits = nullptr;
+  bool all_positions = false;
+  RoutingCounts* counts = nullptr;
+};
+
+// Runs every part in one pass over the layers: norms, projections and experts over all rows at once (each
+// weight read once for the whole batch, tokens grouped by expert across sequences), attention and
+// DeltaNet per sequence over its own state. Each part ends exactly as forward_model on it alone would
+// leave it (the row arithmetic does not depend on the batch). The states must be distinct.
+void forward_batch(const Model& model, ForwardPart* parts, int n_parts);
+
 // Runs tokens[0..n) after state.n_past kept tokens. pending == nullptr: a chain, kept at once
 // (state.n_past += n). Otherwise the tokens' tree (a chain or not): they stay pending in state until
 // keep_pending. logits: [n x n_vocab] when all_positions, else [n_vocab] for the last token.

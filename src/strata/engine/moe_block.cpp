@@ -25,8 +25,8 @@ void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMa
 
 }  // namespace
 
-void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out, RoutingCounts* counts,
-               int layer, std::vector<int>* picks) {
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
+               std::vector<int>* picks) {
   const int d = c.n_embd;
   const int k = c.n_expert_used;
 
@@ -46,9 +46,6 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   for (int t = 0; t < n; ++t)
     for (int j = 0; j < k; ++j)
       users[chosen[static_cast<size_t>(t) * k + j]].push_back({t, weight[static_cast<size_t>(t) * k + j]});
-  if (counts)
-    for (int e = 0; e < c.n_expert; ++e)
-      if (!users[e].empty()) counts->add(layer, e, users[e].size());
 
   std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
   std::vector<float> Xe, Ye;

@@ -20,6 +20,27 @@ void check_tokens(const ModelConfig& c, const SequenceState& st, const int32_t* 
 
 }  // namespace
 
+void Session::check_forward(const int32_t* tokens, int n) const { check_tokens(model_.config(), state_, tokens, n); }
+
+void forward_sessions(SessionStep* steps, int n_steps) {
+  if (n_steps <= 0) fail("forward_sessions: no sessions");
+  const Model& model = steps[0].session->model();
+  std::vector<ForwardPart> parts(static_cast<size_t>(n_steps));
+  for (int i = 0; i < n_steps; ++i) {
+    const SessionStep& st = steps[i];
+    if (&st.session->model() != &model) fail("forward_sessions: sessions of different models");
+    st.session->check_forward(st.tokens, st.n);
+    ForwardPart& p = parts[static_cast<size_t>(i)];
+    p.state = &st.session->state(), p.tokens = st.tokens, p.n = st.n;
+    p.logits = st.logits, p.all_positions = st.all_positions, p.counts = st.session->routing_counts();
+    for (int j = 0; j < i; ++j)
+      if (steps[j].session == st.session) fail("forward_sessions: session ", i, " appears twice");
+  }
+  forward_batch(model, parts.data(), n_steps);
+  for (int i = 0; i < n_steps; ++i)
+    if (RoutingCounts* rc = steps[i].session->routing_counts()) rc->n_tokens += static_cast<uint64_t>(steps[i].n);
+}
+
 void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   check_tokens(model_.config(), state_, tokens, n);
   forward_model(model_, state_, tokens, n, nullptr, logits_out, all_positions, routing_counts_);

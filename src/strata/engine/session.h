@@ -41,12 +41,29 @@ class Session : public Sequence {
   // the model; a table of another shape is refused. The caller owns it and must keep it alive while set.
   void set_routing_counts(RoutingCounts* counts) override;
   RoutingCounts* routing_counts() const { return routing_counts_; }
+  // Fails like forward() would on these tokens, changing nothing.
+  void check_forward(const int32_t* tokens, int n) const;
 
  private:
   const Model& model_;
   SequenceState state_;
   RoutingCounts* routing_counts_ = nullptr;
 };
+
+// One session's tokens in forward_sessions.
+struct SessionStep {
+  Session* session = nullptr;
+  const int32_t* tokens = nullptr;
+  int n = 0;
+  float* logits = nullptr;  // as Session::forward
+  bool all_positions = false;
+};
+
+// Several sessions of one model in one batched forward (continuous batching on the CPU: every weight is
+// read once for all of them, tokens grouped by expert across sessions). Each session ends as its own
+// forward() would leave it, logits bit for bit. Everything is checked first (one model, distinct
+// sessions, nothing pending, ids and contexts): on a failure no session changes.
+void forward_sessions(SessionStep* steps, int n_steps);
 
 // Greedy continuation: runs the prompt (from the session's current position), then picks the arg-max
 // token n_new times (ties: lowest id), feeding each back. Returns the generated ids (prompt excluded).
