@@ -1,4 +1,4 @@
-// The CPU cold-expert pool (moe/cold_experts.h): each cold expert's SwiGLU FFN output must equal,
+// The CPU cold-expert pool (cpu/cold_experts.h): each cold expert's SwiGLU FFN output must equal,
 // bitwise, what the CPU engine computes for that expert (the public matvec + swiglu the engine's MoE
 // block calls), for the quant types of real MoE files, any thread count and many jobs in a row; and
 // it must stay within the int8-activation rounding of a float64 reference written here.
@@ -16,7 +16,8 @@
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cpu/matmul.h"
 #include "strata/cpu/ops.h"
-#include "strata/moe/cold_experts.h"
+#include "strata/cpu/cold_experts.h"
+#include "strata/model/weights.h"
 #include "strata/quant/quantize.h"
 #include "strata/quant/types.h"
 

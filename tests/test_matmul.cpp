@@ -291,7 +291,7 @@ TEST_F(MatmulLevels, SimdActivationQuantisationEqualsScalar) {
 
 // Cold-expert shapes (gate/up 2048 columns, down 512) on the K-quants: the fused path and the
 // unpacking path both stay within the activation-rounding bound of the float64 reference and
-// agree with each other to float rounding; unpack_i8 + dot_rows_i8 (what moe/cold_experts.cpp
+// agree with each other to float rounding; unpack_i8 + dot_rows_i8 (what cpu/cold_experts.cpp
 // calls) equals matvec bitwise.
 TEST_F(MatmulLevels, FusedInt8PathMatchesUnpackedAndReference) {
   int fused_cases = 0;

@@ -10,7 +10,7 @@
 //   the quantised blocks (nibbles split in registers, sub-block scales applied once per block of
 //   32), with no unpacked copy: dot_rows_fused on the rows themselves. For those types unpack_i8
 //   just copies the raw row into `codes` and dot_rows_i8 runs the fused kernel on it, so callers of
-//   unpack_i8 + dot_rows_i8 (moe/cold_experts.cpp) get bitwise the same results as matvec.
+//   unpack_i8 + dot_rows_i8 (cpu/cold_experts.cpp) get bitwise the same results as matvec.
 // tests/test_matmul.cpp checks each level and path against a float64 reference.
 #pragma once
 

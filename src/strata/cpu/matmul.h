@@ -19,6 +19,24 @@ struct WeightMatrix {
   size_t row_stride = 0;  // bytes between consecutive rows
 };
 
+// A stack of n_expert matrices of identical shape stored back to back (GGUF [cols x rows x n_expert]).
+struct ExpertStack {
+  WeightMatrix first;        // expert 0
+  size_t expert_stride = 0;  // bytes between consecutive experts
+  int n_expert = 0;
+
+  WeightMatrix expert(int e) const {
+    WeightMatrix w = first;
+    w.data = first.data + static_cast<size_t>(e) * expert_stride;
+    return w;
+  }
+};
+
+// The routed experts of one MoE layer: expert e is down_e(silu(gate_e x) * up_e x).
+struct ExpertFfn {
+  ExpertStack gate, up, down;
+};
+
 // y[r] = dot(W[r], x) for every row. Parallel over rows (OpenMP) unless called from inside a
 // parallel region, where it runs on the calling thread.
 void matvec(const WeightMatrix& w, const float* x, float* y);

@@ -8,7 +8,7 @@
 #include "strata/cuda/bench_gpu.h"
 #include "strata/engine/bench_runner.h"
 #include "strata/engine/model.h"
-#include "strata/moe/cold_experts.h"
+#include "strata/cpu/cold_experts.h"
 #include "strata/moe/placement.h"
 #include "strata/moe/routing_profile.h"
 #include "strata/moe/vram_budget.h"

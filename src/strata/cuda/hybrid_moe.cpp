@@ -29,7 +29,7 @@
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill_kernels.h"
-#include "strata/moe/cold_experts.h"
+#include "strata/cpu/cold_experts.h"
 
 namespace strata::cuda {
 

@@ -16,19 +16,6 @@ namespace strata {
 
 class GgufFile;
 
-// A stack of n_expert matrices of identical shape stored back to back (GGUF [cols x rows x n_expert]).
-struct ExpertStack {
-  WeightMatrix first;        // expert 0
-  size_t expert_stride = 0;  // bytes between consecutive experts
-  int n_expert = 0;
-
-  WeightMatrix expert(int e) const {
-    WeightMatrix w = first;
-    w.data = first.data + static_cast<size_t>(e) * expert_stride;
-    return w;
-  }
-};
-
 struct AttentionWeights {  // full attention layers
   WeightMatrix q, k, v, o;  // q yields 2*head_dim per head when the config has attn_output_gate
   std::vector<float> q_norm, k_norm;  // head_dim each
@@ -42,9 +29,9 @@ struct DeltaNetWeights {  // gated DeltaNet layers (qwen35moe)
   std::vector<float> norm;     // head_v: gated RMSNorm weight (stored as is)
 };
 
-struct MoeWeights {
+// The routed experts (gate, up, down stacks: ExpertFfn, cpu/matmul.h) with the router and the shared expert.
+struct MoeWeights : ExpertFfn {
   WeightMatrix router;  // n_expert rows of n_embd
-  ExpertStack gate, up, down;
   // Shared expert (qwen35moe); shared_gate is one row of n_embd.
   bool has_shared = false;
   WeightMatrix shared_gate_inp, shared_gate, shared_up, shared_down;

@@ -1,4 +1,4 @@
-#include "strata/moe/cold_experts.h"
+#include "strata/cpu/cold_experts.h"
 
 #include <immintrin.h>
 
@@ -57,7 +57,7 @@ struct ColdExpertPool::Scratch {
 };
 
 struct ColdExpertPool::Job {
-  const MoeWeights* w = nullptr;
+  const ExpertFfn* w = nullptr;
   const float* xn = nullptr;
   std::vector<ColdPick> picks;
   int64_t d = 0, ff = 0;
@@ -90,7 +90,7 @@ struct ColdExpertPool::BatchJob {
     int phase = 0;  // 0, 1 (A), 2 (B)
     int64_t group = 0, r0 = 0, r1 = 0;
   };
-  const MoeWeights* w = nullptr;
+  const ExpertFfn* w = nullptr;
   const float* X = nullptr;
   int64_t d = 0, ff = 0;
   I8Format fmt_gate, fmt_up, fmt_down;
@@ -224,7 +224,7 @@ void ColdExpertPool::do_task(int index, int64_t task) {
   Job& J = *job_;
   const CpuKernels& k = cpu_kernels();
   Scratch& s = *scratch_[static_cast<size_t>(index)];
-  const MoeWeights& w = *J.w;
+  const ExpertFfn& w = *J.w;
   const size_t ff = static_cast<size_t>(J.ff);
   if (task < J.n_a) {
     const int64_t j = task / J.a_blocks;
@@ -470,7 +470,7 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
     return;
   }
   const BatchJob::Group& G = B.groups[static_cast<size_t>(T.group)];
-  const MoeWeights& w = *B.w;
+  const ExpertFfn& w = *B.w;
   if (T.phase == 1) {
     // Phase 0's tasks were all claimed before this one: they are running and this wait ends.
     while (B.phase0_done.load(std::memory_order_acquire) < B.n_phase0) cpu_relax();
@@ -523,7 +523,7 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
   }
 }
 
-void ColdExpertPool::check_stacks(const MoeWeights& w) const {
+void ColdExpertPool::check_stacks(const ExpertFfn& w) const {
   const int n_exp = w.gate.n_expert;
   const int64_t d = w.gate.first.n_cols, ff = w.gate.first.n_rows;
   if (w.up.n_expert != n_exp || w.down.n_expert != n_exp || w.up.first.n_rows != ff || w.up.first.n_cols != d ||
@@ -544,7 +544,7 @@ void ColdExpertPool::start_and_join(int64_t n_tasks) {
   while (finished_.load(std::memory_order_acquire) < n_tasks) cpu_relax();
 }
 
-void ColdExpertPool::run(const MoeWeights& w, const float* xn, const ColdPick* picks, int n_picks) {
+void ColdExpertPool::run(const ExpertFfn& w, const float* xn, const ColdPick* picks, int n_picks) {
   if (n_picks <= 0) return;
   check_stacks(w);
   const int n_exp = w.gate.n_expert;
@@ -598,7 +598,7 @@ void ColdExpertPool::run(const MoeWeights& w, const float* xn, const ColdPick* p
   start_and_join(J.n_total);
 }
 
-void ColdExpertPool::run_batch(const MoeWeights& w, const float* X, int n_tok, const ColdTokenPick* picks,
+void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks,
                                int n_picks) {
   if (n_picks <= 0) return;
   check_stacks(w);

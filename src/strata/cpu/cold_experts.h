@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "strata/model/weights.h"
+#include "strata/cpu/matmul.h"
 
 namespace strata {
 
@@ -54,7 +54,7 @@ class ColdExpertPool {
   // For each pick: out = down_e(silu(gate_e xn) * up_e xn) for one token xn (w.gate.first.n_cols
   // floats). Blocking; one caller at a time. Fails (strata::Error) on a bad expert id or shapes that
   // do not chain.
-  void run(const MoeWeights& w, const float* xn, const ColdPick* picks, int n_picks);
+  void run(const ExpertFfn& w, const float* xn, const ColdPick* picks, int n_picks);
 
   // Batched form (prefill): for each pick, out = down_e(silu(gate_e x) * up_e x) with x = row
   // picks[i].token of X ([n_tok x n_embd], row-major). The picks are grouped by expert inside, so each
@@ -63,7 +63,7 @@ class ColdExpertPool {
   // threads. With set_batch_float_tiles(false) (or at the scalar level) every output row equals,
   // bitwise, what run() gives for that token and expert (same row kernels, same 4-row tiles, same
   // activation quantisation). Blocking; fails (strata::Error) like run() and on a token outside [0, n_tok).
-  void run_batch(const MoeWeights& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks);
+  void run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks);
   // At the SIMD kernel levels run_batch multiplies float tiles by default: each 4-row weight tile is
   // decoded to float once per 64 tokens and multiplied in register blocks of 4 rows x 4 (AVX-512) or 2
   // (AVX2) tokens, with float inputs -- several times the int8 row kernels' speed on batches, which
@@ -83,7 +83,7 @@ class ColdExpertPool {
   void work(int index, uint32_t gen);
   void do_task(int index, int64_t task);
   void do_batch_task(int index, int64_t task);
-  void check_stacks(const MoeWeights& w) const;
+  void check_stacks(const ExpertFfn& w) const;
   void start_and_join(int64_t n_tasks);
 
   int n_threads_;
