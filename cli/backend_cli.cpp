@@ -35,60 +35,31 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                "with --gpu: greedy decode waits for each token before launching the next step (same output, slower)");
 }
 
-void check_backend_options(const BackendOptions& o) {
-  if (!o.gpu) {
-    if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
-    if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
-    if (o.telemetry) fail("--telemetry needs --gpu");
-    if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
-    if (!o.numerics.empty()) fail("--numerics needs --gpu");
-    if (o.no_lookahead) fail("--no-lookahead needs --gpu");
-    return;
-  }
-  if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, "--gpu-mem");
-  if (!o.expert_budget.empty()) parse_expert_budget(o.expert_budget);
-  if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
-    fail("--numerics '", o.numerics, "': expected fast or exact");
-  if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
-}
-
 std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o) {
   if (o.profile.empty()) return nullptr;
   return std::make_unique<ProfileStore>(o.profile, model);
 }
 
+void require_gpu_if_asked(const BackendOptions& o) {
+  if (!o.gpu) return;
+#ifdef STRATA_HAVE_CUDA
+  if (!cuda::device_available()) fail("--gpu: ", cuda::device_description());
+#else
+  fail("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
+#endif
+}
+
 #ifdef STRATA_HAVE_CUDA
 namespace {
 
-// The receipt, the placement and the session options for --gpu, for `slots` sequences.
-cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, int slots, const BackendOptions& o,
-                                         const ProfileStore* profile) {
-  const cuda::GpuMemoryInfo mem = cuda::gpu_memory_info();
+cuda::GpuSessionOptions gpu_session_options(const BackendPlan& p) {
   cuda::GpuSessionOptions so;
-  so.cpu_threads = o.cpu_threads;
-  so.lookahead = !o.no_lookahead;
-  const bool exact = o.numerics == "exact";
-  so.prefill_math = exact ? cuda::PrefillMath::Exact : cuda::PrefillMath::Fast;
-  // The decode matvec arithmetic is process-wide (matvec_kernels.h); every sequence of a process is
-  // made from the same flags.
-  cuda::set_gemv_math(exact ? cuda::GemvMath::Float : cuda::GemvMath::Int8);
-  GpuPlanRequest req;
-  req.gpu_total = mem.total_bytes;
-  req.gpu_free = mem.free_bytes;
-  if (!o.gpu_mem.empty()) req.gpu_mem = parse_size(o.gpu_mem, "--gpu-mem");
-  if (!o.expert_budget.empty()) req.expert_budget = parse_expert_budget(o.expert_budget);
-  req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, so.prefill_chunk, slots);
-  RoutingCounts counts;
-  if (profile) {
-    counts = profile->snapshot();
-    req.hotness = &counts;
-    req.hotness_source = counts.n_tokens > 0 ? cat("profile ", profile->path(), " (", counts.n_tokens, " tokens)")
-                                             : cat("uniform (profile ", profile->path(), " has no tokens yet)");
-  }
-  const GpuExpertPlan plan =
-      plan_gpu_experts(model_footprint(model, max_ctx, slots), model.config().n_expert_used, req);
-  std::fputs(plan.text.c_str(), stderr);
-  so.expert_slots = plan.expert_slots;
+  so.cpu_threads = p.cpu_threads;
+  so.lookahead = p.lookahead;
+  so.prefill_math = p.exact_numerics ? cuda::PrefillMath::Exact : cuda::PrefillMath::Fast;
+  so.prefill_chunk = p.prefill_chunk;
+  so.prefill_f16_cache = p.gpu_plan.prefill_f16_cache;
+  so.expert_slots = p.gpu_plan.expert_slots;
   return so;
 }
 
@@ -104,34 +75,41 @@ struct SequenceFactory::Gpu {};
 
 SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, const BackendOptions& o,
                                  const ProfileStore* profile)
-    : model_(model), max_ctx_(max_ctx) {
+    : model_(model) {
   check_backend_options(o);
   // A command that offers --profile opens the store (open_profile) and passes it; one that does not
   // would otherwise ignore the flag.
   if (!o.profile.empty() && !profile) fail("--profile: this command does not record routing profiles");
   if (slots < 1) fail("a backend needs at least one slot, got ", slots);
-  if (!o.gpu) return;
+  require_gpu_if_asked(o);
+  if (!o.gpu) {
+    plan_ = plan_backend(model, max_ctx, slots, o, profile, GpuMemory{});
+    return;
+  }
 #ifdef STRATA_HAVE_CUDA
-  if (!cuda::device_available()) fail("--gpu: ", cuda::device_description());
   try {
+    const cuda::GpuMemoryInfo mem = cuda::gpu_memory_info();
+    plan_ = plan_backend(model, max_ctx, slots, o, profile, GpuMemory{mem.total_bytes, mem.free_bytes});
+    std::fputs(plan_.gpu_plan.text.c_str(), stderr);
+    // The decode matvec arithmetic is process-wide (matvec_kernels.h); every sequence of a process is
+    // made from the same flags.
+    cuda::set_gemv_math(plan_.exact_numerics ? cuda::GemvMath::Float : cuda::GemvMath::Int8);
     gpu_ = std::make_unique<Gpu>();
-    gpu_->options = plan_gpu_session(model, max_ctx, slots, o, profile);
+    gpu_->options = gpu_session_options(plan_);
     gpu_->model = cuda::make_gpu_model(model, gpu_->options);
   } catch (const Error& e) {
     fail("--gpu: ", e.what());
   }
-#else
-  fail("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
 #endif
 }
 
 SequenceFactory::~SequenceFactory() = default;
 
 std::unique_ptr<Sequence> SequenceFactory::make() {
-  if (!gpu_) return std::make_unique<Session>(model_, max_ctx_);
+  if (!gpu_) return std::make_unique<Session>(model_, plan_.max_ctx);
 #ifdef STRATA_HAVE_CUDA
   try {
-    return cuda::make_gpu_session(gpu_->model, max_ctx_, gpu_->options);
+    return cuda::make_gpu_session(gpu_->model, plan_.max_ctx, gpu_->options);
   } catch (const Error& e) {
     fail("--gpu: ", e.what());
   }

@@ -1,11 +1,12 @@
-// Where a front end (run, chat, logits, serve) runs the model: the CPU engine by default, the GPU with
-// --gpu (CUDA builds), and the issue-8 options around it: a VRAM budget (--gpu-mem, --expert-budget)
-// that decides which routed experts live on the GPU and which are computed on the CPU (hybrid), a
-// routing profile (--profile) that both guides that placement and records what the model routes,
-// --telemetry for the hybrid per-token breakdown, and the GPU's tuning choices (--numerics,
-// --no-lookahead; every other tuning value is a fixed constant). One flag set and one factory, so every command
-// offers the same choice, and a build or machine without a GPU refuses --gpu with one clear line
-// instead of silently using the CPU.
+// Where a front end (run, chat, logits, serve, bench, calibrate) runs the model: the CPU engine by
+// default, the GPU with --gpu (CUDA builds), and the issue-8 options around it: a VRAM budget
+// (--gpu-mem, --expert-budget) that decides which routed experts live on the GPU and which are computed
+// on the CPU (hybrid), a routing profile (--profile) that both guides that placement and records what
+// the model routes, --telemetry for the hybrid per-token breakdown, and the GPU's tuning choices
+// (--numerics, --no-lookahead; every other tuning value is a fixed constant). One flag set, one plan
+// (moe/backend_plan.h) and one factory, so every command offers the same choice and gets the same
+// placement, and a build or machine without a GPU refuses --gpu with one clear line instead of
+// silently using the CPU.
 #pragma once
 
 #include <cstdio>
@@ -17,40 +18,29 @@
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
+#include "strata/moe/backend_plan.h"
 #include "strata/moe/profile_store.h"
 
 namespace strata::cli {
 
-struct BackendOptions {
-  bool gpu = false;
-  std::string gpu_mem;        // --gpu-mem SIZE: the most strata may use on the GPU ("": what is free)
-  std::string expert_budget;  // --expert-budget SIZE|PCT ("": what is left after the core)
-  std::string profile;        // --profile FILE
-  bool telemetry = false;     // --telemetry
-  int cpu_threads = 0;        // --cpu-threads N for cold experts (0: a default from the core count)
-  // --numerics fast|exact ("": fast). fast: K-quant decode matvecs dot int8-quantised activations (as the
-  // CPU engine's SIMD kernels do) and the prefill multiplies fp16 copies on tensor cores; exact: float32
-  // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
-  std::string numerics;
-  bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
-};
+using strata::BackendOptions;
+using strata::BackendPlan;
+using strata::check_backend_options;
 
 // --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
-// Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
-// (sizes, percentages, the numerics mode, a negative thread count), before any model is loaded.
-// make_sequence calls it too.
-void check_backend_options(const BackendOptions& o);
+// --gpu in a build without CUDA or on a machine without a GPU: fails with one line. Nothing without --gpu.
+void require_gpu_if_asked(const BackendOptions& o);
 
 // --profile FILE: the store (loads the file when it exists, refusing another model's profile);
 // nullptr without --profile.
 std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o);
 
-// The backend for `slots` sequences of max_ctx tokens each, planned once: the CPU engine (every
-// sequence a Session over the Model) or, with --gpu, one GpuModel -- one VRAM receipt and expert
-// placement counting every slot's KV cache, state and workspaces -- that every sequence made shares.
-// Throws like make_sequence.
+// The backend for `slots` sequences of max_ctx tokens each, planned once (plan_backend, which it prints
+// on stderr with --gpu): the CPU engine (every sequence a Session over the Model) or, with --gpu, one
+// GpuModel -- one VRAM receipt and expert placement counting every slot's KV cache, state and
+// workspaces -- that every sequence made shares. Throws like make_sequence.
 class SequenceFactory {
  public:
   SequenceFactory(const Model& model, int max_ctx, int slots, const BackendOptions& o, const ProfileStore* profile);
@@ -59,11 +49,13 @@ class SequenceFactory {
   SequenceFactory& operator=(const SequenceFactory&) = delete;
   // A new sequence (thread-safe); with --gpu at most `slots` of them live at once fit the plan.
   std::unique_ptr<Sequence> make();
+  const BackendPlan& plan() const { return plan_; }
+  const char* backend_name() const { return plan_.gpu ? "cuda" : "cpu"; }
 
  private:
   struct Gpu;
   const Model& model_;
-  int max_ctx_;
+  BackendPlan plan_;
   std::unique_ptr<Gpu> gpu_;
 };
 

@@ -1,9 +1,9 @@
 // `strata bench -m FILE [-p 512] [-n 128] [-r 5] [--threads N] [--json]`: prefill and decode tok/s
-// and time to first token (median and spread over repetitions), like llama-bench, with the host
-// DRAM bandwidth floor printed beside each figure.
-// With `--gpu --expert-budget SIZE|PCT [--profile FILE] [--cpu-threads N]`
-// the GPU holds only the experts the placement picks for that budget (issue 8); the cold ones run on
-// the CPU, and the report adds the cold-hit rate, CPU/wait time per token and the hybrid floor.
+// and time to first token (median and spread over repetitions), like llama-bench, with the memory
+// bandwidth floor printed beside each figure. The timed sequence comes from the same SequenceFactory
+// as run and serve, with the same backend flags (--gpu, --gpu-mem, --expert-budget, --profile, ...),
+// so bench measures what run would plan. When the plan is hybrid (issue 8: some experts on the CPU),
+// the report adds the cold-hit rate, CPU/wait time per token and the hybrid floor.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "strata/base/error.h"
 #include "strata/engine/bench_backend.h"
@@ -22,6 +23,7 @@
 #include "strata/engine/model.h"
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/bench_gpu.h"
+#include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_bench.h"
 #endif
 
@@ -33,10 +35,7 @@ struct BenchArgs {
   int threads = 0;
   bool json = false;
   size_t triad_mib = 256;
-  bool gpu = false;
-  std::string expert_budget;  // hybrid hot/cold experts (with --gpu)
-  std::string profile;
-  int cpu_threads = 0;
+  strata::cli::BackendOptions backend;
 };
 
 // The exact command line, from /proc/self/cmdline (NUL-separated), for the record.
@@ -66,13 +65,15 @@ void setup_bench(CLI::App& sub) {
   sub.add_option("--threads", a->threads, "CPU threads (default: all hardware threads)");
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
   sub.add_flag("--json", a->json, "print JSON instead of the table");
-  sub.add_flag("--gpu", a->gpu, "run the whole model on the GPU (CUDA build); floors then use GPU memory bandwidth");
-  sub.add_option("--expert-budget", a->expert_budget,
-                 "with --gpu: VRAM for routed experts, a size (24G) or a percent of all expert bytes (50%); "
-                 "the other experts run on the CPU");
-  sub.add_option("--profile", a->profile, "routing profile (strata calibrate) the expert placement is made from");
-  sub.add_option("--cpu-threads", a->cpu_threads, "CPU threads for cold experts (default: all but two)");
+  strata::cli::add_backend_options(sub, a->backend);
+  // Random prompt tokens would skew a profile: bench only reads it.
+  sub.get_option("--profile")
+      ->description("with --gpu: routing profile (strata calibrate) the expert placement is made from (read only)");
   sub.callback([a] {
+    const strata::cli::BackendOptions& bo = a->backend;
+    strata::cli::check_backend_options(bo);
+    if (!bo.profile.empty() && !bo.gpu) strata::fail("--profile needs --gpu in bench (it only guides the expert placement)");
+    strata::cli::require_gpu_if_asked(bo);
     strata::set_cpu_threads(a->threads);
     strata::BenchReport r;
     r.command_line = own_command_line();
@@ -92,46 +93,46 @@ void setup_bench(CLI::App& sub) {
     }
     r.active = strata::count_active_bytes(file, model->config());
     const int max_ctx = a->params.n_prompt + a->params.n_gen + 1;
-    std::unique_ptr<strata::BenchBackend> backend;
-    const bool hybrid = !a->expert_budget.empty();
-    if (hybrid && !a->gpu) strata::fail("--expert-budget needs --gpu (it splits experts between GPU and CPU)");
-    if (!hybrid && !a->profile.empty()) strata::fail("--profile needs --expert-budget");
+    if (bo.gpu) {
 #ifdef STRATA_HAVE_CUDA
-    strata::cuda::HybridBenchPlan plan;
-    strata::BandwidthResult host_bw;
-#endif
-    if (a->gpu) {
-#ifdef STRATA_HAVE_CUDA
+      // Before the plan: the copy's buffers are freed again, and the plan then sees the memory it may use.
       if (!a->json) std::fprintf(stderr, "measuring GPU memory bandwidth (device copy)...\n");
       r.bandwidth = strata::cuda::measure_gpu_copy_bandwidth();
-      if (hybrid) {
-        if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad) for the cold experts...\n");
-        host_bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
-        plan = strata::cuda::plan_hybrid_bench(*model, max_ctx, a->expert_budget, a->profile, a->cpu_threads);
-      }
-      backend = strata::cuda::make_gpu_bench_backend(*model, max_ctx, plan.options);
-#else
-      throw strata::Error("--gpu: this strata was built without CUDA (configure with nvcc present or -DSTRATA_CUDA=ON)");
 #endif
     } else {
       if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad)...\n");
       r.bandwidth = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
-      backend = strata::make_cpu_bench_backend(*model, max_ctx);
     }
-    r.backend = backend->name();
+    const auto profile = strata::cli::open_profile(*model, bo);
+    if (profile && !profile->loaded_existing()) strata::fail(bo.profile, ": no such routing profile (bench only reads one)");
+    strata::cli::SequenceFactory factory(*model, max_ctx, 1, bo, profile.get());
+    const bool hybrid = factory.plan().gpu && factory.plan().gpu_plan.hybrid;
+    strata::BandwidthResult host_bw;
+    if (hybrid) {
+      if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad) for the cold experts...\n");
+      host_bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
+    }
+    strata::VramTiers tiers;
+#ifdef STRATA_HAVE_CUDA
+    tiers = strata::cuda::gpu_vram_by_tier;
+#endif
+    strata::SequenceBenchBackend backend(factory.make(), factory.backend_name(), tiers);
+    r.backend = backend.name();
     if (!a->json) std::fprintf(stderr, "running %d repetitions (+1 warm-up)...\n", a->params.reps);
-    r.run = strata::run_bench(*backend, a->params);
-    r.vram_by_tier = backend->vram_by_tier();
+    r.run = strata::run_bench(backend, a->params);
+    r.vram_by_tier = backend.vram_by_tier();
     std::string hybrid_text;
     nlohmann::json hybrid_json;
 #ifdef STRATA_HAVE_CUDA
     if (hybrid) {
-      const auto n = strata::cuda::hybrid_bench_numbers(strata::cuda::gpu_bench_hybrid_telemetry(*backend), plan,
-                                                        r.active, r.bandwidth.triad_gbs, host_bw.triad_gbs);
+      auto& gpu = dynamic_cast<strata::cuda::GpuSession&>(backend.sequence());
+      const auto plan = strata::cuda::hybrid_bench_plan(factory.plan().gpu_plan, model->config().n_expert_used);
+      const auto n = strata::cuda::hybrid_bench_numbers(gpu.hybrid_telemetry(), plan, r.active, r.bandwidth.triad_gbs,
+                                                        host_bw.triad_gbs);
       hybrid_text = strata::cuda::format_hybrid_bench(plan, n);
       if (!a->json) std::fprintf(stderr, "timing plain decode steps for the hybrid breakdown...\n");
       const int n_steps = std::min(64, std::max(1, a->params.n_gen));
-      const auto dec = strata::cuda::measure_hybrid_decode(*backend, std::min(16, a->params.n_prompt), n_steps,
+      const auto dec = strata::cuda::measure_hybrid_decode(gpu, std::min(16, a->params.n_prompt), n_steps,
                                                            a->params.seed + 7);
       hybrid_text += strata::cuda::format_hybrid_decode(dec);
       const auto& t = n.telemetry;
@@ -183,6 +184,7 @@ void setup_bench(CLI::App& sub) {
       std::printf("device: %s, %d threads; date %s\ncommand: %s\n", r.cpu_model.c_str(), r.threads, r.date.c_str(),
                   r.command_line.c_str());
     }
+    strata::cli::print_telemetry(backend.sequence(), bo, stderr);
   });
 }
 

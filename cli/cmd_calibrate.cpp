@@ -1,9 +1,11 @@
 // `strata calibrate -m MODEL --corpus FILE... [--holdout FRAC] [--budget PCT,...] [--ctx N] -o PROFILE`:
-// runs text through the CPU engine counting which experts the router picks, writes the routing
-// profile, then reports, for each expert budget, the cold-hit rate (the fraction of expert picks that
-// would be served by the CPU) on the held-out part for three placements: from the profile, uniform
-// (the same experts 0..c-1 in every layer) and by layer (whole layers on the CPU, as llama.cpp's
-// --n-cpu-moe does). Lower is better.
+// runs text through the model counting which experts the router picks, writes the routing profile,
+// then reports, for each expert budget, the cold-hit rate (the fraction of expert picks that would be
+// served by the CPU) on the held-out part for three placements: from the profile, uniform (the same
+// experts 0..c-1 in every layer) and by layer (whole layers on the CPU, as llama.cpp's --n-cpu-moe
+// does). Lower is better. The text runs on the backend the run flags choose (the CPU engine, or --gpu
+// through the same SequenceFactory as run: every backend routes with fp32 routers and counts the same
+// way), so a large model is calibrated at GPU speed.
 #include <unistd.h>
 
 #include <chrono>
@@ -15,11 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
-#include "strata/engine/session.h"
+#include "strata/engine/sequence.h"
 #include "strata/moe/calibration.h"
 #include "strata/moe/routing_profile.h"
 #include "strata/moe/vram_budget.h"
@@ -37,6 +40,7 @@ struct CalibrateOptions {
   bool json = false;
   bool holdout_given = false;
   int threads = 0;
+  strata::cli::BackendOptions backend;
 };
 
 std::string read_all(const std::string& path) {
@@ -77,7 +81,7 @@ class TokenProgress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-void count_part(strata::Session& session, const strata::CorpusPart& part, int ctx, strata::RoutingCounts& counts,
+void count_part(strata::Sequence& session, const strata::CorpusPart& part, int ctx, strata::RoutingCounts& counts,
                 const char* label) {
   TokenProgress progress(label, part.n_tokens());
   strata::count_routes(session, part, ctx, counts, [&](uint64_t done) { progress.update(done); });
@@ -157,6 +161,7 @@ void run_calibrate(const CalibrateOptions& o) {
   if (o.corpus.empty()) strata::fail("calibrate: give at least one --corpus FILE");
   if (o.output.empty()) strata::fail("calibrate: give the profile to write with -o PROFILE");
   if (o.ctx <= 0) strata::fail("--ctx must be > 0, got ", o.ctx);
+  strata::cli::check_backend_options(o.backend);
   const std::vector<double> percents = strata::parse_percent_list(o.budgets, "--budget");
 
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
@@ -180,7 +185,9 @@ void run_calibrate(const CalibrateOptions& o) {
   const double holdout = o.heldout_counts.empty() ? o.holdout : 0.0;
   const strata::CorpusSplit split = strata::split_corpus(docs, names, holdout);
 
-  strata::Session session(*model, o.ctx);
+  strata::cli::SequenceFactory backend(*model, o.ctx, 1, o.backend, nullptr);
+  const auto sequence = backend.make();
+  strata::Sequence& session = *sequence;
   strata::RoutingCounts train, heldout;
   count_part(session, split.train, o.ctx, train, "training");
   strata::save_profile_atomic(o.output, id, train);
@@ -190,6 +197,7 @@ void run_calibrate(const CalibrateOptions& o) {
     count_part(session, split.heldout, o.ctx, heldout, "held-out");
   }
 
+  strata::cli::print_telemetry(session, o.backend, stderr);
   std::vector<strata::BudgetComparison> results;
   if (heldout.n_tokens > 0) {
     const strata::ModelFootprint fp = strata::model_footprint(*model, o.ctx, 1);
@@ -218,6 +226,9 @@ void setup_calibrate(CLI::App& sub) {
                  "train_tiny routing_counts.json (e.g. models/routing_counts.json)");
   sub.add_flag("--json", o->json, "print the report as JSON");
   sub.add_option("--threads", o->threads, "CPU threads (default: as strata run)");
+  strata::cli::add_backend_options(sub, o->backend);
+  // The profile calibrate writes is -o; the placement it would guide does not change the counts.
+  sub.remove_option(sub.get_option("--profile"));
   sub.callback([o, &sub] {
     o->holdout_given = sub.get_option("--holdout")->count() > 0;
     run_calibrate(*o);

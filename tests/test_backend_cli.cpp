@@ -24,6 +24,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/model/config.h"
+#include "strata/moe/backend_plan.h"
 #include "strata/moe/gpu_expert_plan.h"
 #include "strata/moe/routing_profile.h"
 
@@ -109,6 +110,88 @@ TEST(GpuExpertPlan, CoreThatDoesNotFitFails) {
   } catch (const strata::Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
   }
+}
+
+// The prefill's fp16 weight cache comes after every expert: kept when all-GPU with room left under
+// the limit, dropped (and said so on the receipt) when --gpu-mem leaves no room or the plan is hybrid.
+TEST(GpuExpertPlan, PrefillCacheKeptOnlyWhenItFitsAfterEveryExpert) {
+  strata::ModelFootprint fp = fake_footprint();
+  fp.prefill_f16_cache_bytes = 1 * GiB;
+  strata::GpuPlanRequest req;
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  req.gpu_mem = 20 * GiB;  // reserve 512 MiB + core 2 GiB + experts 8 GiB leave ~9.5 GiB
+  req.prefill_f16_cache = true;
+  strata::GpuExpertPlan p = strata::plan_gpu_experts(fp, 2, req);
+  EXPECT_FALSE(p.hybrid);
+  EXPECT_TRUE(p.prefill_f16_cache);
+  EXPECT_EQ(p.receipt.prefill_cache, 1 * GiB);
+  EXPECT_EQ(p.receipt.expert_budget, 8 * GiB) << "every expert stays resident";
+  EXPECT_EQ(p.receipt.available_for_experts, static_cast<int64_t>(20 * GiB - 512 * MiB - 2 * GiB - 1 * GiB));
+  EXPECT_NE(p.text.find("prefill fp16 cache"), std::string::npos) << p.text;
+  EXPECT_NE(p.text.find("1.00 GiB  fp16 dense weights"), std::string::npos) << p.text;
+
+  // 11 GiB: every expert fits (10.5 GiB with the reserve and core) but not the cache as well.
+  req.gpu_mem = 11 * GiB;
+  p = strata::plan_gpu_experts(fp, 2, req);
+  EXPECT_FALSE(p.hybrid) << p.text;
+  EXPECT_FALSE(p.prefill_f16_cache);
+  EXPECT_EQ(p.receipt.prefill_cache, 0u);
+  EXPECT_EQ(p.receipt.expert_budget, 8 * GiB);
+  EXPECT_NE(p.text.find("dropped: no room after every expert"), std::string::npos) << p.text;
+
+  // Hybrid: the experts get the room.
+  req.gpu_mem = 20 * GiB;
+  req.expert_budget = strata::parse_expert_budget("50%");
+  p = strata::plan_gpu_experts(fp, 2, req);
+  EXPECT_TRUE(p.hybrid);
+  EXPECT_FALSE(p.prefill_f16_cache);
+  EXPECT_NE(p.text.find("dropped: experts need the room"), std::string::npos) << p.text;
+
+  // Not wanted (exact numerics): no line at all.
+  req.expert_budget.reset();
+  req.prefill_f16_cache = false;
+  p = strata::plan_gpu_experts(fp, 2, req);
+  EXPECT_FALSE(p.prefill_f16_cache);
+  EXPECT_EQ(p.text.find("prefill fp16 cache"), std::string::npos) << p.text;
+}
+
+// The whole plan for the real model on a made-up GPU: run's flags decide the cache by the limit.
+TEST(BackendPlan, GpuMemBoundsThePrefillCache) {
+  auto model = strata::Model::load(kModel);
+  const int ctx = 256;
+  const strata::ModelFootprint fp = strata::model_footprint(*model, ctx, 1);
+  ASSERT_GT(fp.prefill_f16_cache_bytes, 0u);
+  strata::BackendOptions o;
+  o.gpu = true;
+  const strata::GpuMemory gpu{80 * GiB, 79 * GiB};
+  strata::BackendPlan p = strata::plan_backend(*model, ctx, 1, o, nullptr, gpu);
+  EXPECT_TRUE(p.gpu);
+  EXPECT_FALSE(p.gpu_plan.hybrid);
+  EXPECT_TRUE(p.gpu_plan.prefill_f16_cache);
+  EXPECT_EQ(p.gpu_plan.receipt.prefill_cache, fp.prefill_f16_cache_bytes);
+
+  // A limit that holds the reserve, the core and every expert, but not the cache: dropped.
+  const uint64_t ws = strata::estimate_gpu_workspace_bytes(model->config(), ctx, p.prefill_chunk, 1);
+  const uint64_t tight = 512 * MiB + fp.core_weight_bytes + fp.kv_cache_bytes + fp.recurrent_state_bytes + ws +
+                         fp.all_expert_bytes + fp.prefill_f16_cache_bytes / 2;
+  o.gpu_mem = std::to_string(tight);
+  p = strata::plan_backend(*model, ctx, 1, o, nullptr, gpu);
+  EXPECT_FALSE(p.gpu_plan.hybrid) << p.gpu_plan.text;
+  EXPECT_FALSE(p.gpu_plan.prefill_f16_cache) << p.gpu_plan.text;
+  EXPECT_NE(p.gpu_plan.text.find("dropped"), std::string::npos) << p.gpu_plan.text;
+  o.gpu_mem = std::to_string(tight + fp.prefill_f16_cache_bytes);
+  EXPECT_TRUE(strata::plan_backend(*model, ctx, 1, o, nullptr, gpu).gpu_plan.prefill_f16_cache);
+
+  // Exact numerics use no half copies; the CPU plan has no GPU part.
+  o.numerics = "exact";
+  p = strata::plan_backend(*model, ctx, 1, o, nullptr, gpu);
+  EXPECT_TRUE(p.exact_numerics);
+  EXPECT_FALSE(p.gpu_plan.prefill_f16_cache);
+  EXPECT_EQ(p.gpu_plan.receipt.prefill_cache, 0u);
+  const strata::BackendPlan cpu = strata::plan_backend(*model, ctx, 2, strata::BackendOptions{}, nullptr, gpu);
+  EXPECT_FALSE(cpu.gpu);
+  EXPECT_EQ(cpu.slots, 2);
+  EXPECT_TRUE(cpu.gpu_plan.text.empty());
 }
 
 TEST(GpuExpertPlan, WorkspaceEstimateGrowsWithContextAndChunk) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "strata/base/error.h"
 #include "strata/convert/synth.h"
 #include "strata/engine/bench_backend.h"
@@ -19,6 +20,7 @@
 #include "strata/engine/bench_report.h"
 #include "strata/engine/bench_runner.h"
 #include "strata/engine/model.h"
+#include "strata/engine/session.h"
 
 namespace fs = std::filesystem;
 
@@ -142,6 +144,7 @@ TEST(Bench, CpuBackendRunsRealModel) {
   p.n_gen = 4;
   p.reps = 2;
   const auto run = strata::run_bench(*backend, p);
+  EXPECT_FALSE(run.greedy_on_device) << "the CPU engine picks on the host";
   EXPECT_EQ(run.decode_tps.size(), 2u);
   for (double x : run.decode_tps) EXPECT_TRUE(std::isfinite(x) && x > 0);
   // The context is p + n: one more decode step would not fit, so the runner must reset between reps.
@@ -173,4 +176,48 @@ TEST(Bench, CliJson) {
   EXPECT_NEAR(j["results"]["decode"]["floor"].get<double>(),
               j["bandwidth"]["triad_gbs"].get<double>() * 1e9 / j["active_bytes"]["decode_per_token"].get<double>(),
               1e-6 * j["results"]["decode"]["floor"].get<double>());
+}
+
+// A sequence timed as it is: the tiers callback reports its memory, greedy steps go through the
+// sampler interface and match the host arg-max of the same logits.
+TEST(Bench, SequenceBackendTimesAnySequence) {
+  auto model = strata::Model::load(tiny_model("q4_k_m"));
+  strata::SequenceBenchBackend b(std::make_unique<strata::Session>(*model, 16), "seq",
+                                 [](const strata::Sequence& s) {
+                                   return std::vector<std::pair<std::string, size_t>>{{"ctx", s.max_ctx()}};
+                                 });
+  EXPECT_EQ(b.name(), "seq");
+  ASSERT_EQ(b.vram_by_tier().size(), 1u);
+  EXPECT_EQ(b.vram_by_tier()[0].second, 16u);
+  strata::Session ref(*model, 16);
+  const std::vector<int32_t> prompt = strata::bench_prompt(4, b.n_vocab(), 7, 0);
+  std::vector<float> logits(static_cast<size_t>(b.n_vocab()));
+  b.forward(prompt.data(), 4, logits.data(), false);
+  ref.forward(prompt.data(), 4, logits.data(), false);
+  int32_t want = strata::argmax(logits.data(), b.n_vocab());
+  int32_t got = want;
+  for (int i = 0; i < 3; ++i) {
+    got = b.decode_greedy(got, nullptr);
+    ref.forward(&want, 1, logits.data(), false);
+    want = strata::argmax(logits.data(), b.n_vocab());
+    EXPECT_EQ(got, want) << "step " << i;
+  }
+  EXPECT_FALSE(b.greedy_on_device());
+}
+
+// bench takes run's backend flags, checked by the same rules.
+TEST(Bench, CliTakesTheBackendFlags) {
+  const std::string model = tiny_model("q4_k_m");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--expert-budget 50%", "--expert-budget needs --gpu"},
+      {"--gpu-mem 8G", "--gpu-mem needs --gpu"},
+      {"--numerics exact", "--numerics needs --gpu"},
+      {"--profile p.json", "--profile needs --gpu"},
+      {"--gpu --gpu-mem 8X", "--gpu-mem: invalid size"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const auto r = strata::testing_cli::run_cli("bench -m " + model + " -p 4 -n 2 -r 1 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
 }

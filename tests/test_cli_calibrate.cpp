@@ -138,6 +138,16 @@ TEST(CliCalibrate, TextReportAndErrors) {
   EXPECT_EQ(bad_holdout.exit_code, 1);
   EXPECT_NE(bad_holdout.err.find("--holdout"), std::string::npos) << bad_holdout.err;
   EXPECT_FALSE(fs::exists(dir / "x.json")) << "nothing written when the command fails";
+
+  // run's backend flags, checked by the same rules; -o is the profile, so no --profile.
+  const auto gpu_only = run_cli(cat("calibrate -m ", kModel.string(), " --corpus ", a, " --expert-budget 50% -o ",
+                                    (dir / "x.json").string()));
+  EXPECT_EQ(gpu_only.exit_code, 1);
+  EXPECT_NE(gpu_only.err.find("--expert-budget needs --gpu"), std::string::npos) << gpu_only.err;
+  const auto profile = run_cli(cat("calibrate -m ", kModel.string(), " --corpus ", a, " --profile p.json -o ",
+                                   (dir / "x.json").string()));
+  EXPECT_NE(profile.exit_code, 0);
+  EXPECT_FALSE(fs::exists(dir / "x.json"));
 }
 
 TEST(CliCalibrate, HeldOutCountsFromTheTinyModelsTrainingRun) {

@@ -92,6 +92,27 @@ TEST(VramReceipt, ArithmeticOfEveryLine) {
   EXPECT_EQ(rb.expert_budget, 8 * GiB) << "never more than all experts";
 }
 
+// The prefill's fp16 cache, when the plan keeps it, is one more line taken before the experts.
+TEST(VramReceipt, PrefillCacheIsALineOfTheReceipt) {
+  VramInputs in = example_inputs();
+  in.gpu_mem = 10 * GiB;
+  const VramReceipt without = compute_vram_receipt(in);
+  EXPECT_EQ(format_receipt(without, nullptr).find("prefill fp16 cache"), std::string::npos);
+  in.prefill_cache_bytes = 1 * GiB;
+  in.prefill_cache_note = "kept";
+  const VramReceipt r = compute_vram_receipt(in);
+  EXPECT_EQ(r.prefill_cache, 1 * GiB);
+  EXPECT_EQ(r.core_total, without.core_total + 1 * GiB);
+  EXPECT_EQ(r.available_for_experts, without.available_for_experts - static_cast<int64_t>(1 * GiB));
+  const std::string text = format_receipt(r, nullptr);
+  EXPECT_NE(text.find("- prefill fp16 cache"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.00 GiB  kept"), std::string::npos) << text;
+  // Dropped: a 0 B line with the reason.
+  in.prefill_cache_bytes = 0;
+  in.prefill_cache_note = "dropped: no room";
+  EXPECT_NE(format_receipt(compute_vram_receipt(in), nullptr).find("0 B  dropped: no room"), std::string::npos);
+}
+
 TEST(VramReceipt, ExplicitExpertBudget) {
   VramInputs in = example_inputs();
   in.expert_budget = parse_expert_budget("25%");
@@ -174,6 +195,17 @@ TEST(ModelFootprint, MatchesTheEngineBuffersAndTheFile) {
     EXPECT_EQ(row[0], 3u * c.n_embd * c.n_ff_exp * 2u);
   }
   EXPECT_THROW(model_footprint(*model, 0, 1), Error);
+
+  // Independent: the dense projections the GPU prefill keeps in fp16, by tensor name (2 bytes each).
+  uint64_t halves = 0;
+  for (const auto& t : model->file().tensors()) {
+    for (const char* n : {".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".attn_qkv.", ".attn_gate.",
+                          ".ssm_beta.", ".ssm_alpha.", ".ssm_out.", ".ffn_gate_shexp.", ".ffn_up_shexp.",
+                          ".ffn_down_shexp."})
+      if (t.name.find(n) != std::string::npos) halves += 2 * static_cast<uint64_t>(t.n_elements());
+  }
+  EXPECT_GT(halves, 0u);
+  EXPECT_EQ(f.prefill_f16_cache_bytes, halves);
 
   // The placement problem built from it: uniform without counts, counts / tokens with them.
   PlacementInput u = placement_input(f, nullptr, c.n_expert_used, 1000);

@@ -1,23 +1,21 @@
-// The CUDA backend as `strata bench` sees it: a BenchBackend over GpuSession, and the GPU memory
-// bandwidth that decode floors are computed from when benchmarking on the GPU.
+// The CUDA side of `strata bench`: the device memory of a GPU sequence by tier, and the GPU memory
+// bandwidth that decode floors are computed from when benchmarking on the GPU. The sequence itself
+// comes from the same factory as run and serve (cli/backend_cli.h).
 #pragma once
 
 #include <cstddef>
-#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
-#include "strata/cuda/gpu_session.h"
-#include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_bandwidth.h"
+#include "strata/engine/sequence.h"
 
 namespace strata::cuda {
 
-// A GpuSession on `model` (weights uploaded now) holding at most max_ctx tokens.
-// options: e.g. an expert slot map for the hybrid hot/cold mode (issue 8).
-std::unique_ptr<BenchBackend> make_gpu_bench_backend(const Model& model, int max_ctx, GpuSessionOptions options = {});
-
-// The hybrid telemetry of a backend from make_gpu_bench_backend; fails when it is not hybrid.
-HybridTelemetry gpu_bench_hybrid_telemetry(const BenchBackend& backend);
-void gpu_bench_reset_hybrid_telemetry(BenchBackend& backend);
+// Weights (the shared GpuModel's) and the sequence's state + workspaces; empty when `sequence` is
+// not a GPU session.
+std::vector<std::pair<std::string, size_t>> gpu_vram_by_tier(const Sequence& sequence);
 
 // Device-to-device copy of `bytes`, best of `passes`; counts bytes read + written, as HBM floors do.
 BandwidthResult measure_gpu_copy_bandwidth(size_t bytes = size_t(1) << 30, int passes = 5);

@@ -18,6 +18,7 @@ GpuPrefill& GpuModel::prefill() {
     PrefillOptions po;
     po.math = opt_.prefill_math;
     po.max_chunk = opt_.prefill_chunk;
+    po.cache_dense_f16 = opt_.prefill_f16_cache;
     prefill_ = std::make_unique<GpuPrefill>(*dm_, po);
   }
   return *prefill_;

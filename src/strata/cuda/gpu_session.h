@@ -45,6 +45,9 @@ struct GpuSessionOptions {
   bool batched_prefill = true;
   PrefillMath prefill_math = PrefillMath::Fast;
   int prefill_chunk = 512;
+  // Fast prefill: keep fp16 copies of the dense matrices (PrefillOptions::cache_dense_f16). The backend
+  // plan decides it within --gpu-mem (moe/gpu_expert_plan.h); nothing here looks at free memory.
+  bool prefill_f16_cache = true;
 };
 
 class GpuModel;

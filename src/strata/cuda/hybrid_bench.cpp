@@ -4,50 +4,27 @@
 #include <chrono>
 #include <cstdio>
 
-#include "strata/base/error.h"
-#include "strata/cuda/bench_gpu.h"
 #include "strata/engine/bench_runner.h"
 #include "strata/engine/model.h"
-#include "strata/cpu/cold_experts.h"
-#include "strata/moe/placement.h"
-#include "strata/moe/routing_profile.h"
 #include "strata/moe/vram_budget.h"
 
 namespace strata::cuda {
 
-HybridBenchPlan plan_hybrid_bench(const Model& model, int ctx, const std::string& expert_budget,
-                                  const std::string& profile_path, int cpu_threads) {
-  const ModelConfig& c = model.config();
+HybridBenchPlan hybrid_bench_plan(const GpuExpertPlan& g, int n_expert_used) {
+  const VramReceipt& r = g.receipt;
   HybridBenchPlan p;
-  p.budget_text = expert_budget;
-  const ModelFootprint fp = model_footprint(model, ctx, 1);
-  const ExpertBudgetSpec spec = parse_expert_budget(expert_budget);
-  p.all_expert_bytes = fp.all_expert_bytes;
-  p.budget_bytes = spec.is_percent
-                       ? static_cast<uint64_t>(spec.percent / 100.0 * static_cast<double>(fp.all_expert_bytes))
-                       : spec.bytes;
-  PlacementInput in;
-  in.expert_bytes = fp.expert_bytes;
-  in.budget_bytes = p.budget_bytes;
-  if (!profile_path.empty()) {
-    const RoutingProfile prof = load_profile(profile_path, model);
-    in.hotness = hotness_from_counts(prof.counts, c.n_expert_used);
-    p.hotness_source = cat("profile ", profile_path, " (", prof.counts.n_tokens, " tokens)");
-  } else {
-    in.hotness = uniform_hotness(fp.expert_bytes, c.n_expert_used);
-    p.hotness_source = "uniform (no profile)";
-  }
-  const ExpertPlan plan = plan_placement(in);
-  p.options.expert_slots = plan.slot_of;
-  p.options.cpu_threads = cpu_threads > 0 ? cpu_threads : ColdExpertPool::default_threads();
-  p.hot_bytes = plan.bytes_used;
-  p.hot_experts = plan.n_hot_total();
-  p.all_experts = plan.n_expert_total();
+  p.budget_text = r.budget_source;
+  p.hotness_source = g.hotness_source;
+  p.budget_bytes = r.expert_budget;
+  p.all_expert_bytes = r.all_expert_bytes;
+  p.hot_bytes = g.plan.bytes_used;
+  p.hot_experts = g.plan.n_hot_total();
+  p.all_experts = g.plan.n_expert_total();
   int moe_layers = 0;
-  for (const auto& row : fp.expert_bytes) moe_layers += row.empty() ? 0 : 1;
-  const double picks = static_cast<double>(moe_layers) * c.n_expert_used;
-  p.expected_cold_hit = picks > 0 ? plan.expected_cold_picks_per_token / picks : 0.0;
-  p.bytes_per_expert = p.all_experts > 0 ? static_cast<double>(fp.all_expert_bytes) / p.all_experts : 0.0;
+  for (const auto& row : r.expert_bytes) moe_layers += row.empty() ? 0 : 1;
+  const double picks = static_cast<double>(moe_layers) * n_expert_used;
+  p.expected_cold_hit = picks > 0 ? g.plan.expected_cold_picks_per_token / picks : 0.0;
+  p.bytes_per_expert = p.all_experts > 0 ? static_cast<double>(r.all_expert_bytes) / p.all_experts : 0.0;
   return p;
 }
 
@@ -103,17 +80,18 @@ std::string format_hybrid_bench(const HybridBenchPlan& p, const HybridBenchNumbe
   return out;
 }
 
-HybridDecodeBreakdown measure_hybrid_decode(BenchBackend& backend, int n_prompt, int n_tokens, uint64_t seed) {
+HybridDecodeBreakdown measure_hybrid_decode(GpuSession& session, int n_prompt, int n_tokens, uint64_t seed) {
   HybridDecodeBreakdown b;
-  const std::vector<int32_t> ids = bench_prompt(n_prompt + n_tokens, backend.n_vocab(), seed, 0);
-  std::vector<float> logits(static_cast<size_t>(backend.n_vocab()));
-  backend.reset();
-  backend.forward(ids.data(), n_prompt, logits.data(), false);
-  gpu_bench_reset_hybrid_telemetry(backend);
+  const int64_t n_vocab = session.model().config().n_vocab;
+  const std::vector<int32_t> ids = bench_prompt(n_prompt + n_tokens, n_vocab, seed, 0);
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  session.reset();
+  session.forward(ids.data(), n_prompt, logits.data(), false);
+  session.reset_hybrid_telemetry();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < n_tokens; ++i) backend.forward(ids.data() + n_prompt + i, 1, logits.data(), false);
+  for (int i = 0; i < n_tokens; ++i) session.forward(ids.data() + n_prompt + i, 1, logits.data(), false);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const HybridTelemetry t = gpu_bench_hybrid_telemetry(backend);
+  const HybridTelemetry t = session.hybrid_telemetry();
   const double n = n_tokens > 0 ? n_tokens : 1;
   b.tokens = n_tokens;
   b.wall_ms_per_token = ms / n;

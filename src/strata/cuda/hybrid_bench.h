@@ -1,6 +1,7 @@
-// `strata bench --gpu --expert-budget SIZE|PCT [--profile FILE]` (issue 8): the placement the hybrid
-// session is built with, and the numbers printed beside its decode speed -- cold-hit rate, CPU and
-// wait time per token, and the floor max(GPU bytes / HBM bandwidth, cold bytes / host DRAM bandwidth).
+// `strata bench --gpu` in a hybrid plan (issue 8): the placement the factory's plan made (the same
+// plan run and serve make: cli/backend_cli.h), and the numbers printed beside its decode speed --
+// cold-hit rate, CPU and wait time per token, and the floor max(GPU bytes / HBM bandwidth, cold bytes /
+// host DRAM bandwidth).
 #pragma once
 
 #include <cstdint>
@@ -9,14 +10,13 @@
 
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_types.h"
-#include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_floor.h"
+#include "strata/moe/gpu_expert_plan.h"
 
 namespace strata::cuda {
 
 struct HybridBenchPlan {
-  GpuSessionOptions options;     // expert_slots set
-  std::string budget_text;       // as given
+  std::string budget_text;       // the receipt's budget source ("--expert-budget 50%", "what is left")
   std::string hotness_source;    // "profile FILE (N tokens)" or "uniform (no profile)"
   uint64_t budget_bytes = 0, hot_bytes = 0, all_expert_bytes = 0;
   int hot_experts = 0, all_experts = 0;
@@ -24,10 +24,8 @@ struct HybridBenchPlan {
   double bytes_per_expert = 0.0;   // mean gate+up+down bytes of one routed expert
 };
 
-// Parses the budget (percent of all routed-expert bytes, or a size), reads the profile when given
-// (refusing one of another model), and makes the optimal placement (moe/placement.h).
-HybridBenchPlan plan_hybrid_bench(const Model& model, int ctx, const std::string& expert_budget,
-                                  const std::string& profile_path, int cpu_threads);
+// The summary of a GPU plan's placement (plan.hybrid or not).
+HybridBenchPlan hybrid_bench_plan(const GpuExpertPlan& plan, int n_expert_used);
 
 struct HybridBenchNumbers {
   HybridTelemetry telemetry;
@@ -58,7 +56,7 @@ struct HybridDecodeBreakdown {
   double cold_hit_rate = 0;
   std::vector<double> cold_picks_per_layer;  // per token
 };
-HybridDecodeBreakdown measure_hybrid_decode(BenchBackend& backend, int n_prompt, int n_tokens, uint64_t seed);
+HybridDecodeBreakdown measure_hybrid_decode(GpuSession& session, int n_prompt, int n_tokens, uint64_t seed);
 std::string format_hybrid_decode(const HybridDecodeBreakdown& b);
 
 }  // namespace strata::cuda

@@ -74,7 +74,7 @@ struct GpuPrefill::Impl {
   __half* gh = nullptr;    // fast mode: SwiGLU output of the routed experts in half (down projection input)
   // Fast mode: half copies of the dense matrices (decoded once, on first use; PrefillOptions::cache_dense_f16).
   std::unordered_map<const uint8_t*, __half*> f16_cache;
-  bool cache_decided = false, cache_on = false;
+  bool cache_on = false;  // fast mode with opt.cache_dense_f16
   size_t cache_bytes = 0;
   // attention
   float *q = nullptr, *kk = nullptr, *o = nullptr;
@@ -99,6 +99,7 @@ struct GpuPrefill::Impl {
   Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
     if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
     chunk = opt.max_chunk;
+    cache_on = opt.math == PrefillMath::Fast && opt.cache_dense_f16;
     try {
       check_cublas(cublasCreate(&blas), "cublasCreate");
       allocate();
@@ -288,31 +289,6 @@ struct GpuPrefill::Impl {
     return p;
   }
 
-  // Fast mode: whether to keep half copies of the dense matrices (the mixers' projections and the shared
-  // expert; router, shared-expert gate and output stay float32). Off with a HybridMoe (its point is to
-  // save GPU memory) and when the copies would leave less than 1 GiB of the GPU free.
-  void decide_cache(bool hybrid) {
-    if (cache_decided) return;
-    cache_decided = true;
-    if (opt.math != PrefillMath::Fast || !opt.cache_dense_f16 || hybrid) return;
-    size_t need = 0;
-    auto add = [&](const DevMatrix& m) { need += static_cast<size_t>(m.n_rows * m.n_cols) * sizeof(__half); };
-    for (const DevLayer& L : dm.layers) {
-      if (L.kind == LayerKind::FullAttention) {
-        for (const DevMatrix* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) add(*m);
-      } else {
-        for (const DevMatrix* m : {&L.deltanet.qkv, &L.deltanet.gate, &L.deltanet.beta, &L.deltanet.alpha,
-                                   &L.deltanet.out})
-          add(*m);
-      }
-      if (L.moe.has_shared)
-        for (const DevMatrix* m : {&L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down}) add(*m);
-    }
-    size_t free_b = 0, total_b = 0;
-    check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    cache_on = free_b > need + (size_t(1) << 30);
-  }
-
   // Fast mode: xn in half (once per norm, for every GEMM that reads it); nullptr in exact mode.
   const __half* xn_half(int m) {
     if (opt.math != PrefillMath::Fast) return nullptr;
@@ -439,7 +415,6 @@ struct GpuPrefill::Impl {
     }
     const int d = c.n_embd;
     const int64_t vocab = c.n_vocab;
-    decide_cache(hybrid != nullptr);
     if (all_positions && logits_out && !logits_all) logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
     for (int c0 = 0; c0 < n; c0 += chunk) {
       const int m = std::min(chunk, n - c0);

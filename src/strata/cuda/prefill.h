@@ -41,8 +41,8 @@ struct PrefillOptions {
   bool profile = false;  // time the pieces with CUDA events (also on with env STRATA_PREFILL_PROFILE=1)
   // Fast mode: keep a half copy of every dense projection matrix (mixers and shared expert), decoded on
   // the first prefill, instead of decoding the matrix into a scratch buffer on every call. Costs 2 bytes
-  // per weight of GPU memory (~2.8 GB for Qwen3.6-35B-A3B); skipped with a HybridMoe and when it would
-  // leave less than 1 GiB free.
+  // per weight of GPU memory (ModelFootprint::prefill_f16_cache_bytes); obeyed as given: the backend
+  // plan decides it (kept only when all-GPU and it fits under the limit).
   bool cache_dense_f16 = true;
 };
 

@@ -76,13 +76,13 @@ BenchRun run_bench(BenchBackend& backend, const BenchParams& p) {
   if (p.reps < 1) fail("bench: -r must be >= 1");
   if (p.warmup) run_once(backend, bench_prompt(std::min(p.n_prompt, 16), backend.n_vocab(), p.seed, -1), std::min(p.n_gen, 2));
   BenchRun out;
-  out.greedy_on_device = backend.greedy_on_device();
   for (int rep = 0; rep < p.reps; ++rep) {
     const OneRun r = run_once(backend, bench_prompt(p.n_prompt, backend.n_vocab(), p.seed, rep), p.n_gen);
     out.ttft_ms.push_back(1e3 * r.prefill_s);
     out.prefill_tps.push_back(p.n_prompt / r.prefill_s);
     if (p.n_gen > 0) out.decode_tps.push_back(p.n_gen / r.decode_s);
   }
+  out.greedy_on_device = backend.greedy_on_device();  // known once a step has run
   return out;
 }
 

@@ -52,13 +52,12 @@ CorpusSplit split_corpus(const std::vector<std::vector<int32_t>>& docs, const st
   return s;
 }
 
-void count_routes(Session& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
+void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
                   const std::function<void(uint64_t)>& progress) {
   if (chunk <= 0) fail("calibrate: chunk size must be positive, got ", chunk);
   if (session.max_ctx() < chunk) fail("calibrate: the session's context ", session.max_ctx(), " < chunk ", chunk);
   const int64_t n_vocab = session.model().config().n_vocab;
   std::vector<float> logits(static_cast<size_t>(n_vocab));
-  RoutingCounts* before = session.routing_counts();
   session.set_routing_counts(&counts);
   uint64_t done = 0;
   try {
@@ -72,10 +71,10 @@ void count_routes(Session& session, const CorpusPart& part, int chunk, RoutingCo
       }
     }
   } catch (...) {
-    session.set_routing_counts(before);
+    session.set_routing_counts(nullptr);
     throw;
   }
-  session.set_routing_counts(before);
+  session.set_routing_counts(nullptr);  // detaching flushes what a device counted
 }
 
 std::vector<BudgetComparison> compare_placements(const std::vector<std::vector<uint64_t>>& expert_bytes,

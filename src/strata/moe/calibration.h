@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "strata/engine/routing_counts.h"
-#include "strata/engine/session.h"
+#include "strata/engine/sequence.h"
 #include "strata/moe/model_fingerprint.h"
 #include "strata/moe/placement.h"
 
@@ -31,10 +31,11 @@ struct CorpusSplit {
 CorpusSplit split_corpus(const std::vector<std::vector<int32_t>>& docs, const std::vector<std::string>& names,
                          double holdout_frac);
 
-// Runs every document through the session in chunks of at most `chunk` tokens, each chunk from an
-// empty state (session.reset()), counting routes into `counts` (sized to the model when empty).
-// progress(tokens done so far) is called after every chunk. The session's max_ctx must be >= chunk.
-void count_routes(Session& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
+// Runs every document through the sequence (any backend: the CPU engine or a GPU session) in chunks of
+// at most `chunk` tokens, each chunk from an empty state (reset()), counting routes into `counts` (sized
+// to the model when empty). progress(tokens done so far) is called after every chunk, counts complete
+// at return. The sequence's max_ctx must be >= chunk; it counts into nothing afterwards.
+void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
                   const std::function<void(uint64_t)>& progress = {});
 
 struct MethodResult {

@@ -25,9 +25,27 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
     out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
     if (out.hybrid) out.expert_slots = out.plan.slot_of;
   }
+  if (request.prefill_f16_cache && fits) {
+    // Experts before the cache: a GB of resident experts saves reads on every token, the cache only
+    // the weight decode of each prompt chunk.
+    const uint64_t need = footprint.prefill_f16_cache_bytes;
+    const int64_t after_experts =
+        out.receipt.available_for_experts - static_cast<int64_t>(out.receipt.all_expert_bytes);
+    if (out.hybrid) {
+      in.prefill_cache_note = "dropped: experts need the room (prompts decode weights per chunk)";
+    } else if (after_experts >= static_cast<int64_t>(need)) {
+      out.prefill_f16_cache = true;
+      in.prefill_cache_bytes = need;
+      in.prefill_cache_note = "fp16 dense weights for prompts";
+    } else {
+      in.prefill_cache_note = "dropped: no room after every expert (prompts decode weights per chunk)";
+    }
+    out.receipt = compute_vram_receipt(in);  // the same budget and placement, with the cache's line
+  }
   out.text = format_receipt(out.receipt, fits ? &out.plan : nullptr);
   require_core_fits(out.receipt);  // throws with the receipt and a hint
-  const std::string source = request.hotness_source.empty() ? "uniform (no profile)" : request.hotness_source;
+  out.hotness_source = request.hotness_source.empty() ? "uniform (no profile)" : request.hotness_source;
+  const std::string& source = out.hotness_source;
   if (out.hybrid) {
     out.text += cat("mode: hybrid, ", out.plan.n_hot_total(), " of ", out.plan.n_expert_total(),
                     " experts on the GPU, the rest on the CPU; placement from ", source, "\n");

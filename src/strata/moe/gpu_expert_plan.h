@@ -1,7 +1,9 @@
 // The start-up decision of a GPU backend (run/chat/serve --gpu): from the GPU's memory, the model's
 // footprint, --gpu-mem / --expert-budget and the routing profile's hotness, the VRAM receipt and
 // where every routed expert lives. When every expert fits the expert budget the session is all-GPU;
-// otherwise it is hybrid, with the optimal placement (plan_placement) as its expert slot map.
+// otherwise it is hybrid, with the optimal placement (plan_placement) as its expert slot map. The
+// prefill's fp16 weight cache comes last: kept only by an all-GPU plan with room for it under the limit
+// after every expert, and listed on the receipt either way.
 // Pure over plain numbers (the GPU's total/free are inputs), so it is tested without a GPU
 // (tests/test_backend_cli.cpp).
 #pragma once
@@ -26,6 +28,9 @@ struct GpuPlanRequest {
   uint64_t workspace_bytes = 0;                    // estimate_gpu_workspace_bytes()
   const RoutingCounts* hotness = nullptr;          // profile counts; nullptr or no tokens: uniform
   std::string hotness_source;                      // for the summary line, e.g. "profile p.json (1200 tokens)"
+  // The prefill would use fp16 copies of the dense matrices (fast numerics): keep them if they fit
+  // (footprint.prefill_f16_cache_bytes). false: no such cache, no receipt line.
+  bool prefill_f16_cache = false;
 };
 
 struct GpuExpertPlan {
@@ -34,6 +39,8 @@ struct GpuExpertPlan {
   ExpertPlan plan;      // the placement (every expert hot when !hybrid)
   // GpuSessionOptions::expert_slots: [layer][expert] -> slot, -1 = cold; empty when !hybrid.
   std::vector<std::vector<int>> expert_slots;
+  bool prefill_f16_cache = false;  // keep the prefill's fp16 weight cache (receipt.prefill_cache bytes)
+  std::string hotness_source;      // where the placement's hotness came from ("uniform (no profile)", ...)
   std::string text;     // the receipt with the plan, and one line naming the mode (for stderr)
 };
 

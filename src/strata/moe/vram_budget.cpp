@@ -128,6 +128,21 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, int kv_by
            c.n_expert);
     f.expert_bytes[l.layer].assign(static_cast<size_t>(l.n_expert), l.bytes_per_expert);
   }
+  // The matrices the GPU prefill multiplies through cuBLAS on half copies (router, shared-expert gate
+  // and output stay float32 there).
+  const auto halves = [](const WeightMatrix& w) { return static_cast<uint64_t>(w.n_rows * w.n_cols) * 2u; };
+  for (const LayerWeights& L : model.weights().layers) {
+    if (L.kind == LayerKind::FullAttention) {
+      for (const WeightMatrix* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) f.prefill_f16_cache_bytes += halves(*m);
+    } else {
+      for (const WeightMatrix* m : {&L.deltanet.qkv, &L.deltanet.gate, &L.deltanet.beta, &L.deltanet.alpha,
+                                    &L.deltanet.out})
+        f.prefill_f16_cache_bytes += halves(*m);
+    }
+    if (L.moe.has_shared)
+      for (const WeightMatrix* m : {&L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down})
+        f.prefill_f16_cache_bytes += halves(*m);
+  }
   const uint64_t per_seq = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(slots);
   for (int il = 0; il < c.n_layer; ++il) {
     if (c.mixer(il) == LayerKind::FullAttention) {
@@ -189,9 +204,12 @@ VramReceipt compute_vram_receipt(const VramInputs& in) {
   r.recurrent_state = in.model.recurrent_state_bytes;
   r.workspaces = in.workspace_bytes;
   r.cache_slots = in.cache_slot_bytes;
+  r.prefill_cache = in.prefill_cache_bytes;
+  r.prefill_cache_note = in.prefill_cache_note;
   r.ctx = in.model.ctx;
   r.slots = in.model.slots;
-  r.core_total = r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.cache_slots;
+  r.core_total =
+      r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.cache_slots + r.prefill_cache;
   r.available_for_experts = static_cast<int64_t>(r.limit) - static_cast<int64_t>(r.core_total);
   r.all_expert_bytes = in.model.all_expert_bytes;
   r.expert_bytes = in.model.expert_bytes;
@@ -226,6 +244,8 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
   s += line("- recurrent state", format_binary_size(r.recurrent_state), "DeltaNet conv + state");
   s += line("- workspaces", format_binary_size(r.workspaces));
   s += line("- cache slots", format_binary_size(r.cache_slots));
+  if (r.prefill_cache > 0 || !r.prefill_cache_note.empty())
+    s += line("- prefill fp16 cache", format_binary_size(r.prefill_cache), r.prefill_cache_note);
   if (r.core_fits) {
     s += line("= available for experts", format_binary_size(static_cast<uint64_t>(r.available_for_experts)));
   } else {

@@ -4,6 +4,7 @@
 //
 //   limit     = --gpu-mem, else the GPU's free memory
 //   available = limit - safety reserve - core weights - KV cache - recurrent state - workspaces - cache slots
+//               - prefill fp16 cache (when the plan keeps it: moe/gpu_expert_plan.h)
 //   budget    = --expert-budget (bytes, or percent of all expert bytes), else min(available, all experts)
 //
 // Typical use (a backend's start-up):
@@ -47,6 +48,9 @@ struct ModelFootprint {
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]: gate + up + down bytes; empty row: none
   uint64_t kv_cache_bytes = 0;         // full-attention K and V for ctx positions x slots
   uint64_t recurrent_state_bytes = 0;  // DeltaNet conv window + recurrent state x slots
+  // The GPU prefill's half copies of the dense projections (attention, DeltaNet and shared-expert
+  // matrices: 2 bytes per weight), kept only when the plan can afford them (cuda/prefill.h).
+  uint64_t prefill_f16_cache_bytes = 0;
   int ctx = 0, slots = 0;
 };
 
@@ -68,6 +72,8 @@ struct VramInputs {
   std::optional<uint64_t> reserve;                // default: default_safety_reserve(limit)
   uint64_t workspace_bytes = 0;                   // the backend's activations and scratch buffers
   uint64_t cache_slot_bytes = 0;                  // pool for cold experts fetched on demand (0: none)
+  uint64_t prefill_cache_bytes = 0;               // the prefill's fp16 weight cache, when kept (0: not kept)
+  std::string prefill_cache_note;                 // the receipt's note on that line (why kept or dropped)
   ModelFootprint model;
 };
 
@@ -85,8 +91,11 @@ struct VramReceipt {
   uint64_t reserve = 0;
   std::string reserve_source;
   uint64_t core_weights = 0, kv_cache = 0, recurrent_state = 0, workspaces = 0, cache_slots = 0;
+  uint64_t prefill_cache = 0;           // the prefill's fp16 weight cache (0: dropped or not used)
+  std::string prefill_cache_note;
   int ctx = 0, slots = 0;
   uint64_t core_total = 0;              // reserve + core weights + KV + state + workspaces + cache slots
+                                        // + prefill cache
   int64_t available_for_experts = 0;    // limit - core_total (negative: the core does not fit)
   uint64_t all_expert_bytes = 0;
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert], copied from the footprint

@@ -1,0 +1,55 @@
+#include "strata/moe/backend_plan.h"
+
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/moe/profile_store.h"
+#include "strata/moe/vram_budget.h"
+
+namespace strata {
+
+void check_backend_options(const BackendOptions& o) {
+  if (!o.gpu) {
+    if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
+    if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
+    if (o.telemetry) fail("--telemetry needs --gpu");
+    if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
+    if (!o.numerics.empty()) fail("--numerics needs --gpu");
+    if (o.no_lookahead) fail("--no-lookahead needs --gpu");
+    return;
+  }
+  if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, "--gpu-mem");
+  if (!o.expert_budget.empty()) parse_expert_budget(o.expert_budget);
+  if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
+    fail("--numerics '", o.numerics, "': expected fast or exact");
+  if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
+}
+
+BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const BackendOptions& o,
+                         const ProfileStore* profile, const GpuMemory& gpu) {
+  BackendPlan p;
+  p.gpu = o.gpu;
+  p.max_ctx = max_ctx;
+  p.slots = slots;
+  p.exact_numerics = o.numerics == "exact";
+  p.lookahead = !o.no_lookahead;
+  p.cpu_threads = o.cpu_threads;
+  if (!o.gpu) return p;
+  GpuPlanRequest req;
+  req.gpu_total = gpu.total;
+  req.gpu_free = gpu.free;
+  if (!o.gpu_mem.empty()) req.gpu_mem = parse_size(o.gpu_mem, "--gpu-mem");
+  if (!o.expert_budget.empty()) req.expert_budget = parse_expert_budget(o.expert_budget);
+  req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, p.prefill_chunk, slots);
+  req.prefill_f16_cache = !p.exact_numerics;  // the exact prefill multiplies fp32 weights decoded per chunk
+  RoutingCounts counts;
+  if (profile) {
+    counts = profile->snapshot();
+    req.hotness = &counts;
+    req.hotness_source = counts.n_tokens > 0 ? cat("profile ", profile->path(), " (", counts.n_tokens, " tokens)")
+                                             : cat("uniform (profile ", profile->path(), " has no tokens yet)");
+  }
+  p.gpu_plan = plan_gpu_experts(model_footprint(model, max_ctx, slots), model.config().n_expert_used, req);
+  return p;
+}
+
+}  // namespace strata

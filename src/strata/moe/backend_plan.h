@@ -1,0 +1,61 @@
+// One plan for every front end (run, chat, serve, logits, bench, calibrate): the backend options as
+// given (BackendOptions, the flags cli/backend_cli.h adds), checked in one place, and what they decide
+// for a model, a context and a number of sequence slots (BackendPlan): CPU or GPU, the VRAM receipt,
+// the expert placement (all-GPU or hybrid), the prefill's fp16 weight cache (kept only when it fits
+// under --gpu-mem / the free memory after everything else) and the GPU tuning choices. The plan is
+// pure over plain numbers (the GPU's memory is an input), so it is tested without a GPU; the CLI's
+// SequenceFactory turns it into sequences.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "strata/moe/gpu_expert_plan.h"
+
+namespace strata {
+
+class Model;
+class ProfileStore;
+
+struct BackendOptions {
+  bool gpu = false;
+  std::string gpu_mem;        // --gpu-mem SIZE: the most strata may use on the GPU ("": what is free)
+  std::string expert_budget;  // --expert-budget SIZE|PCT ("": what is left after the core)
+  std::string profile;        // --profile FILE
+  bool telemetry = false;     // --telemetry
+  int cpu_threads = 0;        // --cpu-threads N for cold experts (0: a default from the core count)
+  // --numerics fast|exact ("": fast). fast: K-quant decode matvecs dot int8-quantised activations (as the
+  // CPU engine's SIMD kernels do) and the prefill multiplies fp16 copies on tensor cores; exact: float32
+  // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
+  std::string numerics;
+  bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
+};
+
+// Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
+// (sizes, percentages, the numerics mode, a negative thread count), before any model is loaded.
+void check_backend_options(const BackendOptions& o);
+
+// What the options decided for `slots` sequences of max_ctx tokens each.
+struct BackendPlan {
+  bool gpu = false;
+  int max_ctx = 0, slots = 1;
+  // With --gpu: the VRAM receipt, the expert placement and whether the prefill keeps its fp16 weight
+  // cache (gpu_plan.prefill_f16_cache); gpu_plan.text is the receipt as printed on stderr.
+  GpuExpertPlan gpu_plan;
+  bool exact_numerics = false;  // --numerics exact
+  bool lookahead = true;        // not --no-lookahead
+  int cpu_threads = 0;          // cold-expert workers (0: a default from the core count)
+  int prefill_chunk = 512;      // tokens per batched-prefill pass (sizes its workspaces)
+};
+
+// The GPU's memory as the plan sees it (device 0, read once the CUDA context exists).
+struct GpuMemory {
+  uint64_t total = 0, free = 0;
+};
+
+// The plan for checked options; `gpu` is read only with --gpu, `profile` (may be null) gives the
+// placement's hotness. Fails (strata::Error) with the receipt when the core does not fit.
+BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const BackendOptions& o,
+                         const ProfileStore* profile, const GpuMemory& gpu);
+
+}  // namespace strata
