@@ -1,6 +1,7 @@
 #include "cli/backend_cli.h"
 
 #include <cstdio>
+#include <utility>
 
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
@@ -8,6 +9,7 @@
 #include "strata/moe/vram_budget.h"
 
 #ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/device_state.h"
 #include "strata/cuda/gpu_memory.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
@@ -33,9 +35,27 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "or exact (float32 matvecs and prefill)");
   sub.add_flag("--no-lookahead", o.no_lookahead,
                "with --gpu: greedy decode waits for each token before launching the next step (same output, slower)");
+  sub.add_option("--cache-type-k", o.cache_type_k,
+                 "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
+  sub.add_option("--cache-type-v", o.cache_type_v,
+                 "-ctv: KV cache type for values: f16 (default), f32 or q8_0 (CPU only)");
+}
+
+KvCacheTypes kv_cache_types(const BackendOptions& o) {
+  return {parse_kv_type(o.cache_type_k, "--cache-type-k"), parse_kv_type(o.cache_type_v, "--cache-type-v")};
+}
+
+std::string expand_short_alias(const std::string& arg) {
+  for (const auto& [alias, name] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
+                                    std::pair<std::string, std::string>{"-ctv", "--cache-type-v"}}) {
+    if (arg == alias) return name;
+    if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
+  }
+  return arg;
 }
 
 void check_backend_options(const BackendOptions& o) {
+  const KvCacheTypes kv = kv_cache_types(o);
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
@@ -50,6 +70,15 @@ void check_backend_options(const BackendOptions& o) {
   if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
     fail("--numerics '", o.numerics, "': expected fast or exact");
   if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
+#ifdef STRATA_HAVE_CUDA
+  try {
+    cuda::check_gpu_kv_types(kv);
+  } catch (const Error& e) {
+    fail("--gpu: ", e.what());
+  }
+#else
+  (void)kv;
+#endif
 }
 
 std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o) {
@@ -67,6 +96,7 @@ cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, int sl
   cuda::GpuSessionOptions so;
   so.cpu_threads = o.cpu_threads;
   so.lookahead = !o.no_lookahead;
+  so.kv_types = kv_cache_types(o);
   const bool exact = o.numerics == "exact";
   so.prefill_math = exact ? cuda::PrefillMath::Exact : cuda::PrefillMath::Fast;
   // The decode matvec arithmetic is process-wide (matvec_kernels.h); every sequence of a process is
@@ -86,7 +116,7 @@ cuda::GpuSessionOptions plan_gpu_session(const Model& model, int max_ctx, int sl
                                              : cat("uniform (profile ", profile->path(), " has no tokens yet)");
   }
   const GpuExpertPlan plan =
-      plan_gpu_experts(model_footprint(model, max_ctx, slots), model.config().n_expert_used, req);
+      plan_gpu_experts(model_footprint(model, max_ctx, slots, so.kv_types), model.config().n_expert_used, req);
   std::fputs(plan.text.c_str(), stderr);
   so.expert_slots = plan.expert_slots;
   return so;
@@ -106,6 +136,8 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
                                  const ProfileStore* profile)
     : model_(model), max_ctx_(max_ctx) {
   check_backend_options(o);
+  kv_types_ = kv_cache_types(o);
+  check_kv_types(model.config(), kv_types_);
   // A command that offers --profile opens the store (open_profile) and passes it; one that does not
   // would otherwise ignore the flag.
   if (!o.profile.empty() && !profile) fail("--profile: this command does not record routing profiles");
@@ -128,7 +160,7 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
 SequenceFactory::~SequenceFactory() = default;
 
 std::unique_ptr<Sequence> SequenceFactory::make() {
-  if (!gpu_) return std::make_unique<Session>(model_, max_ctx_);
+  if (!gpu_) return std::make_unique<Session>(model_, max_ctx_, kv_types_);
 #ifdef STRATA_HAVE_CUDA
   try {
     return cuda::make_gpu_session(gpu_->model, max_ctx_, gpu_->options);

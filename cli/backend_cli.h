@@ -17,6 +17,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
+#include "strata/model/kv_type.h"
 #include "strata/moe/profile_store.h"
 
 namespace strata::cli {
@@ -33,13 +34,26 @@ struct BackendOptions {
   // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
   std::string numerics;
   bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
+  // -ctk/--cache-type-k, -ctv/--cache-type-v: how the KV cache stores keys and values on either backend:
+  // f16 (default), f32 (exact; what the reference-parity tests use) or q8_0 (CPU only).
+  std::string cache_type_k = "f16";
+  std::string cache_type_v = "f16";
 };
 
-// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead.
+// The parsed cache types (fails like check_backend_options on a bad name).
+KvCacheTypes kv_cache_types(const BackendOptions& o);
+
+// llama.cpp's short spellings -ctk / -ctv, which CLI11 cannot declare (one-character short names
+// only): main() rewrites them to --cache-type-k / --cache-type-v (also "-ctk=f16") before parsing.
+std::string expand_short_alias(const std::string& arg);
+
+// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead,
+// --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
 // Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
-// (sizes, percentages, the numerics mode, a negative thread count), before any model is loaded.
+// (sizes, percentages, the numerics mode, a negative thread count, KV cache types, q8_0 with --gpu),
+// before any model is loaded.
 // make_sequence calls it too.
 void check_backend_options(const BackendOptions& o);
 
@@ -64,6 +78,7 @@ class SequenceFactory {
   struct Gpu;
   const Model& model_;
   int max_ctx_;
+  KvCacheTypes kv_types_;
   std::unique_ptr<Gpu> gpu_;
 };
 

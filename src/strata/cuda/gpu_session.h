@@ -18,6 +18,7 @@
 
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
+#include "strata/model/kv_type.h"
 #include "strata/cuda/hybrid_types.h"
 #include "strata/cuda/prefill_math.h"
 
@@ -45,6 +46,9 @@ struct GpuSessionOptions {
   bool batched_prefill = true;
   PrefillMath prefill_math = PrefillMath::Fast;
   int prefill_chunk = 512;
+  // How the sequence's KV cache stores keys and values: f32 or f16 (q8_0 is CPU-only and refused). f32 by
+  // default here, as strata::Session; the command line defaults to f16.
+  KvCacheTypes kv_types;
 };
 
 class GpuModel;
