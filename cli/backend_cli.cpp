@@ -1,6 +1,7 @@
 #include "cli/backend_cli.h"
 
 #include <cstdio>
+#include <utility>
 
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
@@ -8,6 +9,7 @@
 #include "strata/moe/vram_budget.h"
 
 #ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/device_state.h"
 #include "strata/cuda/gpu_memory.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
@@ -33,6 +35,19 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "or exact (float32 matvecs and prefill)");
   sub.add_flag("--no-lookahead", o.no_lookahead,
                "with --gpu: greedy decode waits for each token before launching the next step (same output, slower)");
+  sub.add_option("--cache-type-k", o.cache_type_k,
+                 "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
+  sub.add_option("--cache-type-v", o.cache_type_v,
+                 "-ctv: KV cache type for values: f16 (default), f32 or q8_0 (CPU only)");
+}
+
+std::string expand_short_alias(const std::string& arg) {
+  for (const auto& [alias, name] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
+                                    std::pair<std::string, std::string>{"-ctv", "--cache-type-v"}}) {
+    if (arg == alias) return name;
+    if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
+  }
+  return arg;
 }
 
 std::unique_ptr<ProfileStore> open_profile(const Model& model, const BackendOptions& o) {
@@ -60,6 +75,7 @@ cuda::GpuSessionOptions gpu_session_options(const BackendPlan& p) {
   so.prefill_chunk = p.prefill_chunk;
   so.prefill_f16_cache = p.gpu_plan.prefill_f16_cache;
   so.expert_slots = p.gpu_plan.expert_slots;
+  so.kv_types = p.kv_types;
   return so;
 }
 
@@ -106,7 +122,7 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
 SequenceFactory::~SequenceFactory() = default;
 
 std::unique_ptr<Sequence> SequenceFactory::make() {
-  if (!gpu_) return std::make_unique<Session>(model_, plan_.max_ctx);
+  if (!gpu_) return std::make_unique<Session>(model_, plan_.max_ctx, plan_.kv_types);
 #ifdef STRATA_HAVE_CUDA
   try {
     return cuda::make_gpu_session(gpu_->model, plan_.max_ctx, gpu_->options);

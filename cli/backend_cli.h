@@ -3,7 +3,8 @@
 // (--gpu-mem, --expert-budget) that decides which routed experts live on the GPU and which are computed
 // on the CPU (hybrid), a routing profile (--profile) that both guides that placement and records what
 // the model routes, --telemetry for the hybrid per-token breakdown, and the GPU's tuning choices
-// (--numerics, --no-lookahead; every other tuning value is a fixed constant). One flag set, one plan
+// (--numerics, --no-lookahead; every other tuning value is a fixed constant), and the KV cache types
+// (-ctk/-ctv, both backends). One flag set, one plan
 // (moe/backend_plan.h) and one factory, so every command offers the same choice and gets the same
 // placement, and a build or machine without a GPU refuses --gpu with one clear line instead of
 // silently using the CPU.
@@ -27,7 +28,14 @@ using strata::BackendOptions;
 using strata::BackendPlan;
 using strata::check_backend_options;
 
-// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead.
+using strata::kv_cache_types;
+
+// llama.cpp's short spellings -ctk / -ctv, which CLI11 cannot declare (one-character short names
+// only): main() rewrites them to --cache-type-k / --cache-type-v (also "-ctk=f16") before parsing.
+std::string expand_short_alias(const std::string& arg);
+
+// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead,
+// --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
 // --gpu in a build without CUDA or on a machine without a GPU: fails with one line. Nothing without --gpu.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "strata/base/error.h"
 
@@ -43,8 +44,14 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(cmd.name, cmd.summary);
     cmd.setup(*sub);
   }
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> arg_ptrs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i > 0) args[i] = expand_short_alias(args[i]);
+    arg_ptrs.push_back(args[i].data());
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(argc, arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const strata::Error& e) {

@@ -235,6 +235,32 @@ TEST(BackendCli, UnknownNumericsModeFails) {
   EXPECT_NE(r.err.find("--numerics 'fp8': expected fast or exact"), std::string::npos) << r.err;
 }
 
+// KV cache types: llama.cpp's spellings (-ctk/-ctv, --cache-type-k/-v, with "=" too) on the CPU engine;
+// bad names and q8_0 with --gpu are refused before any model or GPU work.
+TEST(BackendCli, CacheTypeFlags) {
+  const std::string run = "run -m " + kModel + " --prompt-tokens 1,2,3 -n 4 --print-token-ids ";
+  for (const std::string flags : {"", "-ctk f32 -ctv f32", "--cache-type-k q8_0 --cache-type-v=q8_0", "-ctk=f16 -ctv q8_0"}) {
+    const auto r = run_cli(run + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+  }
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"-ctk q4_0", "--cache-type-k 'q4_0': expected f32, f16 or q8_0"},
+      {"--cache-type-v bf16", "--cache-type-v 'bf16': expected f32, f16 or q8_0"},
+#ifdef STRATA_HAVE_CUDA
+      {"--gpu -ctk q8_0", "KV cache type q8_0 is not supported on the GPU (f32 or f16"},
+#else
+      {"--gpu -ctk q8_0", "--gpu: this strata was built without CUDA"},
+#endif
+  };
+  for (const auto& [flags, message] : bad) {
+    const auto r = run_cli(run + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
+  const auto h = run_cli("serve --help");
+  EXPECT_NE(h.out.find("--cache-type-k"), std::string::npos) << h.out;
+}
+
 TEST(BackendCli, LogitsRefusesProfile) {
   const std::string path = ::testing::TempDir() + "/wire_logits_profile.json";
   const auto r = run_cli("logits -m " + kModel + " --tokens 1,2 --out " + path + ".bin --profile " + path);

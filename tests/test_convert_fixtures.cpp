@@ -100,7 +100,7 @@ void check_logits(const std::string& model) {
   std::ifstream tf(dir + "/tokens.txt");
   std::string tokens;
   std::getline(tf, tokens);
-  const std::string cmd = std::string(STRATA_CLI) + " logits -m " + gguf + " --tokens " + tokens + " --out " + got_path;
+  const std::string cmd = std::string(STRATA_CLI) + " logits -m " + gguf + " -ctk f32 -ctv f32 --tokens " + tokens + " --out " + got_path;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto read_floats = [](const std::string& p) {
     std::ifstream in(p, std::ios::binary);

@@ -107,8 +107,9 @@ TEST(CpuOps, GqaAttentionMatchesFloat64) {
   std::vector<float> scores(n_ctx), out(hd);
   for (int h = 0; h < n_head; ++h) {
     const int g = h / (n_head / n_kv);
-    strata::attend_one_head(Q.data() + h * hd, K.data() + g * hd, V.data() + g * hd, stride, n_ctx, hd,
-                            static_cast<float>(scale), scores.data(), out.data());
+    strata::attend_one_head(Q.data() + h * hd, strata::f32_kv_head(K.data() + g * hd, stride),
+                            strata::f32_kv_head(V.data() + g * hd, stride), n_ctx, hd, static_cast<float>(scale),
+                            scores.data(), out.data());
     std::vector<double> s(n_ctx);
     double mx = -1e300, z = 0;
     for (int p = 0; p < n_ctx; ++p) {

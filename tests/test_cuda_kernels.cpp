@@ -21,6 +21,7 @@ TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cpu/ops.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/kernels.h"
+#include "strata/model/kv_type.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/session.h"
@@ -650,8 +651,8 @@ TEST(CudaKernels, AttentionDecodeSplitMatchesAttendOneHead) {
       for (int h = 0; h < n_head; ++h) {
         const int g = h / (n_head / n_kv);
         float* o = ref.data() + h * hd;
-        strata::attend_one_head(q.data() + h * q_stride, k.data() + g * hd, v.data() + g * hd, kv_width, pos + 1, hd,
-                                scale, scores.data(), o);
+        strata::attend_one_head(q.data() + h * q_stride, strata::f32_kv_head(k.data() + g * hd, kv_width),
+                                strata::f32_kv_head(v.data() + g * hd, kv_width), pos + 1, hd, scale, scores.data(), o);
         if (gated)
           for (int d = 0; d < hd; ++d) o[d] *= strata::sigmoidf(q[h * q_stride + hd + d]);
       }
@@ -662,6 +663,47 @@ TEST(CudaKernels, AttentionDecodeSplitMatchesAttendOneHead) {
         EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << "gated " << gated << " pos " << pos << " rep " << rep;
       }
       EXPECT_EQ(counters.get(), std::vector<unsigned int>(n_head, 0u));
+    }
+  }
+}
+
+// f16 caches (keys, values or both): the split decode attention reads the same half values the CPU's
+// attend_one_head decodes, so it matches that reference as closely as the f32 kernel does.
+TEST(CudaKernels, AttentionDecodeSplitReadsF16Caches) {
+  REQUIRE_GPU();
+  std::mt19937 rng(40);
+  const int n_head = 4, n_kv = 2, hd = 128, max_ctx = 600, kv_width = n_kv * hd;
+  for (const strata::KvCacheTypes kv : {strata::KvCacheTypes{strata::KvType::F16, strata::KvType::F16},
+                                        strata::KvCacheTypes{strata::KvType::F16, strata::KvType::F32},
+                                        strata::KvCacheTypes{strata::KvType::F32, strata::KvType::F16}}) {
+    for (int pos : {0, 40, 599}) {
+      const std::vector<float> q = randn(n_head * hd, rng), k = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),
+                               v = randn(static_cast<size_t>(max_ctx) * kv_width, rng);
+      // The caches as stored: rows converted by the CPU's own row conversion.
+      auto store = [&](const std::vector<float>& x, strata::KvType t) {
+        std::vector<uint8_t> b(strata::kv_row_bytes(t, static_cast<int64_t>(x.size())));
+        strata::quantize_row(strata::kv_ggml_type(t), x.data(), b.data(), static_cast<int64_t>(x.size()));
+        return b;
+      };
+      const std::vector<uint8_t> kb = store(k, kv.k), vb = store(v, kv.v);
+      Dev<float> dq(q), dout(n_head * hd), scratch(sc::attention_scratch_floats(n_head, hd, max_ctx));
+      Dev<uint8_t> dk(kb), dv(vb);
+      Dev<unsigned int> counters(std::vector<unsigned int>(n_head, 0u));
+      Dev<int> dpos(std::vector<int>{pos});
+      const float scale = 1.0f / std::sqrt(float(hd));
+      std::vector<float> ref(n_head * hd), scores(pos + 1);
+      const int64_t k_row = static_cast<int64_t>(strata::kv_row_bytes(kv.k, kv_width));
+      const int64_t v_row = static_cast<int64_t>(strata::kv_row_bytes(kv.v, kv_width));
+      for (int h = 0; h < n_head; ++h) {
+        const int g = h / (n_head / n_kv);
+        const strata::KvHead kh{kb.data() + strata::kv_row_bytes(kv.k, g * hd), k_row, strata::kv_ggml_type(kv.k)};
+        const strata::KvHead vh{vb.data() + strata::kv_row_bytes(kv.v, g * hd), v_row, strata::kv_ggml_type(kv.v)};
+        strata::attend_one_head(q.data() + h * hd, kh, vh, pos + 1, hd, scale, scores.data(), ref.data() + h * hd);
+      }
+      sc::attention_decode_split(dq.p, hd, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, false, dpos.p, max_ctx,
+                                 scratch.p, counters.p, dout.p, nullptr, kv);
+      EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << strata::kv_type_name(kv.k) << "/" << strata::kv_type_name(kv.v)
+                                                 << " pos " << pos;
     }
   }
 }

@@ -55,23 +55,26 @@ std::vector<int32_t> some_prompt(int64_t vocab, int n) {
 }
 
 // Logits of every prompt position and a greedy continuation, GPU vs CPU (scalar float path).
-void compare_with_cpu(const std::string& gguf, const std::string& label, int n_prompt, int n_new) {
+void compare_with_cpu(const std::string& gguf, const std::string& label, int n_prompt, int n_new,
+                      strata::KvCacheTypes kv = {}, double bound = 1e-3) {
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
   auto model = strata::Model::load(gguf);
   const int64_t vocab = model->config().n_vocab;
   const std::vector<int32_t> prompt = some_prompt(vocab, n_prompt);
   const int ctx = n_prompt + n_new + 1;
 
-  strata::Session cpu(*model, ctx);
+  strata::Session cpu(*model, ctx, kv);
   std::vector<float> want(prompt.size() * static_cast<size_t>(vocab));
   cpu.forward(prompt.data(), n_prompt, want.data(), true);
-  sc::GpuSession gpu(*model, ctx);
+  sc::GpuSessionOptions options;
+  options.kv_types = kv;
+  sc::GpuSession gpu(*model, ctx, options);
   std::vector<float> got(want.size(), NAN);
   gpu.forward(prompt.data(), n_prompt, got.data(), true);
   const double e = max_row_rel_err(got, want, static_cast<size_t>(vocab));
   std::printf("[cuda-model] %s: prompt logits max row relative error %.3g (GPU weights %.1f MiB)\n", label.c_str(), e,
               gpu.weight_bytes() / 1048576.0);
-  EXPECT_LE(e, 1e-3) << label;
+  EXPECT_LE(e, bound) << label;
   EXPECT_EQ(gpu.n_past(), n_prompt);
 
   cpu.reset();
@@ -104,6 +107,57 @@ TEST(CudaModel, TinyModelMatchesCpu) {
 TEST(CudaModel, TinyModelKQuantCopyMatchesCpu) {
   REQUIRE_GPU();
   compare_with_cpu(kquant_copy(kTiny), "strata-tiny k-quant copy", 16, 24);
+}
+
+// f16 KV caches on both backends: the GPU rounds its keys and values as the CPU does, so the two stay as
+// close as with f32 caches (a key that rounds to the other neighbour costs a half ulp; hence the
+// looser bound).
+TEST(CudaModel, F16CacheMatchesCpuF16Cache) {
+  REQUIRE_GPU();
+  const strata::KvCacheTypes f16{strata::KvType::F16, strata::KvType::F16};
+  compare_with_cpu(convert_fixture("qwen3_moe", "f32"), "qwen3_moe f32, f16 cache", 12, 16, f16, 2e-3);
+  compare_with_cpu(convert_fixture("qwen3_5_moe", "f32"), "qwen3_5_moe f32, f16 cache", 12, 16, f16, 2e-3);
+  compare_with_cpu(kTiny, "strata-tiny bf16, f16 cache", 24, 32, f16, 2e-3);
+}
+
+// With an f16 cache the batched prefill (tiled attention over half rows, values rounded after the
+// projection) and token-by-token decode steps (attn_prep + split attention) give the same logits.
+TEST(CudaModel, F16CachePrefillAgreesWithDecodeSteps) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const int64_t vocab = model->config().n_vocab;
+  const int n = 40;
+  const std::vector<int32_t> prompt = some_prompt(vocab, n);
+  sc::GpuSessionOptions batched, steps;
+  batched.kv_types = steps.kv_types = {strata::KvType::F16, strata::KvType::F16};
+  batched.prefill_math = sc::PrefillMath::Exact;
+  steps.batched_prefill = false;
+  sc::GpuSession a(*model, 64, batched), b(*model, 64, steps);
+  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
+  a.forward(prompt.data(), n, la.data(), true);
+  b.forward(prompt.data(), n, lb.data(), true);
+  const double e = max_row_rel_err(la, lb, static_cast<size_t>(vocab));
+  std::printf("[cuda-model] f16 cache: batched prefill vs decode steps max row relative error %.3g\n", e);
+  EXPECT_LE(e, 2e-3);
+  // And decoding on from either state agrees.
+  const int32_t next = 3;
+  std::vector<float> da(static_cast<size_t>(vocab)), db(da.size());
+  a.forward(&next, 1, da.data(), false);
+  b.forward(&next, 1, db.data(), false);
+  EXPECT_LE(max_row_rel_err(da, db, static_cast<size_t>(vocab)), 2e-3);
+}
+
+TEST(CudaModel, Q8_0CacheIsRefusedOnTheGpu) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  sc::GpuSessionOptions o;
+  o.kv_types = {strata::KvType::Q8_0, strata::KvType::F16};
+  try {
+    sc::GpuSession s(*model, 16, o);
+    FAIL() << "q8_0 accepted";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q8_0 is not supported on the GPU (f32 or f16"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaModel, GraphReplayEqualsDirectLaunchesAndResetRestarts) {
@@ -275,10 +329,12 @@ TEST(CudaModel, RejectsBadInputsWithoutChangingState) {
 // Pending tokens on the GPU (chains and trees, recomputed from the saved DeltaNet state): run n, keep a
 // root path, continue == run the path, continue, bit for bit, with every sequence made over one shared
 // GpuModel. Both the batched prefill and the decode step run the drafts (1-token paths take the step).
-void expect_gpu_pending_property(const std::string& gguf, uint32_t seed) {
+void expect_gpu_pending_property(const std::string& gguf, uint32_t seed, strata::KvCacheTypes kv = {}) {
   auto model = strata::Model::load(gguf);
   const auto gm = sc::make_gpu_model(*model);
-  auto make = [&gm]() -> std::unique_ptr<strata::Sequence> { return sc::make_gpu_session(gm, 40); };
+  sc::GpuSessionOptions o;
+  o.kv_types = kv;
+  auto make = [&gm, o]() -> std::unique_ptr<strata::Sequence> { return sc::make_gpu_session(gm, 40, o); };
   strata::pending_test::check_pending_property(make, seed, 16, 9, 10, false);
 }
 
@@ -357,6 +413,9 @@ TEST(CudaModel, PendingTreeLogitsAndLookahead) {
   for (int i = 0; i < 12; ++i) want_ids.push_back(next = b->decode_argmax(next));
   EXPECT_EQ(got_ids, want_ids);
   EXPECT_EQ(a->n_past(), b->n_past());
+TEST(CudaModel, PendingKeepEqualsRunF16Cache) {
+  REQUIRE_GPU();
+  expect_gpu_pending_property(convert_fixture("qwen3_5_moe", "f32"), 404, {strata::KvType::F16, strata::KvType::F16});
 }
 
 // Sequences over one GpuModel own their state: interleaved steps, and greedy runs on threads at once,

@@ -2,7 +2,9 @@
 // prefill (one batch) vs token-by-token decode vs chunked prefill agree; loading errors are clear.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -12,6 +14,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/writer.h"
+#include "strata/model/kv_type.h"
 #include "strata/quant/quantize.h"
 #include "pending_property.h"
 
@@ -297,10 +300,10 @@ TEST(Engine, GreedyMatchesArgmaxOfFullRecompute) {
 
 // Run n drafted tokens pending, keep a root path of m, continue == run the m tokens, continue: logits
 // and state bit for bit, for chains and random trees, on both architectures and a quantised file.
-void expect_pending_property(const std::string& path, uint32_t seed) {
+void expect_pending_property(const std::string& path, uint32_t seed, strata::KvCacheTypes kv = {}) {
   auto model = strata::Model::load(path);
   const strata::Model& m = *model;
-  auto make = [&m]() -> std::unique_ptr<strata::Sequence> { return std::make_unique<strata::Session>(m, 48); };
+  auto make = [&m, kv]() -> std::unique_ptr<strata::Sequence> { return std::make_unique<strata::Session>(m, 48, kv); };
   auto same_state = [](strata::Sequence& a, strata::Sequence& b, const std::string& what) {
     auto& sa = dynamic_cast<strata::Session&>(a).state();
     auto& sb = dynamic_cast<strata::Session&>(b).state();
@@ -330,6 +333,97 @@ TEST(Pending, Qwen35MoeQ8_0KeepEqualsRun) {
   TinySpec s = qwen35_spec();
   s.matrix_type = strata::GgmlType::Q8_0;
   expect_pending_property(TinyModelWriter(s, 33).write("tiny_pending_q35_q8.gguf"), 303);
+}
+
+// The same property with every cache type: both sides store the same rows, so keep() (which moves
+// stored rows) and a plain run agree bit for bit. Heads of 32 values so q8_0 blocks fit a head.
+TinySpec qwen35_head32_spec() {
+  TinySpec s = qwen35_spec();
+  s.head_dim = 32;
+  return s;
+}
+
+TEST(Pending, F16CacheKeepEqualsRun) {
+  expect_pending_property(TinyModelWriter(qwen35_spec(), 35).write("tiny_pending_f16.gguf"), 305,
+                          {strata::KvType::F16, strata::KvType::F16});
+}
+
+TEST(Pending, Q8_0CacheKeepEqualsRun) {
+  expect_pending_property(TinyModelWriter(qwen35_head32_spec(), 36).write("tiny_pending_kvq8.gguf"), 306,
+                          {strata::KvType::Q8_0, strata::KvType::F16});
+}
+
+// Logits of a prompt (and one decode step) with f16 / q8_0 caches against the f32 cache, per row as
+// max|a-b| / max|ref|. f16: every row within the bound. q8_0 rounds enough to flip an expert choice now
+// and then, which moves that row far (a discontinuity of top-k routing, not of the cache), so up to two
+// rows may exceed its bound. Bounds: the measured worst with margin.
+TEST(KvCache, ReducedTypesStayCloseToF32) {
+  for (const TinySpec& spec : {qwen35_head32_spec(), [] {
+                                 TinySpec s;
+                                 s.head_dim = 32;
+                                 s.rope_dims = 32;
+                                 return s;
+                               }()}) {
+    auto model = strata::Model::load(TinyModelWriter(spec, 37).write("tiny_kv_" + spec.arch + ".gguf"));
+    const int64_t V = model->config().n_vocab;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % static_cast<int>(V));
+    const int n = static_cast<int>(prompt.size());
+    auto logits = [&](strata::KvCacheTypes kv) {
+      strata::Session s(*model, 64, kv);
+      std::vector<float> l(static_cast<size_t>(n) * V);
+      s.forward(prompt.data(), n, l.data(), true);
+      // Then a decode step: reads every stored row once more.
+      std::vector<float> last(static_cast<size_t>(V));
+      const int32_t id = 5;
+      s.forward(&id, 1, last.data(), false);
+      l.insert(l.end(), last.begin(), last.end());
+      return l;
+    };
+    const std::vector<float> ref = logits({});
+    struct Case {
+      strata::KvCacheTypes kv;
+      double bound;
+      int outliers;
+    };
+    for (const Case& c : {Case{{strata::KvType::F16, strata::KvType::F16}, 1e-3, 0},
+                          Case{{strata::KvType::Q8_0, strata::KvType::Q8_0}, 4e-2, 2},
+                          Case{{strata::KvType::F16, strata::KvType::Q8_0}, 4e-2, 2}}) {
+      const std::vector<float> got = logits(c.kv);
+      std::vector<double> errs;
+      for (int t = 0; t <= n; ++t) errs.push_back(row_rel_err(got.data() + t * V, ref.data() + t * V, V));
+      const int over = static_cast<int>(std::count_if(errs.begin(), errs.end(), [&c](double e) { return e >= c.bound; }));
+      std::sort(errs.begin(), errs.end());
+      std::printf("[kv] %s K %s V %s: row rel err median %.3g, max %.3g, %d row(s) over %.3g\n", spec.arch.c_str(),
+                  strata::kv_type_name(c.kv.k), strata::kv_type_name(c.kv.v), errs[errs.size() / 2], errs.back(), over,
+                  c.bound);
+      const std::string what = spec.arch + " " + strata::kv_type_name(c.kv.k) + "/" + strata::kv_type_name(c.kv.v);
+      EXPECT_LE(over, c.outliers) << what;
+      EXPECT_GT(errs.back(), 0.0) << what << ": a reduced cache type should round something";
+    }
+  }
+}
+
+TEST(KvCache, TypesParseAndRefuseWhatDoesNotFit) {
+  EXPECT_EQ(strata::parse_kv_type("f16", "x"), strata::KvType::F16);
+  EXPECT_EQ(strata::parse_kv_type("q8_0", "x"), strata::KvType::Q8_0);
+  EXPECT_EQ(strata::parse_kv_type("f32", "x"), strata::KvType::F32);
+  try {
+    strata::parse_kv_type("q4_0", "--cache-type-k");
+    FAIL() << "q4_0 accepted";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cache-type-k 'q4_0': expected f32, f16 or q8_0"), std::string::npos) << e.what();
+  }
+  // Heads of 16 values cannot hold a q8_0 block of 32.
+  auto model = strata::Model::load(TinyModelWriter(qwen35_spec(), 38).write("tiny_kv_hd16.gguf"));
+  EXPECT_THROW(strata::Session(*model, 16, {strata::KvType::Q8_0, strata::KvType::F16}), strata::Error);
+  EXPECT_NO_THROW(strata::Session(*model, 16, {strata::KvType::F16, strata::KvType::F16}));
+  // Bytes per token: 2 full-attention layers x (K + V) x 2 KV heads x 16 values.
+  EXPECT_EQ(strata::kv_bytes_per_token(model->config(), {}), 2u * 2u * 2u * 16u * 4u);
+  EXPECT_EQ(strata::kv_bytes_per_token(model->config(), {strata::KvType::F16, strata::KvType::F16}), 2u * 2u * 2u * 16u * 2u);
+  strata::Session f16(*model, 16, {strata::KvType::F16, strata::KvType::F32});
+  EXPECT_EQ(f16.state().layers[1].k.size(), 16u * 2u * 16u * 2u);
+  EXPECT_EQ(f16.state().layers[1].v.size(), 16u * 2u * 16u * 4u);
 }
 
 TEST(Pending, TreeLogitsEqualEachRootPathRunAlone) {

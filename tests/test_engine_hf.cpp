@@ -171,12 +171,12 @@ void check_f32(const std::string& name) {
   EXPECT_EQ(strata::generate_greedy(s, fx.prompt, static_cast<int>(fx.greedy.size())), fx.greedy);
 
   // ...and through the two CLI commands other tests rely on.
-  const std::string run_out = run_command(std::string(STRATA_CLI) + " run -m " + gguf + " --prompt-tokens " +
+  const std::string run_out = run_command(std::string(STRATA_CLI) + " run -m " + gguf + " -ctk f32 -ctv f32 --prompt-tokens " +
                                           join_ids(fx.prompt) + " -n " + std::to_string(fx.greedy.size()) +
                                           " --temp 0 --print-token-ids");
   EXPECT_EQ(run_out, join_ids(fx.greedy) + "\n");
   const std::string bin = (fs::path(STRATA_BINARY_DIR) / "test_tmp" / (name + "_cli_logits.bin")).string();
-  run_command(std::string(STRATA_CLI) + " logits -m " + gguf + " --tokens " + join_ids(fx.prompt) + " --out " + bin);
+  run_command(std::string(STRATA_CLI) + " logits -m " + gguf + " -ctk f32 -ctv f32 --tokens " + join_ids(fx.prompt) + " --out " + bin);
   const std::vector<float> cli = read_floats(bin);
   ASSERT_EQ(cli.size(), fx.logits.size());
   EXPECT_LE(compare_logits(cli, fx.logits, fx.prompt.size(), static_cast<size_t>(vocab)).max_rel_err, 1e-4);

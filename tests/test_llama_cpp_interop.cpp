@@ -71,7 +71,7 @@ std::vector<int> llama_cpp_greedy(const std::string& model, int n) {
 
 std::vector<int> strata_greedy(const std::string& model, int n) {
   const auto r = run_cli("run -m '" + model + "' --prompt-tokens " + kPrompt + " -n " + std::to_string(n) +
-                         " --temp 0 --print-token-ids --no-stats");
+                         " --temp 0 --print-token-ids --no-stats -ctk f32 -ctv f32");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return parse_ids(last_line(r.out));
 }

@@ -175,10 +175,25 @@ TEST(ModelFootprint, MatchesTheEngineBuffersAndTheFile) {
   Session s(*model, ctx);
   uint64_t kv = 0, rec = 0;
   for (const LayerState& l : s.state().layers) {
-    kv += (l.k.size() + l.v.size()) * sizeof(float);
+    kv += l.k.size() + l.v.size();
     rec += (l.conv.size() + l.ssm.size()) * sizeof(float);
   }
   EXPECT_EQ(f.kv_cache_bytes, 2 * kv);
+  EXPECT_EQ(f.kv_bytes_per_token * ctx * 2, f.kv_cache_bytes);
+
+  // The cache types set the bytes: an f16 / q8_0 session's buffers, and the receipt names them per token.
+  const KvCacheTypes reduced{KvType::F16, KvType::Q8_0};
+  Session r(*model, ctx, reduced);
+  uint64_t kv_reduced = 0;
+  for (const LayerState& l : r.state().layers) kv_reduced += l.k.size() + l.v.size();
+  const ModelFootprint fr = model_footprint(*model, ctx, 2, reduced);
+  EXPECT_EQ(fr.kv_cache_bytes, 2 * kv_reduced);
+  EXPECT_LT(fr.kv_cache_bytes, f.kv_cache_bytes);
+  VramInputs in;
+  in.gpu_total = in.gpu_free = 80ull << 30;
+  in.model = fr;
+  const std::string text = format_receipt(compute_vram_receipt(in), nullptr);
+  EXPECT_NE(text.find(cat("K f16 + V q8_0, ", fr.kv_bytes_per_token, " bytes/token")), std::string::npos) << text;
   EXPECT_EQ(f.recurrent_state_bytes, 2 * rec);
 
   // Independent: routed-expert tensors by name; everything else is core.

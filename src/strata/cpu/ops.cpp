@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "strata/quant/quantize.h"
+
 namespace strata {
 
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out) {
@@ -60,11 +62,20 @@ namespace {
 
 // Softmax attention of one query head over n_ctx cached rows, row p at cache offset row(p) * stride.
 // One body for contiguous caches and for a token tree's ancestor rows, so both round alike.
-template <class Row>
-void attend_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride, int64_t n_ctx,
-                 int head_dim, float scale, float* scores, float* out, Row row) {
+template <typename Row>
+void attend_rows(const float* q, KvHead kc, KvHead vc, int64_t n_ctx, int head_dim, float scale, float* scores,
+                 float* out, Row row) {
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(head_dim));
+  // Row r of a head as floats: in place for F32, else decoded into buf (valid until the next call).
+  auto floats = [&](const KvHead& h, int64_t r) -> const float* {
+    const uint8_t* src = h.data + r * h.row_bytes;
+    if (h.type == GgmlType::F32) return reinterpret_cast<const float*>(src);
+    dequantize_row(h.type, src, buf.data(), head_dim);
+    return buf.data();
+  };
   for (int64_t p = 0; p < n_ctx; ++p) {
-    const float* k = k_cache + row(p) * stride;
+    const float* k = floats(kc, row(p));
     float dot = 0.0f;
     for (int d = 0; d < head_dim; ++d) dot += q[d] * k[d];
     scores[p] = dot * scale;
@@ -72,7 +83,7 @@ void attend_rows(const float* q, const float* k_cache, const float* v_cache, int
   softmax_inplace(scores, n_ctx);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t p = 0; p < n_ctx; ++p) {
-    const float* v = v_cache + row(p) * stride;
+    const float* v = floats(vc, row(p));
     const float a = scores[p];
     for (int d = 0; d < head_dim; ++d) out[d] += a * v[d];
   }
@@ -80,15 +91,14 @@ void attend_rows(const float* q, const float* k_cache, const float* v_cache, int
 
 }  // namespace
 
-void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
-                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out) {
-  attend_rows(q, k_cache, v_cache, stride, n_ctx, head_dim, scale, scores, out, [](int64_t p) { return p; });
+void attend_one_head(const float* q, KvHead k, KvHead v, int64_t n_ctx, int head_dim, float scale, float* scores,
+                     float* out) {
+  attend_rows(q, k, v, n_ctx, head_dim, scale, scores, out, [](int64_t p) { return p; });
 }
 
-void attend_one_head_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
-                          const int32_t* rows, int64_t n_rows, int head_dim, float scale, float* scores, float* out) {
-  attend_rows(q, k_cache, v_cache, stride, n_rows, head_dim, scale, scores, out,
-              [rows](int64_t p) { return static_cast<int64_t>(rows[p]); });
+void attend_one_head_rows(const float* q, KvHead k, KvHead v, const int32_t* rows, int64_t n_rows, int head_dim,
+                          float scale, float* scores, float* out) {
+  attend_rows(q, k, v, n_rows, head_dim, scale, scores, out, [rows](int64_t p) { return static_cast<int64_t>(rows[p]); });
 }
 
 void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/quant/types.h"
+
 namespace strata {
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n. out may alias x.
@@ -35,16 +37,29 @@ float softplusf(float x);
 // out[i] = silu(gate[i]) * up[i].
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 
+// One KV head's keys or values in a cache: row p's head_dim values start at data + p * row_bytes, stored
+// as `type` (F32, F16 or Q8_0; a Q8_0 head starts on a block). F32 rows are read in place; others are
+// decoded row by row into float first, so the arithmetic after that is the F32 path's.
+struct KvHead {
+  const uint8_t* data;
+  int64_t row_bytes;
+  GgmlType type;
+};
+
+// A float32 cache's head: position p's values at base + p * stride floats.
+inline KvHead f32_kv_head(const float* base, int64_t stride) {
+  return {reinterpret_cast<const uint8_t*>(base), stride * static_cast<int64_t>(sizeof(float)), GgmlType::F32};
+}
+
 // One query head against n_ctx cached positions of its KV head.
-// k_cache/v_cache: position p's key for this KV head starts at k_cache + p * stride (head_dim floats).
 // scores: scratch of n_ctx floats. out: head_dim floats = sum_p softmax(q.k_p * scale)_p v_p.
-void attend_one_head(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
-                     int64_t n_ctx, int head_dim, float scale, float* scores, float* out);
+void attend_one_head(const float* q, KvHead k, KvHead v, int64_t n_ctx, int head_dim, float scale, float* scores,
+                     float* out);
 
 // The same over the cache rows rows[0..n_rows) in that order (a token tree's kept prefix and ancestors);
 // equal to attend_one_head when rows[p] == p.
-void attend_one_head_rows(const float* q, const float* k_cache, const float* v_cache, int64_t stride,
-                          const int32_t* rows, int64_t n_rows, int head_dim, float scale, float* scores, float* out);
+void attend_one_head_rows(const float* q, KvHead k, KvHead v, const int32_t* rows, int64_t n_rows, int head_dim,
+                          float scale, float* scores, float* out);
 
 // Causal depthwise conv1d for one token over `channels` channels with kernel length K.
 // weight[c * K + j]: tap j of channel c; tap K-1 multiplies the current input.

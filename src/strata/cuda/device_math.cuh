@@ -4,11 +4,19 @@
 // kernels round alike.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace strata::cuda {
+
+// Values kept as float or __half (KV cache rows): read as float; stored rounded to nearest even, as
+// the CPU's fp32_to_fp16.
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_store(__half* p, float v) { *p = __float2half_rn(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -119,7 +127,8 @@ __device__ __forceinline__ float2 rope_cos_sin(int64_t pos, int i, int rope_dims
 // One head, one block (blockDim.x >= head_dim): o = RMSNorm(x) * w, then NEOX rotary on the first
 // rope_dims dims with cs = rope_cos_sin(pos, threadIdx.x, ...) (used by threads < rope_dims / 2), the
 // rest copied. buf: head_dim floats of shared memory. o may equal x.
-__device__ __forceinline__ void norm_rope_head_cs(const float* x, float* o, int head_dim, const float* w, float eps,
+template <typename T>
+__device__ __forceinline__ void norm_rope_head_cs(const float* x, T* o, int head_dim, const float* w, float eps,
                                                   int rope_dims, float2 cs, float* buf) {
   const int i = threadIdx.x;
   const float xi = i < head_dim ? x[i] : 0.0f;
@@ -130,15 +139,16 @@ __device__ __forceinline__ void norm_rope_head_cs(const float* x, float* o, int 
   const int half = rope_dims / 2;
   if (i < half) {
     const float a = buf[i], b = buf[i + half];
-    o[i] = a * cs.x - b * cs.y;
-    o[i + half] = b * cs.x + a * cs.y;
+    kv_store(o + i, a * cs.x - b * cs.y);
+    kv_store(o + i + half, b * cs.x + a * cs.y);
   } else if (i >= rope_dims && i < head_dim) {
-    o[i] = buf[i];
+    kv_store(o + i, buf[i]);
   }
 }
 
 // norm_rope_head_cs at position pos (the CPU's rope_neox_inplace arithmetic).
-__device__ __forceinline__ void norm_rope_head(const float* x, float* o, int64_t pos, int head_dim, const float* w,
+template <typename T>
+__device__ __forceinline__ void norm_rope_head(const float* x, T* o, int64_t pos, int head_dim, const float* w,
                                                float eps, int rope_dims, float freq_base, float* buf) {
   const int i = threadIdx.x;
   const float2 cs = i < rope_dims / 2 ? rope_cos_sin(pos, i, rope_dims, freq_base) : make_float2(1.0f, 0.0f);

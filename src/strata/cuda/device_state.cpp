@@ -14,17 +14,24 @@ size_t conv_floats(const ModelConfig& c) {
 size_t ssm_floats(const ModelConfig& c) {
   return static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
 }
-size_t kv_floats(const ModelConfig& c, int max_ctx) {
-  return static_cast<size_t>(max_ctx) * c.n_head_kv * c.head_dim;
+size_t kv_bytes(const ModelConfig& c, int max_ctx, KvType t) {
+  return static_cast<size_t>(max_ctx) * kv_row_bytes(t, static_cast<int64_t>(c.n_head_kv) * c.head_dim);
 }
 
 }  // namespace
 
-size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx) {
+void check_gpu_kv_types(const KvCacheTypes& kv) {
+  for (KvType t : {kv.k, kv.v})
+    if (t != KvType::F32 && t != KvType::F16)
+      fail("KV cache type ", kv_type_name(t), " is not supported on the GPU (f32 or f16; q8_0 runs on the CPU)");
+}
+
+size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv) {
   size_t n = 0;
   for (int il = 0; il < c.n_layer; ++il)
-    n += c.mixer(il) == LayerKind::FullAttention ? 2 * kv_floats(c, max_ctx) : conv_floats(c) + ssm_floats(c);
-  return n * sizeof(float);
+    n += c.mixer(il) == LayerKind::FullAttention ? kv_bytes(c, max_ctx, kv.k) + kv_bytes(c, max_ctx, kv.v)
+                                                 : (conv_floats(c) + ssm_floats(c)) * sizeof(float);
+  return n;
 }
 
 void* alloc_state_bytes(size_t bytes, int max_ctx) {
@@ -42,23 +49,28 @@ void* alloc_state_bytes(size_t bytes, int max_ctx) {
   return p;
 }
 
-float* DeviceSequenceState::alloc(size_t floats) {
-  const size_t bytes = (floats == 0 ? 1 : floats) * sizeof(float);
+void* DeviceSequenceState::alloc_bytes(size_t bytes) {
+  if (bytes == 0) bytes = 1;
   void* p = alloc_state_bytes(bytes, max_ctx_);
   allocs_.push_back(p);
   bytes_ += bytes;
-  return static_cast<float*>(p);
+  return p;
 }
 
-DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx) : c_(c), max_ctx_(max_ctx) {
+float* DeviceSequenceState::alloc(size_t floats) { return static_cast<float*>(alloc_bytes(floats * sizeof(float))); }
+
+DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCacheTypes kv) : c_(c), max_ctx_(max_ctx) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  check_kv_types(c, kv);
+  check_gpu_kv_types(kv);
   try {
     layers.resize(static_cast<size_t>(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
       DeviceLayerState& L = layers[il];
       if (c.mixer(il) == LayerKind::FullAttention) {
-        L.k = alloc(kv_floats(c, max_ctx));
-        L.v = alloc(kv_floats(c, max_ctx));
+        L.kv = kv;
+        L.k = alloc_bytes(kv_bytes(c, max_ctx, kv.k));
+        L.v = alloc_bytes(kv_bytes(c, max_ctx, kv.v));
       } else {
         L.conv = alloc(conv_floats(c));
         L.ssm = alloc(ssm_floats(c));

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "strata/model/config.h"
+#include "strata/model/kv_type.h"
 
 namespace strata::cuda {
 
@@ -16,9 +17,16 @@ namespace strata::cuda {
 // of memory. The caller frees it.
 void* alloc_state_bytes(size_t bytes, int max_ctx);
 
+// Refuses KV cache types the GPU does not store (q8_0), naming those it does: what a sequence state's
+// constructor checks, callable before any model is loaded.
+void check_gpu_kv_types(const KvCacheTypes& kv);
+
 struct DeviceLayerState {
-  float* k = nullptr;     // full attention: [max_ctx x kv_width], key rows after norm + rotary
-  float* v = nullptr;     // [max_ctx x kv_width]
+  // Full attention: [max_ctx x kv_width] key rows after norm + rotary, and value rows, as kv's types
+  // (float or __half elements).
+  void* k = nullptr;
+  void* v = nullptr;
+  KvCacheTypes kv;
   float* conv = nullptr;  // DeltaNet: [(conv_kernel - 1) x conv_channels], oldest row first
   float* ssm = nullptr;   // [v_heads x dk x dv]
   // The other buffers of ping-pong pairs (add_alternates): a decode step reads conv/ssm and writes
@@ -33,8 +41,9 @@ struct DeviceLayerState {
 
 class DeviceSequenceState {
  public:
-  // Allocates (and zeroes) every layer's buffers; fails (strata::Error) when the GPU runs out of memory.
-  DeviceSequenceState(const ModelConfig& c, int max_ctx);
+  // Allocates (and zeroes) every layer's buffers; fails (strata::Error) when the GPU runs out of memory
+  // or for a cache type the GPU does not store (check_gpu_kv_types).
+  DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCacheTypes kv = {});
   ~DeviceSequenceState();
   DeviceSequenceState(const DeviceSequenceState&) = delete;
   DeviceSequenceState& operator=(const DeviceSequenceState&) = delete;
@@ -58,7 +67,7 @@ class DeviceSequenceState {
   int kv_width() const { return c_.n_head_kv * c_.head_dim; }
   size_t bytes() const { return bytes_; }
   // Bytes this state needs for a model and context, without allocating (for the VRAM budget receipt).
-  static size_t bytes_needed(const ModelConfig& c, int max_ctx);
+  static size_t bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv = {});
 
   std::vector<DeviceLayerState> layers;
   int n_past = 0;  // tokens already in the state
@@ -72,6 +81,7 @@ class DeviceSequenceState {
   bool has_snapshot_ = false;
   std::vector<void*> allocs_;
   float* alloc(size_t floats);
+  void* alloc_bytes(size_t bytes);
   void copy_snapshot(bool save, cudaStream_t s);
 };
 

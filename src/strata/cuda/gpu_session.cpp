@@ -105,7 +105,7 @@ struct GpuSession::Impl {
         dm(gm->device()),
         opt(o),
         max_ctx(ctx),
-        st(model.config(), ctx),
+        st(model.config(), ctx, o.kv_types),
         n_past(st.n_past),
         hybrid(gm->hybrid()) {
     try {
@@ -248,11 +248,11 @@ struct GpuSession::Impl {
       const int hd = c.head_dim;
       const int* pos = d_io + 1;
       attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-                c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream);
+                c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream, L.kv);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale,
-                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream);
+                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv);
       prof.mark("attn decode", stream);
       return;
     }

@@ -18,6 +18,7 @@
 
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
+#include "strata/model/kv_type.h"
 #include "strata/cuda/hybrid_types.h"
 #include "strata/cuda/prefill_math.h"
 
@@ -48,6 +49,9 @@ struct GpuSessionOptions {
   // Fast prefill: keep fp16 copies of the dense matrices (PrefillOptions::cache_dense_f16). The backend
   // plan decides it within --gpu-mem (moe/gpu_expert_plan.h); nothing here looks at free memory.
   bool prefill_f16_cache = true;
+  // How the sequence's KV cache stores keys and values: f32 or f16 (q8_0 is CPU-only and refused). f32 by
+  // default here, as strata::Session; the command line defaults to f16.
+  KvCacheTypes kv_types;
 };
 
 class GpuModel;

@@ -13,6 +13,7 @@
 #include "strata/cuda/device_math.cuh"
 #include "strata/cuda/route_warp.cuh"
 #include "strata/cuda/kernels.h"
+#include "strata/cuda/kv_cache.cuh"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
 
@@ -131,8 +132,9 @@ __host__ __device__ constexpr int attention_chunk(int n_ctx, int S) {
 // ---- fused kernels of the fast decode step ------------------------------------------------------------
 // Attention inputs in one launch: blocks [0, n_head) normalise + rotate the query heads in place,
 // [n_head, n_head + n_kv) the key heads into the cache row at *pos, the last block copies the value row.
-__global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache,
-                                 float* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
+template <typename TK, typename TV>
+__global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, TK* k_cache,
+                                 TV* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
                                  const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr) {
   extern __shared__ float buf[];  // head_dim
   const int bid = blockIdx.x;
@@ -146,15 +148,17 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
                         : make_float2(1.0f, 0.0f);
   pdl_wait();
   if (bid == n_head + n_kv) {
-    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) v_cache[pos * kv_width + i] = vv[i];
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) kv_store(v_cache + pos * kv_width + i, vv[i]);
     return;
   }
-  const bool is_q = bid < n_head;
-  const int h = is_q ? bid : bid - n_head;
-  const float* x = is_q ? q + static_cast<int64_t>(h) * q_head_stride : kk + static_cast<int64_t>(h) * head_dim;
-  float* o = is_q ? q + static_cast<int64_t>(h) * q_head_stride : k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim;
-  const float* w = is_q ? q_norm : k_norm;
-  norm_rope_head_cs(x, o, head_dim, w, eps, rope_dims, cs, buf);
+  if (bid < n_head) {
+    float* qh = q + static_cast<int64_t>(bid) * q_head_stride;
+    norm_rope_head_cs(qh, qh, head_dim, q_norm, eps, rope_dims, cs, buf);
+  } else {
+    const int h = bid - n_head;
+    norm_rope_head_cs(kk + static_cast<int64_t>(h) * head_dim, k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim,
+                      head_dim, k_norm, eps, rope_dims, cs, buf);
+  }
 }
 
 // Conv1d step + SiLU + the q/k L2 norms in one launch: block b < n_k: query head b, < 2 n_k: key head,
@@ -381,7 +385,8 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 // output) in scratch and the last block of the head merges them in chunk order (a deterministic result).
 // Short chunks keep each block's chain of dependent loads short: with one chunk per 256 positions, a
 // 144-token context cost ~39 us per attention layer inside the decode graph (docs/PERF.md, 2026-11-23).
-__global__ void attn_split_kernel(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+template <typename TK, typename TV>
+__global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k_cache, const TV* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, bool gated,
                                   const int* pos_ptr, float* scratch, unsigned int* counters, float* out) {
   pdl_launch_dependents();
@@ -398,13 +403,18 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   if (c >= n_act) return;  // block-uniform
   const int p0 = c * per, p1 = min(n_ctx, p0 + per);
   {
-    const int lines = (head_dim + 31) / 32;  // 128-byte lines of a head's row
-    const int n = (min(p1, n_ctx - 1) - p0) * lines;
+    // 128-byte lines of a head's key and value rows.
+    const int k_lines = (head_dim * static_cast<int>(sizeof(TK)) + 127) / 128;
+    const int v_lines = (head_dim * static_cast<int>(sizeof(TV)) + 127) / 128;
+    const int rows = min(p1, n_ctx - 1) - p0;
+    const int nk = rows * k_lines, n = nk + rows * v_lines;
     const int64_t off = static_cast<int64_t>(g) * head_dim;
-    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
-      const int j = i < n ? i : i - n;
-      const float* base = (i < n ? k_cache : v_cache) + static_cast<int64_t>(p0 + j / lines) * kv_stride + off;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 32 * (j % lines)));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const bool is_k = i < nk;
+      const int j = is_k ? i : i - nk, lines = is_k ? k_lines : v_lines;
+      const int64_t e = static_cast<int64_t>(p0 + j / lines) * kv_stride + off;
+      const char* base = is_k ? reinterpret_cast<const char*>(k_cache + e) : reinterpret_cast<const char*>(v_cache + e);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128 * (j % lines)));
     }
   }
   pdl_wait();
@@ -416,7 +426,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   const int64_t koff = static_cast<int64_t>(g) * head_dim;
   for (int p = p0 + warp; p < p1; p += 4 * nw) {
-    const float* k[4];
+    const TK* k[4];
     float dot[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -427,7 +437,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
     for (int d = lane; d < head_dim; d += 32) {
       const float qd = sq[d];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) dot[u] += qd * k[u][d];
+      for (int u = 0; u < 4; ++u) dot[u] += qd * kv_load(k[u] + d);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -452,16 +462,16 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const float
   float* part = scratch + (static_cast<int64_t>(h) * S + c) * (head_dim + 2);
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float acc = 0.0f;
-    const float* vd = v_cache + voff + d;
+    const TV* vd = v_cache + voff + d;
     int p = p0;
     for (; p + 8 <= p1; p += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = vd[static_cast<int64_t>(p + u) * kv_stride];
+      for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + static_cast<int64_t>(p + u) * kv_stride);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc += sc[p + u - p0] * v[u];
     }
-    for (; p < p1; ++p) acc += sc[p - p0] * vd[static_cast<int64_t>(p) * kv_stride];
+    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + static_cast<int64_t>(p) * kv_stride);
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
       if (gated) r *= sigmoid_dev(qh[head_dim + d]);
@@ -560,13 +570,18 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
   check_launch("route_topk");
 }
 
-void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
+void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s) {
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
-  launch_pdl("attn_prep", attn_prep_kernel, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
-             head_dim * sizeof(float), s, q, q_head_stride, kk, vv, k_cache, v_cache, kv_width, n_head, n_kv, head_dim,
-             q_norm, k_norm, eps, rope_dims, freq_base, pos);
+  with_kv_types(kv, [&](auto tk, auto tv) {
+    using TK = decltype(tk);
+    using TV = decltype(tv);
+    launch_pdl("attn_prep", attn_prep_kernel<TK, TV>, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
+               head_dim * sizeof(float), s, q, q_head_stride, kk, vv, static_cast<TK*>(k_cache),
+               static_cast<TV*>(v_cache), kv_width, n_head, n_kv, head_dim, q_norm, k_norm, eps, rope_dims, freq_base,
+               pos);
+  });
 }
 
 void conv_qk_norm(const float* x, const float* weight, int K, float* state, float* out, int n_k_heads, int n_v_heads,
@@ -663,16 +678,21 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
   return static_cast<size_t>(n_head) * attention_splits(max_ctx) * (head_dim + 2);
 }
 
-void attention_decode_split(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
                             const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s) {
+                            cudaStream_t s, KvCacheTypes kv) {
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
   const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
   const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
-  launch_pdl("attention_decode_split", attn_split_kernel, dim3(n_head, S), dim3(256), smem, s, q, q_head_stride,
-             k_cache, v_cache, kv_stride, n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
+  with_kv_types(kv, [&](auto tk, auto tv) {
+    using TK = decltype(tk);
+    using TV = decltype(tv);
+    launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S), dim3(256), smem, s, q,
+               q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
+               n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
+  });
 }
 
 }  // namespace strata::cuda

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "strata/cuda/decode_lookahead.h"
+#include "strata/model/kv_type.h"
 #include "strata/quant/types.h"
 
 namespace strata::cuda {
@@ -56,12 +57,13 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 
 // attention inputs: each of the n_head query heads (q, q_head_stride) in place and each of the n_kv key
 // heads (kk, packed) into k_cache row *pos get RMSNorm (q_norm / k_norm) then NEOX rotary on the first
-// rope_dims dims at position *pos; vv (kv_width floats) is copied into v_cache row *pos.
+// rope_dims dims at position *pos; vv (kv_width floats) is copied into v_cache row *pos. The caches hold
+// kv's types (f32: float, f16: __half elements; q8_0 is refused).
 // *pos is read before the kernel waits on the previous kernel of the stream (programmatic dependent
 // launch): it must have been written before that kernel started (a copy or an earlier step).
-void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, float* k_cache, float* v_cache,
+void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s);
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {});
 
 // Causal depthwise conv1d step with SiLU over the 2*n_k*dk + n_v*dv channels (out[c] = silu(sum_j
 // w[c*K+j] * window_j[c]), the window being state ((K-1) x channels, oldest first) followed by x; the
@@ -120,9 +122,10 @@ void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigne
 // kernel of the stream: it must have been written before that kernel started (a copy or an earlier step).
 int attention_splits(int max_ctx);
 size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
-void attention_decode_split(const float* q, int q_head_stride, const float* k_cache, const float* v_cache,
+// The caches hold kv's types, as attn_prep writes them.
+void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
                             const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s);
+                            cudaStream_t s, KvCacheTypes kv = {});
 
 }  // namespace strata::cuda

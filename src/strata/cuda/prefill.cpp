@@ -305,17 +305,24 @@ struct GpuPrefill::Impl {
       const __half* h = xn_half(m);
       dense(w.q, xn, m, q, false, h);
       dense(w.k, xn, m, kk, false, h);
-      dense(w.v, xn, m, L.v + static_cast<int64_t>(pos0) * kvw, false, h);  // values go straight into the cache
+      if (L.kv.v == KvType::F32) {
+        dense(w.v, xn, m, static_cast<float*>(L.v) + static_cast<int64_t>(pos0) * kvw, false, h);  // straight into the cache
+      } else {
+        // f16 cache: the values go through o (free until the attention below writes it) and are rounded into the cache.
+        dense(w.v, xn, m, o, false, h);
+        prefill::to_half(o, static_cast<int64_t>(m) * kvw, static_cast<__half*>(L.v) + static_cast<int64_t>(pos0) * kvw, s);
+      }
     }
     {
       Timed t(*this, kAttention);
       prefill::norm_rope_rows(q, q_width(), q_stride_head(), q, q_width(), q_stride_head(), m, c.n_head, hd, w.q_norm,
                               c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s);
-      prefill::norm_rope_rows(kk, kvw, hd, L.k + static_cast<int64_t>(pos0) * kvw, kvw, hd, m, c.n_head_kv, hd, w.k_norm,
-                              c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s);
+      prefill::norm_rope_rows(kk, kvw, hd, static_cast<char*>(L.k) + kv_row_bytes(L.kv.k, static_cast<int64_t>(pos0) * kvw),
+                              kvw, hd, m, c.n_head_kv, hd, w.k_norm, c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s,
+                              L.kv.k);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       prefill::attention_prefill(q, q_width(), q_stride_head(), L.k, L.v, kvw, m, c.n_head, c.n_head_kv, hd, scale,
-                                 c.attn_output_gate, pos0, o, s);
+                                 c.attn_output_gate, pos0, o, s, L.kv);
     }
     Timed t(*this, kProjections);
     dense(w.o, o, m, y);

@@ -2,12 +2,13 @@
 // takes TQ queries of one head, walks the cached keys / values in tiles of TK positions through shared
 // memory, and keeps for each query the running max, the running sum of exponentials and the weighted
 // sum of values (the flash-attention recurrence: when the max grows, the earlier sums are rescaled by
-// exp(old max - new max)). All in float32. The scores of one tile are float4 dots from shared memory.
+// exp(old max - new max)). All in float32 (f16 cache rows are widened as the tile loads them). The scores of one tile are float4 dots from shared memory.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/kv_cache.cuh"
 #include "strata/cuda/prefill_common.cuh"
 #include "strata/cuda/prefill_kernels.h"
 
@@ -21,8 +22,9 @@ constexpr int kThreads = 128; // TQ * TK / 2: each thread scores two queries (r,
 constexpr int kMaxDims = 2;   // head_dim <= kThreads * kMaxDims
 static_assert(TQ * TK == 2 * kThreads && TK == 16 && TQ == 16, "the score and softmax thread layouts assume 16 x 16 tiles");
 
+template <typename KT, typename VT>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
-    const float* q, int64_t q_tok_stride, int q_head_stride, const float* k_cache, const float* v_cache,
+    const float* q, int64_t q_tok_stride, int q_head_stride, const KT* k_cache, const VT* v_cache,
     int64_t kv_stride, int n, int group, int hd, float scale, bool gated, int pos0, float* out, int n_head) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
       for (int c = lr; c < TK; c += rows_per_pass) {
         const int p = k0 + c;
         reinterpret_cast<float4*>(skv + c * ld)[l4] =
-            p < kend ? reinterpret_cast<const float4*>(k_cache + p * kv_stride + static_cast<int64_t>(g) * hd)[l4] : zero4;
+            p < kend ? kv_load4(k_cache + p * kv_stride + static_cast<int64_t>(g) * hd + 4 * l4) : zero4;
       }
     __syncthreads();
     {
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
       for (int c = lr; c < TK; c += rows_per_pass) {
         const int p = k0 + c;
         reinterpret_cast<float4*>(skv + c * ld)[l4] =
-            p < kend ? reinterpret_cast<const float4*>(v_cache + p * kv_stride + static_cast<int64_t>(g) * hd)[l4] : zero4;
+            p < kend ? kv_load4(v_cache + p * kv_stride + static_cast<int64_t>(g) * hd + 4 * l4) : zero4;
       }
     __syncthreads();
 #pragma unroll
@@ -156,17 +158,22 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
 
 }  // namespace
 
-void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, const float* k_cache,
-                       const float* v_cache, int64_t kv_stride, int n, int n_head, int n_head_kv, int head_dim,
-                       float scale, bool gated, int pos0, float* out, cudaStream_t s) {
+void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, const void* k_cache,
+                       const void* v_cache, int64_t kv_stride, int n, int n_head, int n_head_kv, int head_dim,
+                       float scale, bool gated, int pos0, float* out, cudaStream_t s, KvCacheTypes kv) {
   check_arg(n_head % n_head_kv == 0, "attention_prefill: n_head must be a multiple of n_head_kv");
   check_arg(head_dim % 4 == 0 && head_dim <= kThreads * kMaxDims, "attention_prefill: head_dim must be a multiple of 4, <= 256");
   check_arg(q_tok_stride % 4 == 0 && q_head_stride % 4 == 0 && kv_stride % 4 == 0,
             "attention_prefill: row strides must be multiples of 4 floats (float4 loads)");
   const size_t smem = sizeof(float) * (static_cast<size_t>(TQ + TK) * (head_dim + 4) + TQ * TK + 3 * TQ);
   const dim3 grid((n + TQ - 1) / TQ, n_head);
-  attention_prefill_kernel<<<grid, kThreads, smem, s>>>(q, q_tok_stride, q_head_stride, k_cache, v_cache, kv_stride, n,
-                                                        n_head / n_head_kv, head_dim, scale, gated, pos0, out, n_head);
+  with_kv_types(kv, [&](auto tk, auto tv) {
+    using KT = decltype(tk);
+    using VT = decltype(tv);
+    attention_prefill_kernel<KT, VT><<<grid, kThreads, smem, s>>>(
+        q, q_tok_stride, q_head_stride, static_cast<const KT*>(k_cache), static_cast<const VT*>(v_cache), kv_stride, n,
+        n_head / n_head_kv, head_dim, scale, gated, pos0, out, n_head);
+  });
   check_launch("attention_prefill");
 }
 

@@ -29,19 +29,20 @@ void embed_rows(const DevMatrix& table, const int* tokens, int n, float* x, cuda
 // ---- attention ---------------------------------------------------------------------------------------
 // For token t < n and head h < n_heads: the head vector at src + t * src_tok_stride + h * src_head_stride
 // (head_dim long) gets RMSNorm with w, then NEOX rotary on its first rope_dims dims at position pos0 + t,
-// and is written to dst + t * dst_tok_stride + h * dst_head_stride (dst may equal src: in place).
-void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, float* dst, int64_t dst_tok_stride,
+// and is written to dst + t * dst_tok_stride + h * dst_head_stride (dst may equal src: in place), as
+// dst_type (f32 or f16 elements: a KV cache's keys).
+void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, void* dst, int64_t dst_tok_stride,
                     int dst_head_stride, int n, int n_heads, int head_dim, const float* w, float eps, int rope_dims,
-                    float freq_base, int pos0, cudaStream_t s);
+                    float freq_base, int pos0, cudaStream_t s, KvType dst_type = KvType::F32);
 
 // Causal GQA attention of a chunk: query t (position pos0 + t) of head h, at q + t * q_tok_stride +
 // h * q_head_stride, against cache positions 0 .. pos0 + t of KV head h / (n_head / n_head_kv) (keys at
 // k_cache + p * kv_stride + g * head_dim, values alike; the chunk's own keys already stored there).
 // out[t * n_head * head_dim + h * head_dim + d] = softmax(q.k * scale) . v, times sigmoid of the gate
-// value q[head_dim + d] when gated. head_dim <= 256.
-void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, const float* k_cache,
-                       const float* v_cache, int64_t kv_stride, int n, int n_head, int n_head_kv, int head_dim,
-                       float scale, bool gated, int pos0, float* out, cudaStream_t s);
+// value q[head_dim + d] when gated. head_dim <= 256. The caches hold kv's types (f32 or f16).
+void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, const void* k_cache,
+                       const void* v_cache, int64_t kv_stride, int n, int n_head, int n_head_kv, int head_dim,
+                       float scale, bool gated, int pos0, float* out, cudaStream_t s, KvCacheTypes kv = {});
 
 // ---- gated DeltaNet ------------------------------------------------------------------------------------
 // Causal depthwise conv + SiLU over a chunk: out[t][c] = silu(w[c][K-1] x[t][c] + sum_{j<K-1} w[c][j] in(t-K+1+j)[c])

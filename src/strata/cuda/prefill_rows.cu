@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/kv_cache.cuh"
 #include "strata/cuda/prefill_common.cuh"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
@@ -99,14 +100,15 @@ void launch_embed(const DevMatrix& t, const int* tokens, int n, float* x, cudaSt
 }
 
 // ---- q/k norm + rotary (as norm_rope_kernel of kernels.cu, one block per (head, token)) ---------------
-__global__ void norm_rope_rows_kernel(const float* src, int64_t src_tok_stride, int src_head_stride, float* dst,
+template <typename T>
+__global__ void norm_rope_rows_kernel(const float* src, int64_t src_tok_stride, int src_head_stride, T* dst,
                                       int64_t dst_tok_stride, int dst_head_stride, int head_dim, const float* w,
                                       float eps, int rope_dims, float freq_base, int pos0) {
   extern __shared__ float buf[];  // head_dim
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t pos = pos0 + t;
   const float* x = src + t * src_tok_stride + static_cast<int64_t>(h) * src_head_stride;
-  float* o = dst + t * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
+  T* o = dst + t * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
   norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
 }
 
@@ -246,13 +248,17 @@ void embed_rows(const DevMatrix& t, const int* tokens, int n, float* x, cudaStre
   }
 }
 
-void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, float* dst, int64_t dst_tok_stride,
+void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, void* dst, int64_t dst_tok_stride,
                     int dst_head_stride, int n, int n_heads, int head_dim, const float* w, float eps, int rope_dims,
-                    float freq_base, int pos0, cudaStream_t s) {
+                    float freq_base, int pos0, cudaStream_t s, KvType dst_type) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "prefill norm_rope_rows: head_dim/rope_dims");
-  norm_rope_rows_kernel<<<dim3(n_heads, n), warp_round(head_dim), head_dim * sizeof(float), s>>>(
-      src, src_tok_stride, src_head_stride, dst, dst_tok_stride, dst_head_stride, head_dim, w, eps, rope_dims, freq_base,
-      pos0);
+  // The destination's type chooses the instance (the V type is not involved).
+  with_kv_types({dst_type, KvType::F32}, [&](auto td, auto) {
+    using T = decltype(td);
+    norm_rope_rows_kernel<T><<<dim3(n_heads, n), warp_round(head_dim), head_dim * sizeof(float), s>>>(
+        src, src_tok_stride, src_head_stride, static_cast<T*>(dst), dst_tok_stride, dst_head_stride, head_dim, w, eps,
+        rope_dims, freq_base, pos0);
+  });
   check_launch("prefill norm_rope_rows");
 }
 

@@ -14,6 +14,7 @@
 
 #include "strata/cpu/ops.h"
 #include "strata/engine/blocks.h"
+#include "strata/quant/quantize.h"
 
 namespace strata {
 
@@ -33,8 +34,10 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
   project(w.v, xn, n, V.data());
 
   // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append the
-  // keys and values to the cache at their positions.
+  // keys and values to the cache at their positions, in the cache's types.
   const bool chain = !tree || tree->is_chain();
+  const GgmlType k_type = kv_ggml_type(s.kv.k), v_type = kv_ggml_type(s.kv.v);
+  std::vector<float> k_row(static_cast<size_t>(kv_width));
   for (int t = 0; t < n; ++t) {
     const int64_t pos = n_past + (chain ? t : tree->depth(t));
     const int64_t row = n_past + t;
@@ -43,15 +46,14 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
       rope_neox_inplace(q, c.rope_dims, pos, c.rope_freq_base);
     }
-    float* k_dst = s.k.data() + row * kv_width;
-    float* v_dst = s.v.data() + row * kv_width;
     for (int g = 0; g < c.n_head_kv; ++g) {
       const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
-      rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_dst + g * hd);
-      rope_neox_inplace(k_dst + g * hd, c.rope_dims, pos, c.rope_freq_base);
+      rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
+      rope_neox_inplace(k_row.data() + g * hd, c.rope_dims, pos, c.rope_freq_base);
     }
-    const float* v = V.data() + static_cast<int64_t>(t) * kv_width;
-    for (int i = 0; i < kv_width; ++i) v_dst[i] = v[i];
+    quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
+    quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width, s.v.data() + row * static_cast<int64_t>(s.v_row),
+                 kv_width);
   }
 
   // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its ancestors).
@@ -77,13 +79,16 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
         const int g = h / group;  // GQA: consecutive query heads share a KV head
         const float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
         float* o = O.data() + static_cast<int64_t>(t) * o_width + h * hd;
+        // Head g's values start g * hd values into a row (check_kv_types keeps them on a block).
+        const KvHead kh{s.k.data() + kv_row_bytes(s.kv.k, static_cast<int64_t>(g) * hd),
+                        static_cast<int64_t>(s.k_row), k_type};
+        const KvHead vh{s.v.data() + kv_row_bytes(s.kv.v, static_cast<int64_t>(g) * hd),
+                        static_cast<int64_t>(s.v_row), v_type};
         if (chain) {
-          attend_one_head(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, n_past + t + 1, hd, scale,
-                          scores.data(), o);
+          attend_one_head(q, kh, vh, n_past + t + 1, hd, scale, scores.data(), o);
         } else {
           const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
-          attend_one_head_rows(q, s.k.data() + g * hd, s.v.data() + g * hd, kv_width, r.data(),
-                               static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
+          attend_one_head_rows(q, kh, vh, r.data(), static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
         }
         if (c.attn_output_gate) {
           const float* gate = q + hd;
@@ -100,13 +105,15 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
 namespace strata {
 
 void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m) {
-  const size_t kv_width = static_cast<size_t>(c.n_head_kv) * c.head_dim;
   // path is increasing (parents precede children), so row j never overwrites a later source row.
+  auto move_row = [&](std::vector<uint8_t>& cache, size_t row_bytes, int j) {
+    const size_t from = static_cast<size_t>(n_past + path[j]) * row_bytes, to = static_cast<size_t>(n_past + j) * row_bytes;
+    std::copy_n(cache.begin() + static_cast<std::ptrdiff_t>(from), row_bytes, cache.begin() + static_cast<std::ptrdiff_t>(to));
+  };
   for (int j = 0; j < m; ++j) {
     if (path[j] == j) continue;
-    const size_t from = static_cast<size_t>(n_past + path[j]) * kv_width, to = static_cast<size_t>(n_past + j) * kv_width;
-    std::copy_n(s.k.begin() + static_cast<std::ptrdiff_t>(from), kv_width, s.k.begin() + static_cast<std::ptrdiff_t>(to));
-    std::copy_n(s.v.begin() + static_cast<std::ptrdiff_t>(from), kv_width, s.v.begin() + static_cast<std::ptrdiff_t>(to));
+    move_row(s.k, s.k_row, j);
+    move_row(s.v, s.v_row, j);
   }
 }
 

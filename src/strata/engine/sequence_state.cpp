@@ -6,15 +6,20 @@
 
 namespace strata {
 
-SequenceState::SequenceState(const ModelConfig& c, int max_ctx_) : max_ctx(max_ctx_) {
+SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv_types_)
+    : max_ctx(max_ctx_), kv_types(kv_types_) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  check_kv_types(c, kv_types);
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
     LayerState& s = layers[il];
     if (c.mixer(il) == LayerKind::FullAttention) {
-      const size_t per_pos = static_cast<size_t>(c.n_head_kv) * c.head_dim;
-      s.k.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
-      s.v.assign(per_pos * static_cast<size_t>(max_ctx), 0.0f);
+      const int64_t per_pos = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+      s.kv = kv_types;
+      s.k_row = kv_row_bytes(kv_types.k, per_pos);
+      s.v_row = kv_row_bytes(kv_types.v, per_pos);
+      s.k.assign(s.k_row * static_cast<size_t>(max_ctx), 0);
+      s.v.assign(s.v_row * static_cast<size_t>(max_ctx), 0);
     } else {
       s.conv.assign(static_cast<size_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels(), 0.0f);
       s.ssm.assign(static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v, 0.0f);

@@ -2,16 +2,22 @@
 // the session's context, per DeltaNet layer the conv window and the recurrent state, and the position.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "strata/engine/token_tree.h"
 #include "strata/model/config.h"
+#include "strata/model/kv_type.h"
 
 namespace strata {
 
 struct LayerState {
-  // Full attention: [max_ctx x n_head_kv x head_dim] keys (after norm + rotary) and values.
-  std::vector<float> k, v;
+  // Full attention: max_ctx rows of n_head_kv x head_dim keys (after norm + rotary) and values, each row
+  // k_row / v_row bytes in the sequence's cache types (kv, as SequenceState::kv_types).
+  std::vector<uint8_t> k, v;
+  size_t k_row = 0, v_row = 0;
+  KvCacheTypes kv;
   // DeltaNet: the previous (kernel-1) conv inputs [(kernel-1) x channels], oldest first,
   // and the recurrent state [v_heads x head_k x head_v].
   std::vector<float> conv;
@@ -25,6 +31,7 @@ struct LayerState {
 
 struct SequenceState {
   int max_ctx = 0;
+  KvCacheTypes kv_types;
   int n_past = 0;  // tokens already processed (the next token's position)
   std::vector<LayerState> layers;
   // A provisional forward's tokens (Sequence::forward_pending) until keep(): pending token t's key and
@@ -35,7 +42,8 @@ struct SequenceState {
   std::vector<std::vector<int>> pending_picks;
 
   SequenceState() = default;
-  SequenceState(const ModelConfig& config, int max_ctx);
+  // Fails (strata::Error) for cache types the model's heads cannot be stored in (check_kv_types).
+  SequenceState(const ModelConfig& config, int max_ctx, KvCacheTypes kv_types = {});
   // Back to an empty sequence (caches zeroed, position 0, nothing pending).
   void reset();
 };

@@ -5,7 +5,8 @@
 
 namespace strata {
 
-Session::Session(const Model& model, int max_ctx) : model_(model), state_(model.config(), max_ctx) {}
+Session::Session(const Model& model, int max_ctx, KvCacheTypes kv_types)
+    : model_(model), state_(model.config(), max_ctx, kv_types) {}
 
 namespace {
 

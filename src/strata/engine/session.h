@@ -14,8 +14,10 @@ namespace strata {
 
 class Session : public Sequence {
  public:
-  // max_ctx: the most tokens this sequence may hold (the KV cache is sized to it).
-  Session(const Model& model, int max_ctx);
+  // max_ctx: the most tokens this sequence may hold (the KV cache is sized to it). kv_types: how the
+  // cache stores keys and values; f32 by default here (the exact reference the parity tests compare),
+  // while the command line defaults to f16 (cli/backend_cli.h).
+  Session(const Model& model, int max_ctx, KvCacheTypes kv_types = {});
 
   // Runs n tokens after the ones already seen (prefill when n > 1, decode when n == 1).
   // logits_out receives [n x n_vocab] floats when all_positions, else [n_vocab] for the last token.

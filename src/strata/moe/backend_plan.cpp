@@ -7,7 +7,12 @@
 
 namespace strata {
 
+KvCacheTypes kv_cache_types(const BackendOptions& o) {
+  return {parse_kv_type(o.cache_type_k, "--cache-type-k"), parse_kv_type(o.cache_type_v, "--cache-type-v")};
+}
+
 void check_backend_options(const BackendOptions& o) {
+  const KvCacheTypes kv = kv_cache_types(o);
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
@@ -22,6 +27,8 @@ void check_backend_options(const BackendOptions& o) {
   if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
     fail("--numerics '", o.numerics, "': expected fast or exact");
   if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
+  if (kv.k == KvType::Q8_0 || kv.v == KvType::Q8_0)
+    fail("--gpu: KV cache type q8_0 is not supported on the GPU (f32 or f16; q8_0 runs on the CPU)");
 }
 
 BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const BackendOptions& o,
@@ -33,6 +40,8 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   p.exact_numerics = o.numerics == "exact";
   p.lookahead = !o.no_lookahead;
   p.cpu_threads = o.cpu_threads;
+  p.kv_types = kv_cache_types(o);
+  check_kv_types(model.config(), p.kv_types);
   if (!o.gpu) return p;
   GpuPlanRequest req;
   req.gpu_total = gpu.total;
@@ -48,7 +57,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
     req.hotness_source = counts.n_tokens > 0 ? cat("profile ", profile->path(), " (", counts.n_tokens, " tokens)")
                                              : cat("uniform (profile ", profile->path(), " has no tokens yet)");
   }
-  p.gpu_plan = plan_gpu_experts(model_footprint(model, max_ctx, slots), model.config().n_expert_used, req);
+  p.gpu_plan = plan_gpu_experts(model_footprint(model, max_ctx, slots, p.kv_types), model.config().n_expert_used, req);
   return p;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "strata/model/kv_type.h"
 #include "strata/moe/gpu_expert_plan.h"
 
 namespace strata {
@@ -29,10 +30,18 @@ struct BackendOptions {
   // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
   std::string numerics;
   bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
+  // -ctk/--cache-type-k, -ctv/--cache-type-v: how the KV cache stores keys and values on either backend:
+  // f16 (default), f32 (exact; what the reference-parity tests use) or q8_0 (CPU only).
+  std::string cache_type_k = "f16";
+  std::string cache_type_v = "f16";
 };
 
+// The parsed cache types (fails like check_backend_options on a bad name).
+KvCacheTypes kv_cache_types(const BackendOptions& o);
+
 // Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
-// (sizes, percentages, the numerics mode, a negative thread count), before any model is loaded.
+// (sizes, percentages, the numerics mode, a negative thread count, KV cache types, q8_0 with --gpu),
+// before any model is loaded.
 void check_backend_options(const BackendOptions& o);
 
 // What the options decided for `slots` sequences of max_ctx tokens each.
@@ -46,6 +55,7 @@ struct BackendPlan {
   bool lookahead = true;        // not --no-lookahead
   int cpu_threads = 0;          // cold-expert workers (0: a default from the core count)
   int prefill_chunk = 512;      // tokens per batched-prefill pass (sizes its workspaces)
+  KvCacheTypes kv_types;        // --cache-type-k / --cache-type-v
 };
 
 // The GPU's memory as the plan sees it (device 0, read once the CUDA context exists).

@@ -107,11 +107,11 @@ ExpertBudgetSpec parse_expert_budget(const std::string& text) {
   return spec;
 }
 
-ModelFootprint model_footprint(const Model& model, int ctx, int slots, int kv_bytes_per_value) {
+ModelFootprint model_footprint(const Model& model, int ctx, int slots, KvCacheTypes kv_types) {
   const ModelConfig& c = model.config();
   if (ctx <= 0) fail("model footprint: context must be positive, got ", ctx);
   if (slots <= 0) fail("model footprint: sequence slots must be positive, got ", slots);
-  if (kv_bytes_per_value <= 0) fail("model footprint: invalid KV element size ", kv_bytes_per_value);
+  check_kv_types(c, kv_types);
   const ModelBytes mb = summarize_bytes(model.file().tensors());
   ModelFootprint f;
   f.ctx = ctx;
@@ -143,12 +143,11 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, int kv_by
       for (const WeightMatrix* m : {&L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down})
         f.prefill_f16_cache_bytes += halves(*m);
   }
-  const uint64_t per_seq = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(slots);
+  f.kv_types = kv_types;
+  f.kv_bytes_per_token = kv_bytes_per_token(c, kv_types);
+  f.kv_cache_bytes = f.kv_bytes_per_token * static_cast<uint64_t>(ctx) * static_cast<uint64_t>(slots);
   for (int il = 0; il < c.n_layer; ++il) {
-    if (c.mixer(il) == LayerKind::FullAttention) {
-      f.kv_cache_bytes += per_seq * static_cast<uint64_t>(c.n_head_kv) *
-                          static_cast<uint64_t>(c.head_dim + c.head_dim_v) * static_cast<uint64_t>(kv_bytes_per_value);
-    } else {
+    if (c.mixer(il) != LayerKind::FullAttention) {
       const uint64_t floats = static_cast<uint64_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels() +
                               static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
       f.recurrent_state_bytes += floats * sizeof(float) * static_cast<uint64_t>(slots);
@@ -201,6 +200,8 @@ VramReceipt compute_vram_receipt(const VramInputs& in) {
   r.reserve_source = in.reserve ? "given" : "max(512 MiB, 2%)";
   r.core_weights = in.model.core_weight_bytes;
   r.kv_cache = in.model.kv_cache_bytes;
+  r.kv_bytes_per_token = in.model.kv_bytes_per_token;
+  r.kv_types = in.model.kv_types;
   r.recurrent_state = in.model.recurrent_state_bytes;
   r.workspaces = in.workspace_bytes;
   r.cache_slots = in.cache_slot_bytes;
@@ -240,7 +241,9 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
   s += line("limit", format_binary_size(r.limit), r.limit_source + (r.limit_available ? "" : " (MORE THAN IS FREE)"));
   s += line("- safety reserve", format_binary_size(r.reserve), r.reserve_source);
   s += line("- core weights", format_binary_size(r.core_weights), "non-expert tensors");
-  s += line("- KV cache", format_binary_size(r.kv_cache), cat("ctx ", r.ctx, " x ", r.slots, " slot(s)"));
+  s += line("- KV cache", format_binary_size(r.kv_cache),
+            cat("ctx ", r.ctx, " x ", r.slots, " slot(s), K ", kv_type_name(r.kv_types.k), " + V ",
+                kv_type_name(r.kv_types.v), ", ", r.kv_bytes_per_token, " bytes/token"));
   s += line("- recurrent state", format_binary_size(r.recurrent_state), "DeltaNet conv + state");
   s += line("- workspaces", format_binary_size(r.workspaces));
   s += line("- cache slots", format_binary_size(r.cache_slots));

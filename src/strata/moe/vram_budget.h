@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/model/kv_type.h"
+
 namespace strata {
 
 class Model;
@@ -47,6 +49,8 @@ struct ModelFootprint {
   uint64_t all_expert_bytes = 0;    // every routed expert
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]: gate + up + down bytes; empty row: none
   uint64_t kv_cache_bytes = 0;         // full-attention K and V for ctx positions x slots
+  uint64_t kv_bytes_per_token = 0;     // K + V of one token over every full-attention layer
+  KvCacheTypes kv_types;               // how the cache stores them
   uint64_t recurrent_state_bytes = 0;  // DeltaNet conv window + recurrent state x slots
   // The GPU prefill's half copies of the dense projections (attention, DeltaNet and shared-expert
   // matrices: 2 bytes per weight), kept only when the plan can afford them (cuda/prefill.h).
@@ -54,8 +58,8 @@ struct ModelFootprint {
   int ctx = 0, slots = 0;
 };
 
-// kv_bytes_per_value: bytes per cached K/V element (4: the engines keep float32 caches today).
-ModelFootprint model_footprint(const Model& model, int ctx, int slots, int kv_bytes_per_value = 4);
+// kv_types: the cache's storage types (kv_type.h), which set its bytes per token.
+ModelFootprint model_footprint(const Model& model, int ctx, int slots, KvCacheTypes kv_types = {});
 
 // The placement problem for a model: its per-expert sizes, hotness from `counts` (nullptr or no
 // tokens counted: uniform, the "no profile" case) and the budget. Feed it to plan_placement().
@@ -93,6 +97,8 @@ struct VramReceipt {
   uint64_t core_weights = 0, kv_cache = 0, recurrent_state = 0, workspaces = 0, cache_slots = 0;
   uint64_t prefill_cache = 0;           // the prefill's fp16 weight cache (0: dropped or not used)
   std::string prefill_cache_note;
+  uint64_t kv_bytes_per_token = 0;
+  KvCacheTypes kv_types;
   int ctx = 0, slots = 0;
   uint64_t core_total = 0;              // reserve + core weights + KV + state + workspaces + cache slots
                                         // + prefill cache
