@@ -413,6 +413,8 @@ TEST(CudaModel, PendingTreeLogitsAndLookahead) {
   for (int i = 0; i < 12; ++i) want_ids.push_back(next = b->decode_argmax(next));
   EXPECT_EQ(got_ids, want_ids);
   EXPECT_EQ(a->n_past(), b->n_past());
+}
+
 TEST(CudaModel, PendingKeepEqualsRunF16Cache) {
   REQUIRE_GPU();
   expect_gpu_pending_property(convert_fixture("qwen3_5_moe", "f32"), 404, {strata::KvType::F16, strata::KvType::F16});
