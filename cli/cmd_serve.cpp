@@ -50,11 +50,13 @@ void setup_serve(CLI::App& sub) {
             [store](const strata::RoutingCounts& counts) { store->add_and_save(counts); });
       };
     }
-    if (backend->gpu) {
-      // One GpuModel (one receipt and placement for every slot), shared by the slots' sequences.
-      o->backend = "gpu";
+    {
+      // Every slot's sequence comes from one plan (cache types, and with --gpu one receipt, placement and
+      // GpuModel shared by the slots).
+      if (backend->gpu) o->backend = "gpu";
       auto factory = std::make_shared<std::unique_ptr<strata::cli::SequenceFactory>>();
       const int slots = o->slots;
+      // The scheduler makes its slots one after another on one thread: the first call plans.
       o->make_sequence = [backend, profile, factory, slots](const strata::Model& m, int ctx) {
         if (!*factory)
           *factory = std::make_unique<strata::cli::SequenceFactory>(m, ctx, slots, *backend, profile->get());

@@ -46,8 +46,10 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> args(argv, argv + argc);
   std::vector<char*> arg_ptrs;
+  bool options = true;  // after "--" everything is a positional value, never an alias
   for (size_t i = 0; i < args.size(); ++i) {
-    if (i > 0) args[i] = expand_short_alias(args[i]);
+    if (args[i] == "--") options = false;
+    if (i > 0 && options) args[i] = expand_short_alias(args[i]);
     arg_ptrs.push_back(args[i].data());
   }
   try {

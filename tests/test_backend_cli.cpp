@@ -11,6 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
+
+#include <filesystem>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -159,10 +163,10 @@ TEST(GpuExpertPlan, PrefillCacheKeptOnlyWhenItFitsAfterEveryExpert) {
 TEST(BackendPlan, GpuMemBoundsThePrefillCache) {
   auto model = strata::Model::load(kModel);
   const int ctx = 256;
-  const strata::ModelFootprint fp = strata::model_footprint(*model, ctx, 1);
-  ASSERT_GT(fp.prefill_f16_cache_bytes, 0u);
   strata::BackendOptions o;
   o.gpu = true;
+  const strata::ModelFootprint fp = strata::model_footprint(*model, ctx, 1, strata::kv_cache_types(o));
+  ASSERT_GT(fp.prefill_f16_cache_bytes, 0u);
   const strata::GpuMemory gpu{80 * GiB, 79 * GiB};
   strata::BackendPlan p = strata::plan_backend(*model, ctx, 1, o, nullptr, gpu);
   EXPECT_TRUE(p.gpu);
@@ -237,6 +241,25 @@ TEST(BackendCli, UnknownNumericsModeFails) {
 
 // KV cache types: llama.cpp's spellings (-ctk/-ctv, --cache-type-k/-v, with "=" too) on the CPU engine;
 // bad names and q8_0 with --gpu are refused before any model or GPU work.
+// The cache types reach the sequences the CLI makes (logits, like run/chat/serve/bench/calibrate, makes
+// them through the one factory) and change the logits: f16 and q8_0 round what f32 keeps.
+TEST(BackendCli, CacheTypesReachTheSequences) {
+  const auto dir = std::filesystem::path(STRATA_BINARY_DIR) / "test_tmp";
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> bytes;
+  for (const char* t : {"f32", "f16", "q8_0"}) {
+    const std::string out = (dir / (std::string("kv_logits_") + t + ".bin")).string();
+    const auto r = run_cli("logits -m " + kModel + " --tokens 1,17,300,42,7,1000,5,99 --out " + out + " -ctk " + t +
+                           " -ctv " + t);
+    ASSERT_EQ(r.exit_code, 0) << t << ": " << r.err;
+    std::ifstream in(out, std::ios::binary);
+    bytes.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_GT(bytes.back().size(), 0u) << t;
+  }
+  EXPECT_NE(bytes[0], bytes[1]) << "f16 keys/values gave the f32 logits: the flag did not reach the cache";
+  EXPECT_NE(bytes[0], bytes[2]) << "q8_0 keys/values gave the f32 logits: the flag did not reach the cache";
+}
+
 TEST(BackendCli, CacheTypeFlags) {
   const std::string run = "run -m " + kModel + " --prompt-tokens 1,2,3 -n 4 --print-token-ids ";
   for (const std::string flags : {"", "-ctk f32 -ctv f32", "--cache-type-k q8_0 --cache-type-v=q8_0", "-ctk=f16 -ctv q8_0"}) {
@@ -246,11 +269,8 @@ TEST(BackendCli, CacheTypeFlags) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"-ctk q4_0", "--cache-type-k 'q4_0': expected f32, f16 or q8_0"},
       {"--cache-type-v bf16", "--cache-type-v 'bf16': expected f32, f16 or q8_0"},
-#ifdef STRATA_HAVE_CUDA
+      // Refused while the flags are checked, before any GPU is looked for (so in CPU-only builds too).
       {"--gpu -ctk q8_0", "KV cache type q8_0 is not supported on the GPU (f32 or f16"},
-#else
-      {"--gpu -ctk q8_0", "--gpu: this strata was built without CUDA"},
-#endif
   };
   for (const auto& [flags, message] : bad) {
     const auto r = run_cli(run + flags);

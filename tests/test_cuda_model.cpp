@@ -76,6 +76,14 @@ void compare_with_cpu(const std::string& gguf, const std::string& label, int n_p
               gpu.weight_bytes() / 1048576.0);
   EXPECT_LE(e, bound) << label;
   EXPECT_EQ(gpu.n_past(), n_prompt);
+  if (kv.k != strata::KvType::F32 || kv.v != strata::KvType::F32) {
+    // The cache type reached the GPU: its logits are not those of an f32 cache, and its state is smaller.
+    sc::GpuSession f32(*model, ctx);
+    std::vector<float> plain(want.size());
+    f32.forward(prompt.data(), n_prompt, plain.data(), true);
+    EXPECT_NE(got, plain) << label;
+    EXPECT_LT(gpu.state_bytes(), f32.state_bytes()) << label;
+  }
 
   cpu.reset();
   gpu.reset();

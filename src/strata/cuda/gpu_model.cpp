@@ -18,7 +18,8 @@ GpuPrefill& GpuModel::prefill() {
     PrefillOptions po;
     po.math = opt_.prefill_math;
     po.max_chunk = opt_.prefill_chunk;
-    po.cache_dense_f16 = opt_.prefill_f16_cache;
+    // The half copies are for all-GPU models: a hybrid plan gives that memory to experts.
+    po.cache_dense_f16 = opt_.prefill_f16_cache && opt_.expert_slots.empty();
     prefill_ = std::make_unique<GpuPrefill>(*dm_, po);
   }
   return *prefill_;
