@@ -10,6 +10,7 @@
 
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/device_state.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/gpu_memory.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
@@ -112,6 +113,8 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
     cuda::set_gemv_math(plan_.exact_numerics ? cuda::GemvMath::Float : cuda::GemvMath::Int8);
     gpu_ = std::make_unique<Gpu>();
     gpu_->options = gpu_session_options(plan_);
+    // --gpu-mem bounds every device allocation strata makes from here on, not only the plan's estimate.
+    if (!o.gpu_mem.empty()) cuda::set_device_memory_limit(parse_size(o.gpu_mem, "--gpu-mem"));
     gpu_->model = cuda::make_gpu_model(model, gpu_->options);
   } catch (const Error& e) {
     fail("--gpu: ", e.what());

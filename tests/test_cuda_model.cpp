@@ -23,6 +23,7 @@ TEST(CudaModel, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
 #include "strata/cpu/cpu_kernels.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/engine/model.h"
@@ -473,6 +474,34 @@ TEST(CudaModel, SequencesShareOneModel) {
   }
   for (std::thread& th : threads) th.join();
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(threaded[i], alone[i]) << "threaded sequence " << i;
+}
+
+// Every device allocation goes through one account: a session's weights and state show in it while it
+// lives and leave it when it goes; a limit below what a session needs fails naming what asked, and the
+// failed construction leaves nothing behind.
+TEST(CudaModel, OneAccountForDeviceMemory) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const uint64_t before = sc::device_memory_in_use();
+  {
+    sc::GpuSession s(*model, 64);
+    EXPECT_GE(sc::device_memory_in_use(), before + s.weight_bytes() + s.state_bytes());
+  }
+  EXPECT_EQ(sc::device_memory_in_use(), before);
+  sc::set_device_memory_limit(before + (8u << 20));  // far less than the 42 MiB of weights
+  try {
+    sc::GpuSession s(*model, 64);
+    ADD_FAILURE() << "a session over the limit was made";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU memory: the weights"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(sc::device_memory_in_use(), before);
+  sc::set_device_memory_limit(0);
+  {
+    sc::GpuSession s(*model, 64);
+    EXPECT_THROW(sc::set_device_memory_limit(sc::device_memory_in_use() - 1), strata::Error) << "below what is held";
+  }
+  EXPECT_EQ(sc::device_memory_limit(), 0u);
 }
 
 }  // namespace

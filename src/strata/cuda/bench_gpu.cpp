@@ -6,6 +6,7 @@
 #include <string>
 
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/gpu_session.h"
 
 namespace strata::cuda {
@@ -17,10 +18,13 @@ std::vector<std::pair<std::string, size_t>> gpu_vram_by_tier(const Sequence& seq
 }
 
 BandwidthResult measure_gpu_copy_bandwidth(size_t bytes, int passes) {
-  void* a = nullptr;
-  void* b = nullptr;
-  check_cuda(cudaMalloc(&a, bytes), "cudaMalloc");
-  check_cuda(cudaMalloc(&b, bytes), "cudaMalloc");
+  struct Buffer {  // freed on every way out
+    void* p;
+    ~Buffer() { device_free(p); }
+  };
+  const Buffer ba{device_alloc(bytes, "the bandwidth copy")}, bb{device_alloc(bytes, "the bandwidth copy")};
+  void* a = ba.p;
+  void* b = bb.p;
   check_cuda(cudaMemset(a, 1, bytes), "cudaMemset");
   cudaEvent_t start, stop;
   check_cuda(cudaEventCreate(&start), "cudaEventCreate");
@@ -38,8 +42,6 @@ BandwidthResult measure_gpu_copy_bandwidth(size_t bytes, int passes) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaFree(a);
-  cudaFree(b);
   BandwidthResult r;
   r.triad_gbs = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3) / 1e9;
   r.array_bytes = bytes;

@@ -5,6 +5,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -30,15 +31,14 @@ void LookaheadLink::allocate() {
   void* d = nullptr;
   check_cuda(cudaHostGetDevicePointer(&d, p, 0), "cudaHostGetDevicePointer(lookahead)");
   dev_pick = static_cast<unsigned long long*>(d);
-  check_cuda(cudaMalloc(&p, sizeof(unsigned long long)), "cudaMalloc(lookahead)");
-  dev_count = static_cast<unsigned long long*>(p);
+  dev_count = static_cast<unsigned long long*>(device_alloc(sizeof(unsigned long long), "the decode lookahead"));
   check_cuda(cudaMemset(dev_count, 0, sizeof(unsigned long long)), "cudaMemset(lookahead)");
   launched = 0;
 }
 
 void LookaheadLink::release() {
   if (host_pick) cudaFreeHost(host_pick);
-  if (dev_count) cudaFree(dev_count);
+  device_free(dev_count);
   host_pick = dev_pick = dev_count = nullptr;
 }
 

@@ -2,15 +2,12 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 
 namespace strata::cuda {
 
 void* DeviceModel::alloc(size_t n) {
-  void* p = nullptr;
-  const cudaError_t st = cudaMalloc(&p, n == 0 ? 1 : n);
-  if (st != cudaSuccess)
-    fail("CUDA backend: cannot allocate ", n, " bytes of GPU memory for the weights (", bytes_,
-         " bytes already uploaded): ", cudaGetErrorString(st));
+  void* p = device_alloc(n, cat("the weights (", bytes_, " bytes already uploaded)"));
   allocations_.push_back(p);
   bytes_ += n;
   return p;
@@ -145,13 +142,13 @@ DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>
       }
     }
   } catch (...) {
-    for (void* p : allocations_) cudaFree(p);
+    for (void* p : allocations_) device_free(p);
     throw;
   }
 }
 
 DeviceModel::~DeviceModel() {
-  for (void* p : allocations_) cudaFree(p);
+  for (void* p : allocations_) device_free(p);
 }
 
 }  // namespace strata::cuda

@@ -4,6 +4,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 
 namespace strata::cuda {
 namespace {
@@ -35,15 +36,11 @@ size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCa
 }
 
 void* alloc_state_bytes(size_t bytes, int max_ctx) {
-  void* p = nullptr;
   if (bytes == 0) bytes = 1;
-  const cudaError_t st = cudaMalloc(&p, bytes);
-  if (st != cudaSuccess)
-    fail("CUDA backend: cannot allocate ", bytes, " bytes for the sequence state (context ", max_ctx, "): ",
-         cudaGetErrorString(st));
+  void* p = device_alloc(bytes, cat("the sequence state (context ", max_ctx, ")"));
   const cudaError_t z = cudaMemset(p, 0, bytes);
   if (z != cudaSuccess) {
-    cudaFree(p);
+    device_free(p);
     check_cuda(z, "cudaMemset");
   }
   return p;
@@ -77,7 +74,7 @@ DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCa
       }
     }
   } catch (...) {
-    for (void* p : allocs_) cudaFree(p);
+    for (void* p : allocs_) device_free(p);
     throw;
   }
 }
@@ -130,7 +127,7 @@ void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
 }
 
 DeviceSequenceState::~DeviceSequenceState() {
-  for (void* p : allocs_) cudaFree(p);
+  for (void* p : allocs_) device_free(p);
 }
 
 void DeviceSequenceState::reset(cudaStream_t s) {

@@ -14,6 +14,7 @@
 #include "strata/engine/token_tree.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_lookahead.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/gpu_model.h"
@@ -195,7 +196,7 @@ struct GpuSession::Impl {
   void release() {
     destroy_graphs();
     link.release();
-    for (void* p : allocs) cudaFree(p);
+    for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
     h_io = nullptr;

@@ -25,6 +25,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/hybrid_kernels.h"
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/matvec_kernels.h"
@@ -233,8 +234,7 @@ class HybridMoeImpl final : public HybridMoe {
  private:
   template <class T>
   T* dalloc(size_t n) {
-    void* p = nullptr;
-    check_cuda(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "hybrid MoE: cudaMalloc");
+    void* p = device_alloc(std::max<size_t>(n, 1) * sizeof(T), "the hybrid MoE");
     allocs_.push_back(p);
     check_cuda(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)), "hybrid MoE: cudaMemset");
     return static_cast<T*>(p);
@@ -253,8 +253,8 @@ class HybridMoeImpl final : public HybridMoe {
     check_cuda(cudaMallocHost(reinterpret_cast<void**>(&bxn_h_), un * d * sizeof(float)), "hybrid batch: cudaMallocHost");
     check_cuda(cudaMallocHost(reinterpret_cast<void**>(&byc_h_), un * k * d * sizeof(float)),
                "hybrid batch: cudaMallocHost");
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&byc_d_), un * k * d * sizeof(float)), "hybrid batch: cudaMalloc");
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&bpairs_d_), un * k * sizeof(int)), "hybrid batch: cudaMalloc");
+    byc_d_ = static_cast<float*>(device_alloc(un * k * d * sizeof(float), "the hybrid prefill's cold rows"));
+    bpairs_d_ = static_cast<int*>(device_alloc(un * k * sizeof(int), "the hybrid prefill's cold rows"));
     batch_cap_ = n;
   }
 
@@ -263,8 +263,8 @@ class HybridMoeImpl final : public HybridMoe {
     if (bpairs_h_) cudaFreeHost(bpairs_h_);
     if (bxn_h_) cudaFreeHost(bxn_h_);
     if (byc_h_) cudaFreeHost(byc_h_);
-    if (byc_d_) cudaFree(byc_d_);
-    if (bpairs_d_) cudaFree(bpairs_d_);
+    device_free(byc_d_);
+    device_free(bpairs_d_);
     bids_h_ = bpairs_h_ = bpairs_d_ = nullptr;
     bxn_h_ = byc_h_ = byc_d_ = nullptr;
     batch_cap_ = 0;
@@ -323,7 +323,7 @@ class HybridMoeImpl final : public HybridMoe {
   }
 
   void release() {
-    for (void* p : allocs_) cudaFree(p);
+    for (void* p : allocs_) device_free(p);
     allocs_.clear();
     for (void* p : host_allocs_) cudaFreeHost(p);
     host_allocs_.clear();

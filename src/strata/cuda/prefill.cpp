@@ -15,6 +15,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
+#include "strata/cuda/device_memory.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/hybrid_moe.h"
@@ -113,7 +114,7 @@ struct GpuPrefill::Impl {
   void release() {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     events.clear();
-    for (void* p : allocs) cudaFree(p);
+    for (void* p : allocs) device_free(p);
     allocs.clear();
     if (blas) cublasDestroy(blas);
     blas = nullptr;
@@ -121,12 +122,8 @@ struct GpuPrefill::Impl {
 
   template <class T>
   T* dalloc(int64_t n) {
-    void* p = nullptr;
     const size_t nb = static_cast<size_t>(n <= 0 ? 1 : n) * sizeof(T);
-    const cudaError_t st = cudaMalloc(&p, nb);
-    if (st != cudaSuccess)
-      fail("CUDA backend: cannot allocate ", nb, " bytes for the prefill workspace (chunk ", chunk, " tokens, ", bytes,
-           " bytes already): ", cudaGetErrorString(st));
+    void* p = device_alloc(nb, cat("the prefill workspace (chunk ", chunk, " tokens, ", bytes, " bytes already)"));
     allocs.push_back(p);
     bytes += nb;
     return static_cast<T*>(p);
