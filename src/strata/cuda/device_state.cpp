@@ -21,12 +21,6 @@ size_t kv_bytes(const ModelConfig& c, int max_ctx, KvType t) {
 
 }  // namespace
 
-void check_gpu_kv_types(const KvCacheTypes& kv) {
-  for (KvType t : {kv.k, kv.v})
-    if (t != KvType::F32 && t != KvType::F16)
-      fail("KV cache type ", kv_type_name(t), " is not supported on the GPU (f32 or f16; q8_0 runs on the CPU)");
-}
-
 size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv) {
   size_t n = 0;
   for (int il = 0; il < c.n_layer; ++il)
@@ -105,12 +99,10 @@ void DeviceSequenceState::add_snapshot() {
 void DeviceSequenceState::save_snapshot(cudaStream_t s) {
   if (!has_snapshot_) fail("sequence state: save_snapshot before add_snapshot");
   copy_snapshot(true, s);
-  snap_n_past_ = n_past;
 }
 
 void DeviceSequenceState::restore_snapshot(cudaStream_t s) {
   copy_snapshot(false, s);
-  n_past = snap_n_past_;
 }
 
 void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {

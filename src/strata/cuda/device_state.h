@@ -17,10 +17,6 @@ namespace strata::cuda {
 // of memory. The caller frees it.
 void* alloc_state_bytes(size_t bytes, int max_ctx);
 
-// Refuses KV cache types the GPU does not store (q8_0), naming those it does: what a sequence state's
-// constructor checks, callable before any model is loaded.
-void check_gpu_kv_types(const KvCacheTypes& kv);
-
 struct DeviceLayerState {
   // Full attention: [max_ctx x kv_width] key rows after norm + rotary, and value rows, as kv's types
   // (float or __half elements).
@@ -42,7 +38,7 @@ struct DeviceLayerState {
 class DeviceSequenceState {
  public:
   // Allocates (and zeroes) every layer's buffers; fails (strata::Error) when the GPU runs out of memory
-  // or for a cache type the GPU does not store (check_gpu_kv_types).
+  // or for a cache type the GPU does not store (check_gpu_kv_types, model/kv_type.h).
   DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCacheTypes kv = {});
   ~DeviceSequenceState();
   DeviceSequenceState(const DeviceSequenceState&) = delete;
@@ -56,8 +52,8 @@ class DeviceSequenceState {
   void swap_alternates();
   int parity() const { return parity_; }
   // Allocates the snapshot buffers (once; counted in bytes()). save_snapshot copies the DeltaNet
-  // conv/ssm state and n_past aside, restore_snapshot puts them back; the KV cache needs neither (rows
-  // >= n_past are written before read).
+  // conv/ssm state aside, restore_snapshot puts it back; the KV cache needs neither (rows >= n_past are
+  // written before read), and the caller keeps the position it returns to.
   void add_snapshot();
   void save_snapshot(cudaStream_t s);
   void restore_snapshot(cudaStream_t s);
@@ -77,7 +73,6 @@ class DeviceSequenceState {
   int max_ctx_;
   size_t bytes_ = 0;
   int parity_ = 0;
-  int snap_n_past_ = 0;
   bool has_snapshot_ = false;
   std::vector<void*> allocs_;
   float* alloc(size_t floats);

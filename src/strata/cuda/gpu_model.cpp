@@ -25,8 +25,6 @@ GpuPrefill& GpuModel::prefill() {
   return *prefill_;
 }
 
-size_t GpuModel::weight_bytes() const { return dm_->bytes(); }
-
 std::shared_ptr<GpuModel> make_gpu_model(const Model& model, const GpuSessionOptions& opt) {
   return std::make_shared<GpuModel>(model, opt);
 }

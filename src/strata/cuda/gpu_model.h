@@ -30,11 +30,9 @@ class GpuModel {
   const Model& model() const { return model_; }
   const DeviceModel& device() const { return *dm_; }
   HybridMoe* hybrid() const { return hybrid_.get(); }
-  const GpuSessionOptions& options() const { return opt_; }
   // The batched prefill, made on first use; call with exclusive() held.
   GpuPrefill& prefill();
   std::mutex& exclusive() { return exclusive_; }
-  size_t weight_bytes() const;
 
  private:
   const Model& model_;

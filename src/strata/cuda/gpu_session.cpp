@@ -622,12 +622,8 @@ struct GpuSession::Impl {
     held = path;
   }
 
-  void check_not_pending() const {
-    if (has_pending) fail("tokens are pending: keep() them (or none) before the next forward");
-  }
-
   void validate(const int32_t* tokens, int n) const {
-    check_not_pending();
+    if (has_pending) fail("tokens are pending: keep() them (or none) before the next forward");
     if (n <= 0) fail("forward needs at least one token");
     if (n_past + n > max_ctx) fail("prompt of ", n_past + n, " tokens exceeds the context of ", max_ctx);
     for (int t = 0; t < n; ++t)
@@ -723,7 +719,6 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
-  m.check_not_pending();
   if (device_greedy) {  // the step's own arg-max, over ids < n_allowed
     m.validate(&token, 1);
     const auto lock = m.hold_hybrid();

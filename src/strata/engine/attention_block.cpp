@@ -100,10 +100,6 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
   project(w.o, O.data(), n, out);
 }
 
-}  // namespace strata
-
-namespace strata {
-
 void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m) {
   // path is increasing (parents precede children), so row j never overwrites a later source row.
   auto move_row = [&](std::vector<uint8_t>& cache, size_t row_bytes, int j) {

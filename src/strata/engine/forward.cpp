@@ -6,6 +6,14 @@
 #include "strata/engine/blocks.h"
 
 namespace strata {
+namespace {
+
+// One pick per entry of [first, last) into layer il's row.
+void count_picks(RoutingCounts& counts, int il, const int* first, const int* last) {
+  for (const int* e = first; e != last; ++e) counts.add(il, *e, 1);
+}
+
+}  // namespace
 
 void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   const ModelConfig& c = model.config();
@@ -61,7 +69,7 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
         part.state->pending_picks.resize(static_cast<size_t>(c.n_layer));
         part.state->pending_picks[static_cast<size_t>(il)].assign(from, to);
       } else if (part.counts) {
-        for (auto e = from; e != to; ++e) part.counts->add(il, *e, 1);
+        count_picks(*part.counts, il, &*from, &*from + (to - from));
       }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
@@ -94,9 +102,10 @@ void keep_pending(const Model& model, SequenceState& state, const int* path, int
   if (counts) {
     const size_t k = static_cast<size_t>(c.n_expert_used);
     for (size_t il = 0; il < state.pending_picks.size(); ++il)
-      for (int j = 0; j < m; ++j)
-        for (size_t p = 0; p < k; ++p)
-          counts->add(static_cast<int>(il), state.pending_picks[il][static_cast<size_t>(path[j]) * k + p], 1);
+      for (int j = 0; j < m; ++j) {
+        const int* token_picks = state.pending_picks[il].data() + static_cast<size_t>(path[j]) * k;
+        count_picks(*counts, static_cast<int>(il), token_picks, token_picks + k);
+      }
     counts->n_tokens += static_cast<uint64_t>(m);
   }
   for (int il = 0; il < c.n_layer; ++il) {

@@ -47,10 +47,4 @@ void TokenTree::check_path(const int* path, int m) const {
   }
 }
 
-bool TokenTree::is_prefix(const int* path, int m) {
-  for (int j = 0; j < m; ++j)
-    if (path[j] != j) return false;
-  return true;
-}
-
 }  // namespace strata

@@ -27,8 +27,6 @@ class TokenTree {
   // Checks that path[0..m) is a root path of this tree (path[0] a root, each next entry a child of the
   // previous one); fails naming the first entry that is not.
   void check_path(const int* path, int m) const;
-  // Whether path[0..m) is the chain 0, 1, .., m - 1.
-  static bool is_prefix(const int* path, int m);
 
  private:
   std::vector<int> parent_, depth_;

@@ -51,4 +51,10 @@ uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types) {
   return n;
 }
 
+void check_gpu_kv_types(const KvCacheTypes& types) {
+  for (KvType t : {types.k, types.v})
+    if (t != KvType::F32 && t != KvType::F16)
+      fail("KV cache type ", kv_type_name(t), " is not supported on the GPU (f32 or f16; q8_0 runs on the CPU)");
+}
+
 }  // namespace strata

@@ -31,6 +31,9 @@ size_t kv_row_bytes(KvType t, int64_t n);
 // Refuses types a model's heads cannot be stored in: q8_0 blocks must not straddle two heads, so its
 // key length per head (values are stored at the key length) must be a multiple of 32.
 void check_kv_types(const ModelConfig& c, const KvCacheTypes& types);
+// Refuses types the GPU backend does not store (q8_0), naming those it does: the GPU sequence state
+// checks it, and the backend options check it with --gpu before any model is loaded.
+void check_gpu_kv_types(const KvCacheTypes& types);
 // K and V bytes one token adds to the cache, over every full-attention layer.
 uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types);
 

@@ -27,8 +27,11 @@ void check_backend_options(const BackendOptions& o) {
   if (!o.numerics.empty() && o.numerics != "fast" && o.numerics != "exact")
     fail("--numerics '", o.numerics, "': expected fast or exact");
   if (o.cpu_threads < 0) fail("--cpu-threads must be >= 0, got ", o.cpu_threads);
-  if (kv.k == KvType::Q8_0 || kv.v == KvType::Q8_0)
-    fail("--gpu: KV cache type q8_0 is not supported on the GPU (f32 or f16; q8_0 runs on the CPU)");
+  try {
+    check_gpu_kv_types(kv);
+  } catch (const Error& e) {
+    fail("--gpu: ", e.what());
+  }
 }
 
 BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const BackendOptions& o,
