@@ -254,7 +254,7 @@ TEST(Engine, UnsupportedArchitectureFailsWithList) {
   TinySpec s;
   s.arch = "llama";
   const std::string msg = load_error(TinyModelWriter(s, 16).write("tiny_llama.gguf"));
-  EXPECT_NE(msg.find("unsupported architecture 'llama' (supported: qwen3moe, qwen35moe)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unsupported architecture 'llama' (supported: qwen3moe, qwen35moe, laguna)"), std::string::npos) << msg;
 }
 
 TEST(Engine, MissingTensorIsNamed) {

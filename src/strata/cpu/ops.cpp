@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "strata/quant/quantize.h"
 
@@ -158,12 +159,38 @@ void top_k(const float* x, int n, int k, int* idx) {
   }
 }
 
+namespace {
+
+// The chosen experts' weights: their scores, renormalised over the k in double when norm_topk.
+void chosen_weights(const float* scores, const int* ids, int k, bool norm_topk, float* weights) {
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) sum += scores[ids[j]];
+  for (int j = 0; j < k; ++j) weights[j] = norm_topk ? static_cast<float>(scores[ids[j]] / sum) : scores[ids[j]];
+}
+
+}  // namespace
+
 void route_token(float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights) {
   softmax_inplace(logits, n_expert);
   top_k(logits, n_expert, k, ids);
-  double sum = 0.0;
-  for (int j = 0; j < k; ++j) sum += logits[ids[j]];
-  for (int j = 0; j < k; ++j) weights[j] = norm_topk ? static_cast<float>(logits[ids[j]] / sum) : logits[ids[j]];
+  chosen_weights(logits, ids, k, norm_topk, weights);
+}
+
+void route_token_sigmoid(float* logits, const float* bias, int n_expert, int k, float softcap, bool norm_topk, int* ids,
+                         float* weights) {
+  for (int e = 0; e < n_expert; ++e) {
+    float l = logits[e];
+    if (softcap > 0.0f) l = std::tanh(l / softcap) * softcap;
+    logits[e] = sigmoidf(l);
+  }
+  if (bias) {
+    std::vector<float> select(logits, logits + n_expert);
+    for (int e = 0; e < n_expert; ++e) select[static_cast<size_t>(e)] += bias[e];
+    top_k(select.data(), n_expert, k, ids);
+  } else {
+    top_k(logits, n_expert, k, ids);
+  }
+  chosen_weights(logits, ids, k, norm_topk, weights);
 }
 
 }  // namespace strata

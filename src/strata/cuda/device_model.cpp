@@ -3,6 +3,7 @@
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_memory.h"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 
@@ -96,6 +97,7 @@ std::vector<int> validate_expert_slots(const Model& model, const std::vector<std
 
 DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots)
     : config_(model.config()), expert_slots_(expert_slots) {
+  require_gpu_support(config_);  // every GPU path is built on a DeviceModel
   const ModelWeights& w = model.weights();
   if (!expert_slots_.empty()) validate_expert_slots(model, expert_slots_);
   try {

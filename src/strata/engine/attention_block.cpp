@@ -1,11 +1,14 @@
-// Full (softmax) attention with GQA over the sequence's KV cache.
+// Softmax attention with GQA over the sequence's KV cache, full or sliding-window.
 // qwen3moe: plain. qwen35moe: attn_q yields, per head, head_dim query values then head_dim gate values;
 // the attention output is multiplied by sigmoid(gate) before attn_output; rotary covers the first
 // rope_dims dims only (HF Qwen3_5MoeAttention, apply_rotary_pos_emb with partial rotary).
+// laguna: the output is multiplied by softplus(attn_gate . x) per head or per element (HF
+// LagunaAttention); heads, rotary dims and base per layer (LayerSpec).
 // Token t of a forward writes its key and value at cache row n_past + t. In a chain it sits at position
 // n_past + t and attends to rows 0 .. n_past + t; in a token tree at n_past + depth(t), attending to
 // rows 0 .. n_past - 1 and then its ancestors' rows, root first (the order a plain run of that path
-// has, so the arithmetic is the same).
+// has, so the arithmetic is the same). A sliding-window layer drops the rows whose position is not in
+// (pos - window, pos], as HF's sliding mask (kv > q - window) does.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,13 +21,13 @@
 
 namespace strata {
 
-void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState& s, int n_past,
+void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWeights& w, LayerState& s, int n_past,
                      const TokenTree* tree, const float* xn, int n, float* out) {
   const int hd = c.head_dim;
   const int q_stride_head = c.attn_output_gate ? 2 * hd : hd;  // query (+ gate) values per head
-  const int q_width = c.n_head * q_stride_head;
-  const int kv_width = c.n_head_kv * hd;
-  const int o_width = c.n_head * hd;
+  const int q_width = l.n_head * q_stride_head;
+  const int kv_width = l.n_head_kv * hd;
+  const int o_width = l.n_head * hd;
 
   std::vector<float> Q(static_cast<size_t>(n) * q_width);
   std::vector<float> K(static_cast<size_t>(n) * kv_width);
@@ -41,41 +44,55 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
   for (int t = 0; t < n; ++t) {
     const int64_t pos = n_past + (chain ? t : tree->depth(t));
     const int64_t row = n_past + t;
-    for (int h = 0; h < c.n_head; ++h) {
+    for (int h = 0; h < l.n_head; ++h) {
       float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
-      rope_neox_inplace(q, c.rope_dims, pos, c.rope_freq_base);
+      rope_neox_inplace(q, l.rope_dims, pos, l.rope_freq_base);
     }
-    for (int g = 0; g < c.n_head_kv; ++g) {
+    for (int g = 0; g < l.n_head_kv; ++g) {
       const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
       rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
-      rope_neox_inplace(k_row.data() + g * hd, c.rope_dims, pos, c.rope_freq_base);
+      rope_neox_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base);
     }
     quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
     quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width, s.v.data() + row * static_cast<int64_t>(s.v_row),
                  kv_width);
   }
 
-  // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its ancestors).
+  // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its ancestors),
+  // a sliding layer only the last `window` of them.
+  const int64_t window = l.mixer == LayerKind::SlidingAttention ? l.window : 0;
+  auto first_visible = [window](int64_t pos) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; };
   std::vector<std::vector<int32_t>> rows;
   if (!chain) {
     rows.resize(static_cast<size_t>(n));
     for (int t = 0; t < n; ++t) {
       std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
-      r.resize(static_cast<size_t>(n_past));
-      for (int p = 0; p < n_past; ++p) r[static_cast<size_t>(p)] = p;
-      for (int a : tree->path_to(t)) r.push_back(n_past + a);
+      const std::vector<int> path = tree->path_to(t);
+      // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
+      const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
+      for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p));
+      for (size_t d = 0; d < path.size(); ++d)
+        if (n_past + static_cast<int64_t>(d) >= from) r.push_back(n_past + path[d]);
     }
+  }
+  std::vector<float> G;  // softplus output gate (laguna)
+  int gate_per_head = 0;  // gate values per head: 1 (per head) or hd (per element)
+  if (c.attn_gate != AttnGate::None) {
+    G.resize(static_cast<size_t>(n) * w.gate.n_rows);
+    project(w.gate, xn, n, G.data());
+    for (float& g : G) g = softplusf(g);
+    gate_per_head = c.attn_gate == AttnGate::SoftplusPerHead ? 1 : hd;
   }
   std::vector<float> O(static_cast<size_t>(n) * o_width);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int group = c.n_head / c.n_head_kv;
+  const int group = l.n_head / l.n_head_kv;
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<size_t>(n_past + n));
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < c.n_head; ++h) {
+      for (int h = 0; h < l.n_head; ++h) {
         const int g = h / group;  // GQA: consecutive query heads share a KV head
         const float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
         float* o = O.data() + static_cast<int64_t>(t) * o_width + h * hd;
@@ -85,7 +102,11 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
         const KvHead vh{s.v.data() + kv_row_bytes(s.kv.v, static_cast<int64_t>(g) * hd),
                         static_cast<int64_t>(s.v_row), v_type};
         if (chain) {
-          attend_one_head(q, kh, vh, n_past + t + 1, hd, scale, scores.data(), o);
+          // Rows from..pos through the same code as rows 0..pos, the head views moved to row `from`.
+          const int64_t pos = n_past + t, from = first_visible(pos);
+          const KvHead kw{kh.data + from * kh.row_bytes, kh.row_bytes, kh.type};
+          const KvHead vw{vh.data + from * vh.row_bytes, vh.row_bytes, vh.type};
+          attend_one_head(q, kw, vw, pos - from + 1, hd, scale, scores.data(), o);
         } else {
           const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
           attend_one_head_rows(q, kh, vh, r.data(), static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
@@ -93,6 +114,10 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState
         if (c.attn_output_gate) {
           const float* gate = q + hd;
           for (int d = 0; d < hd; ++d) o[d] *= sigmoidf(gate[d]);
+        }
+        if (gate_per_head) {
+          const float* g = G.data() + static_cast<size_t>(t) * w.gate.n_rows + static_cast<size_t>(h) * gate_per_head;
+          for (int d = 0; d < hd; ++d) o[d] *= g[gate_per_head == 1 ? 0 : d];
         }
       }
     }

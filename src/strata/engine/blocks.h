@@ -24,12 +24,13 @@ void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float*
 // out[t] = rmsnorm(X[t]) * w for n rows of width d.
 void rmsnorm_rows(const float* X, const float* w, float eps, int n, int d, float* out);
 
-// Full attention over the layer's KV cache for n tokens after n_past kept ones: projections, per-head
-// q/k RMSNorm, NEOX rotary on the first rope_dims dims, causal GQA softmax attention, optional sigmoid
-// output gate (qwen35moe), output projection. Token t's key/value go to cache row n_past + t. tree:
-// nullptr or a chain for consecutive positions; otherwise token t sits at n_past + depth(t) and attends
-// to the kept rows and its ancestors (token_tree.h).
-void attention_block(const ModelConfig& c, const AttentionWeights& w, LayerState& s, int n_past,
+// Attention (full or sliding-window, as l.mixer says) over the layer's KV cache for n tokens after
+// n_past kept ones: projections, per-head q/k RMSNorm, NEOX rotary on the first l.rope_dims dims, causal
+// GQA softmax attention (a sliding layer: over the last l.window positions), optional output gate
+// (qwen35moe sigmoid in attn_q, laguna softplus of attn_gate), output projection. Token t's key/value
+// go to cache row n_past + t. tree: nullptr or a chain for consecutive positions; otherwise token t
+// sits at n_past + depth(t) and attends to the kept rows and its ancestors (token_tree.h).
+void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWeights& w, LayerState& s, int n_past,
                      const TokenTree* tree, const float* xn, int n, float* out);
 // After a pending forward: moves the kept path's key/value rows to n_past + 0 .. m - 1.
 void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m);
@@ -43,11 +44,15 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
 // when m == 0), replaying the stored inputs where the state does not hold that path already.
 void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const int* path, int m);
 
-// Mixture of experts: softmax router, top-k (renormalised when c.norm_topk), SwiGLU experts run once per
-// batch on the tokens that chose them, plus the sigmoid-gated shared expert when present. picks
-// (optional): receives the chosen expert ids, [n x k] (the forward counts routes from them).
+// Mixture of experts: the router (c.router: softmax, or sigmoid with soft-capping and selection bias),
+// top-k (renormalised when c.norm_topk), SwiGLU experts run once per batch on the tokens that chose
+// them, their sum times c.expert_weights_scale, plus the shared expert (sigmoid-gated or not) when
+// present. picks (optional): receives the chosen expert ids, [n x k] (the forward counts routes from them).
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
                std::vector<int>* picks = nullptr);
+
+// A dense SwiGLU feed-forward: out = down(silu(gate xn) * up xn) for n rows.
+void dense_ffn_block(const DenseFfnWeights& w, const float* xn, int n, float* out);
 
 // Final norm and output projection; logits for every row of X ([n x n_vocab]) or for the last only.
 void output_logits(const ModelConfig& c, const ModelWeights& w, const float* X, int n, bool all_positions,

@@ -48,7 +48,8 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
       LayerState& ls = part.state->layers[static_cast<size_t>(il)];
       switch (spec.mixer) {
         case LayerKind::FullAttention:
-          attention_block(c, L.attn, ls, part.state->n_past, part.pending, xn.data() + at, part.n, y.data() + at);
+        case LayerKind::SlidingAttention:
+          attention_block(c, spec, L.attn, ls, part.state->n_past, part.pending, xn.data() + at, part.n, y.data() + at);
           break;
         case LayerKind::DeltaNet: deltanet_block(c, L.deltanet, ls, part.pending, xn.data() + at, part.n, y.data() + at); break;
       }
@@ -58,9 +59,10 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
     rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
     switch (spec.ffn) {
       case FfnKind::Moe: moe_block(c, L.moe, xn.data(), n, y.data(), &picks); break;
+      case FfnKind::Dense: dense_ffn_block(L.dense, xn.data(), n, y.data()); break;
     }
-    // Each part's picks: kept for keep_pending, or counted now.
-    const size_t k = static_cast<size_t>(c.n_expert_used);
+    // Each part's picks: kept for keep_pending, or counted now. A dense layer routes nothing.
+    const size_t k = spec.ffn == FfnKind::Moe ? static_cast<size_t>(c.n_expert_used) : 0;
     for (int p = 0; p < n_parts; ++p) {
       ForwardPart& part = parts[p];
       const auto from = picks.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first[static_cast<size_t>(p)]) * k);
@@ -68,7 +70,7 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
       if (part.pending) {
         part.state->pending_picks.resize(static_cast<size_t>(c.n_layer));
         part.state->pending_picks[static_cast<size_t>(il)].assign(from, to);
-      } else if (part.counts) {
+      } else if (part.counts && k > 0) {
         count_picks(*part.counts, il, &*from, &*from + (to - from));
       }
     }
@@ -102,7 +104,7 @@ void keep_pending(const Model& model, SequenceState& state, const int* path, int
   if (counts) {
     const size_t k = static_cast<size_t>(c.n_expert_used);
     for (size_t il = 0; il < state.pending_picks.size(); ++il)
-      for (int j = 0; j < m; ++j) {
+      for (int j = 0; j < m && !state.pending_picks[il].empty(); ++j) {
         const int* token_picks = state.pending_picks[il].data() + static_cast<size_t>(path[j]) * k;
         count_picks(*counts, static_cast<int>(il), token_picks, token_picks + k);
       }
@@ -110,7 +112,8 @@ void keep_pending(const Model& model, SequenceState& state, const int* path, int
   }
   for (int il = 0; il < c.n_layer; ++il) {
     switch (c.mixer(il)) {
-      case LayerKind::FullAttention: attention_keep(c, state.layers[il], state.n_past, path, m); break;
+      case LayerKind::FullAttention:
+      case LayerKind::SlidingAttention: attention_keep(c, state.layers[il], state.n_past, path, m); break;
       case LayerKind::DeltaNet:
         deltanet_keep(c, model.weights().layers[il].deltanet, state.layers[il], path, m);
         break;

@@ -1,6 +1,8 @@
-// Mixture-of-experts FFN (HF Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock):
-//   p = softmax(W_router x); pick the top-k experts; renormalise their p to sum 1 (norm_topk);
-//   y = sum_e p_e * down_e(silu(gate_e x) * up_e x)  [+ sigmoid(w_sh . x) * shared(x)]
+// Mixture-of-experts FFN (HF Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock / LagunaSparseMoeBlock):
+//   p = softmax(W_router x), or sigmoid(softcap(W_router x)) with the top-k chosen on p + bias;
+//   pick the top-k experts; renormalise their p to sum 1 (norm_topk);
+//   y = scale * sum_e p_e * down_e(silu(gate_e x) * up_e x)  [+ (sigmoid(w_sh . x)) * shared(x)]
+// The scale multiplies the finished sum, as HF applies routed_scaling_factor.
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
 #include <algorithm>
@@ -35,9 +37,17 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   project(w.router, xn, n, probs.data());
   std::vector<int> chosen(static_cast<size_t>(n) * k);
   std::vector<float> weight(static_cast<size_t>(n) * k);
-  for (int t = 0; t < n; ++t)
-    route_token(probs.data() + static_cast<int64_t>(t) * c.n_expert, c.n_expert, k, c.norm_topk,
-                chosen.data() + static_cast<int64_t>(t) * k, weight.data() + static_cast<int64_t>(t) * k);
+  for (int t = 0; t < n; ++t) {
+    float* logits = probs.data() + static_cast<int64_t>(t) * c.n_expert;
+    int* ids = chosen.data() + static_cast<int64_t>(t) * k;
+    float* wt = weight.data() + static_cast<int64_t>(t) * k;
+    if (c.router == RouterKind::Softmax) {
+      route_token(logits, c.n_expert, k, c.norm_topk, ids, wt);
+    } else {
+      route_token_sigmoid(logits, w.selection_bias.empty() ? nullptr : w.selection_bias.data(), c.n_expert, k,
+                          c.router_softcap, c.norm_topk, ids, wt);
+    }
+  }
 
   if (picks) *picks = chosen;
 
@@ -66,18 +76,25 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
     }
   }
 
+  if (c.expert_weights_scale != 1.0f)
+    for (int64_t i = 0; i < static_cast<int64_t>(n) * d; ++i) out[i] *= c.expert_weights_scale;
+
   if (w.has_shared) {
-    std::vector<float> gate(static_cast<size_t>(n));
+    std::vector<float> gate(static_cast<size_t>(n), 0.0f);
     std::vector<float> Ys(static_cast<size_t>(n) * d);
-    project(w.shared_gate_inp, xn, n, gate.data());
+    if (w.shared_gated) project(w.shared_gate_inp, xn, n, gate.data());
     swiglu_ffn(w.shared_gate, w.shared_up, w.shared_down, xn, n, Ys.data());
     for (int t = 0; t < n; ++t) {
-      const float a = sigmoidf(gate[t]);
+      const float a = w.shared_gated ? sigmoidf(gate[t]) : 1.0f;
       float* o = out + static_cast<int64_t>(t) * d;
       const float* y = Ys.data() + static_cast<int64_t>(t) * d;
       for (int j = 0; j < d; ++j) o[j] += a * y[j];
     }
   }
+}
+
+void dense_ffn_block(const DenseFfnWeights& w, const float* xn, int n, float* out) {
+  swiglu_ffn(w.gate, w.up, w.down, xn, n, out);
 }
 
 }  // namespace strata

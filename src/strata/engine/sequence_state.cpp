@@ -13,8 +13,8 @@ SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
     LayerState& s = layers[il];
-    if (c.mixer(il) == LayerKind::FullAttention) {
-      const int64_t per_pos = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+    if (is_attention(c.mixer(il))) {
+      const int64_t per_pos = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
       s.kv = kv_types;
       s.k_row = kv_row_bytes(kv_types.k, per_pos);
       s.v_row = kv_row_bytes(kv_types.v, per_pos);

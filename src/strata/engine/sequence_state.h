@@ -13,7 +13,7 @@
 namespace strata {
 
 struct LayerState {
-  // Full attention: max_ctx rows of n_head_kv x head_dim keys (after norm + rotary) and values, each row
+  // Attention (full or sliding): max_ctx rows of the layer's n_head_kv x head_dim keys (after norm + rotary) and values, each row
   // k_row / v_row bytes in the sequence's cache types (kv, as SequenceState::kv_types).
   std::vector<uint8_t> k, v;
   size_t k_row = 0, v_row = 0;

@@ -30,11 +30,15 @@ const ArchDescription& arch_description(Arch arch);
 // The descriptions, one per file.
 extern const ArchDescription kQwen3Moe;
 extern const ArchDescription kQwen35Moe;
+extern const ArchDescription kLaguna;
 
 // Helpers for read_config: a positive int key (naming file and key when out of range), the same with a
 // default when absent, and a consistency check that fails naming the file.
 int gguf_positive(const GgufFile& f, const std::string& key);
 int gguf_positive_or(const GgufFile& f, const std::string& key, int def);
+// A key that is one positive integer for every layer or an array with one per layer; def for every
+// layer when absent.
+std::vector<int> gguf_per_layer(const GgufFile& f, const std::string& key, int n_layer, int def);
 void require_config(bool ok, const GgufFile& f, const std::string& what);
 
 }  // namespace strata

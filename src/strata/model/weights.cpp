@@ -84,12 +84,17 @@ class Binder {
   const ModelConfig& c_;
 };
 
-void bind_attention(const Binder& b, const ModelConfig& c, const std::string& p, AttentionWeights& a) {
-  const int q_rows = c.n_head * c.head_dim * (c.attn_output_gate ? 2 : 1);
+void bind_attention(const Binder& b, const ModelConfig& c, const LayerSpec& l, const std::string& p,
+                    AttentionWeights& a) {
+  const int q_rows = l.n_head * c.head_dim * (c.attn_output_gate ? 2 : 1);
   a.q = b.matrix(p + "attn_q.weight", c.n_embd, q_rows);
-  a.k = b.matrix(p + "attn_k.weight", c.n_embd, c.n_head_kv * c.head_dim);
-  a.v = b.matrix(p + "attn_v.weight", c.n_embd, c.n_head_kv * c.head_dim_v);
-  a.o = b.matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, c.n_embd);
+  a.k = b.matrix(p + "attn_k.weight", c.n_embd, l.n_head_kv * c.head_dim);
+  a.v = b.matrix(p + "attn_v.weight", c.n_embd, l.n_head_kv * c.head_dim_v);
+  a.o = b.matrix(p + "attn_output.weight", l.n_head * c.head_dim_v, c.n_embd);
+  if (c.attn_gate != AttnGate::None) {
+    const int gate_rows = c.attn_gate == AttnGate::SoftplusPerHead ? l.n_head : l.n_head * c.head_dim;
+    a.gate = b.matrix(p + "attn_gate.weight", c.n_embd, gate_rows);
+  }
   a.q_norm = b.vec(p + "attn_q_norm.weight", c.head_dim);
   a.k_norm = b.vec(p + "attn_k_norm.weight", c.head_dim);
 }
@@ -124,9 +129,11 @@ void bind_moe(const Binder& b, const ModelConfig& c, const std::string& p, MoeWe
     m.up = b.experts(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert);
   }
   m.down = b.experts(p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert);
+  if (c.expert_selection_bias) m.selection_bias = b.vec(p + "exp_probs_b.bias", c.n_expert);
   m.has_shared = c.n_ff_shexp > 0;
+  m.shared_gated = m.has_shared && c.shared_expert_gated;
   if (m.has_shared) {
-    m.shared_gate_inp = b.matrix(p + "ffn_gate_inp_shexp.weight", c.n_embd, 1);
+    if (m.shared_gated) m.shared_gate_inp = b.matrix(p + "ffn_gate_inp_shexp.weight", c.n_embd, 1);
     m.shared_gate = b.matrix(p + "ffn_gate_shexp.weight", c.n_embd, c.n_ff_shexp);
     m.shared_up = b.matrix(p + "ffn_up_shexp.weight", c.n_embd, c.n_ff_shexp);
     m.shared_down = b.matrix(p + "ffn_down_shexp.weight", c.n_ff_shexp, c.n_embd);
@@ -158,12 +165,19 @@ ModelWeights bind_model_weights(const GgufFile& f, const ModelConfig& c) {
     L.kind = c.mixer(il);
     L.attn_norm = b.vec(p + "attn_norm.weight", c.n_embd);
     L.ffn_norm = b.vec(p + ffn_norm, c.n_embd);
-    if (L.kind == LayerKind::FullAttention) {
-      bind_attention(b, c, p, L.attn);
+    const LayerSpec& spec = c.layer(il);
+    if (is_attention(L.kind)) {
+      bind_attention(b, c, spec, p, L.attn);
     } else {
       bind_deltanet(b, c, p, L.deltanet);
     }
-    bind_moe(b, c, p, L.moe);
+    if (spec.ffn == FfnKind::Moe) {
+      bind_moe(b, c, p, L.moe);
+    } else {
+      L.dense.gate = b.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+      L.dense.up = b.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+      L.dense.down = b.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    }
   }
   return w;
 }

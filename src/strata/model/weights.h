@@ -16,8 +16,9 @@ namespace strata {
 
 class GgufFile;
 
-struct AttentionWeights {  // full attention layers
+struct AttentionWeights {  // full and sliding-window attention layers
   WeightMatrix q, k, v, o;  // q yields 2*head_dim per head when the config has attn_output_gate
+  WeightMatrix gate;        // attn_gate (config attn_gate != None): n_head or n_head*head_dim rows
   std::vector<float> q_norm, k_norm;  // head_dim each
 };
 
@@ -32,18 +33,25 @@ struct DeltaNetWeights {  // gated DeltaNet layers (qwen35moe)
 // The routed experts (gate, up, down stacks: ExpertFfn, cpu/matmul.h) with the router and the shared expert.
 struct MoeWeights : ExpertFfn {
   WeightMatrix router;  // n_expert rows of n_embd
-  // Shared expert (qwen35moe); shared_gate is one row of n_embd.
+  std::vector<float> selection_bias;  // exp_probs_b (sigmoid routers): n_expert, or empty
+  // Shared expert (qwen35moe, laguna); shared_gate_inp (one row of n_embd) when it is gated.
   bool has_shared = false;
+  bool shared_gated = false;
   WeightMatrix shared_gate_inp, shared_gate, shared_up, shared_down;
+};
+
+struct DenseFfnWeights {  // dense SwiGLU layers: n_ff rows (gate, up), n_embd rows (down)
+  WeightMatrix gate, up, down;
 };
 
 struct LayerWeights {
   LayerKind kind = LayerKind::FullAttention;
   std::vector<float> attn_norm;  // before attention / DeltaNet
-  std::vector<float> ffn_norm;   // before the MoE
+  std::vector<float> ffn_norm;   // before the feed-forward
   AttentionWeights attn;
   DeltaNetWeights deltanet;
   MoeWeights moe;
+  DenseFfnWeights dense;
 };
 
 struct ModelWeights {

@@ -2,6 +2,7 @@
 
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/moe/gpu_support.h"
 #include "strata/moe/profile_store.h"
 #include "strata/moe/vram_budget.h"
 
@@ -46,6 +47,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   p.kv_types = kv_cache_types(o);
   check_kv_types(model.config(), p.kv_types);
   if (!o.gpu) return p;
+  require_gpu_support(model.config());
   GpuPlanRequest req;
   req.gpu_total = gpu.total;
   req.gpu_free = gpu.free;

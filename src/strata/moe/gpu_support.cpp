@@ -1,0 +1,34 @@
+#include "strata/moe/gpu_support.h"
+
+#include "strata/base/error.h"
+
+namespace strata {
+
+std::string gpu_unsupported_feature(const ModelConfig& c) {
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerSpec& l = c.layer(il);
+    if (l.mixer != LayerKind::FullAttention && l.mixer != LayerKind::DeltaNet)
+      return cat("layer ", il, " runs ", layer_kind_name(l.mixer));
+    if (l.ffn != FfnKind::Moe) return cat("layer ", il, " has a ", ffn_kind_name(l.ffn), " feed-forward");
+    // The kernels take the model-wide attention shape.
+    if (l.mixer == LayerKind::FullAttention &&
+        (l.n_head != c.n_head || l.n_head_kv != c.n_head_kv || l.rope_dims != c.rope_dims ||
+         l.rope_freq_base != c.rope_freq_base))
+      return cat("layer ", il, " has its own head counts or rotary parameters");
+  }
+  if (c.attn_gate != AttnGate::None) return "the softplus attention output gate (attn_gate)";
+  if (c.router != RouterKind::Softmax) return "the sigmoid expert router";
+  if (c.router_softcap != 0.0f) return "router logit soft-capping";
+  if (c.expert_selection_bias) return "the expert selection bias (exp_probs_b)";
+  if (c.expert_weights_scale != 1.0f) return "expert_weights_scale != 1";
+  if (c.n_ff_shexp > 0 && !c.shared_expert_gated) return "an ungated shared expert";
+  return "";
+}
+
+void require_gpu_support(const ModelConfig& c) {
+  const std::string what = gpu_unsupported_feature(c);
+  if (!what.empty())
+    fail("the GPU backend does not implement ", what, " (model ", c.arch_name, "); run it on the CPU (without --gpu)");
+}
+
+}  // namespace strata

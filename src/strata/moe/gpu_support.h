@@ -1,0 +1,19 @@
+// What the CUDA backend implements of the model description. Every GPU entry point (the --gpu plan and
+// DeviceModel, which GpuModel, the prefill and the hybrid step are built on) calls require_gpu_support,
+// so a model using anything else is refused by name instead of running wrong.
+#pragma once
+
+#include <string>
+
+#include "strata/model/config.h"
+
+namespace strata {
+
+// "" when the CUDA kernels implement everything c uses; otherwise what they lack, e.g.
+// "layer 1 runs sliding-window attention".
+std::string gpu_unsupported_feature(const ModelConfig& c);
+
+// Throws strata::Error "the GPU backend does not implement <feature> (model <arch>); run it on the CPU".
+void require_gpu_support(const ModelConfig& c);
+
+}  // namespace strata
