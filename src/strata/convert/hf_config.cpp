@@ -38,11 +38,127 @@ struct Fields {
   }
 };
 
+// Per-layer strings of `key` (num_hidden_layers of them), each one of `a` (true) or `b` (false).
+std::vector<bool> layer_flags(const Fields& f, const char* key, int n_layer, const char* a, const char* b) {
+  const json& lt = f.j[key];
+  if (!lt.is_array() || static_cast<int>(lt.size()) != n_layer)
+    fail(f.path, ": '", key, "' must be an array of num_hidden_layers (", n_layer, ") strings");
+  std::vector<bool> out(static_cast<size_t>(n_layer));
+  for (int i = 0; i < n_layer; ++i) {
+    const std::string kind = lt[i].is_string() ? lt[i].get<std::string>() : "";
+    if (kind != a && kind != b) fail(f.path, ": ", key, "[", i, "] is '", kind, "' (expected ", a, " or ", b, ")");
+    out[static_cast<size_t>(i)] = kind == a;
+  }
+  return out;
+}
+
+// One layer kind's rope parameters (laguna's rope_parameters.<kind>): theta and rotary dims; rotary
+// scaling (rope_type other than default) is refused.
+void laguna_rope(const Fields& f, const json* rope, const char* kind, float def_theta, float def_factor, int head_dim,
+                 float& theta, int& dims) {
+  theta = def_theta;
+  float factor = def_factor;
+  if (rope != nullptr && rope->contains(kind)) {
+    const json& r = (*rope)[kind];
+    if (!r.is_object()) fail(f.path, ": rope_parameters.", kind, " is not an object");
+    const std::string type = r.value("rope_type", std::string("default"));
+    if (type != "default")
+      fail(f.path, ": rope_parameters.", kind, ".rope_type '", type,
+           "' (rotary scaling) is not supported by strata yet (supported: default)");
+    if (r.contains("rope_theta")) {
+      if (!r["rope_theta"].is_number()) fail(f.path, ": rope_parameters.", kind, ".rope_theta is not a number");
+      theta = r["rope_theta"].get<float>();
+    }
+    if (r.contains("partial_rotary_factor")) {
+      if (!r["partial_rotary_factor"].is_number())
+        fail(f.path, ": rope_parameters.", kind, ".partial_rotary_factor is not a number");
+      factor = r["partial_rotary_factor"].get<float>();
+    }
+  }
+  dims = static_cast<int>(head_dim * factor);
+  if (dims <= 0 || dims > head_dim || dims % 2 != 0)
+    fail(f.path, ": rope_parameters.", kind, ": ", dims, " rotary dims (head_dim x partial_rotary_factor) must be even and in (0, head_dim]");
+}
+
+// The laguna fields (HF LagunaConfig; defaults as its __post_init__ sets them).
+void read_laguna(const Fields& f, const json* rope, HfConfig& c) {
+  const int n = c.n_layer;
+  if (f.get_bool_or("attention_bias", false)) fail(f.path, ": attention_bias is true: biases are not supported");
+  if (f.get_bool_or("moe_apply_router_weight_on_input", false))
+    fail(f.path, ": moe_apply_router_weight_on_input is true: not supported (transformers does not implement it either)");
+  if (f.has("hidden_act") && f.j["hidden_act"] != "silu") fail(f.path, ": hidden_act must be silu");
+  c.n_ff_shexp = f.get_int("shared_expert_intermediate_size");
+  c.norm_topk_prob = true;  // HF LagunaTopKRouter always renormalises the chosen weights
+  c.routed_scale = f.has("moe_routed_scaling_factor") ? static_cast<float>(f.get_num("moe_routed_scaling_factor")) : 1.0f;
+  c.router_softcap =
+      f.has("moe_router_logit_softcapping") ? static_cast<float>(f.get_num("moe_router_logit_softcapping")) : 0.0f;
+  if (!(c.routed_scale > 0.0f) || c.router_softcap < 0.0f)
+    fail(f.path, ": moe_routed_scaling_factor must be positive and moe_router_logit_softcapping >= 0");
+  c.sliding_window = f.get_int_or("sliding_window", 512);
+
+  c.is_sliding = f.has("layer_types") ? layer_flags(f, "layer_types", n, "sliding_attention", "full_attention")
+                                      : std::vector<bool>(static_cast<size_t>(n), false);
+  bool any_sliding = false;
+  for (bool s : c.is_sliding) any_sliding = any_sliding || s;
+  if (any_sliding && c.sliding_window <= 0) fail(f.path, ": sliding_window must be positive for sliding_attention layers");
+  std::vector<bool> dense(static_cast<size_t>(n), false);
+  if (f.has("mlp_layer_types")) dense = layer_flags(f, "mlp_layer_types", n, "dense", "sparse");
+  else if (n > 0) dense[0] = true;
+  while (c.n_dense_lead < n && dense[static_cast<size_t>(c.n_dense_lead)]) ++c.n_dense_lead;
+  for (int i = c.n_dense_lead; i < n; ++i)
+    if (dense[static_cast<size_t>(i)])
+      fail(f.path, ": mlp_layer_types[", i, "] is dense after a sparse layer; GGUF (leading_dense_block_count) "
+           "expresses only dense layers first");
+  if (c.n_dense_lead > 0 && c.intermediate_size <= 0) fail(f.path, ": dense layers need intermediate_size");
+
+  c.heads_per_layer.assign(static_cast<size_t>(n), c.n_head);
+  if (f.has("num_attention_heads_per_layer")) {
+    const json& h = f.j["num_attention_heads_per_layer"];
+    if (!h.is_array() || static_cast<int>(h.size()) != n)
+      fail(f.path, ": 'num_attention_heads_per_layer' must be an array of num_hidden_layers (", n, ") integers");
+    for (int i = 0; i < n; ++i) {
+      if (!h[i].is_number_integer() || h[i].get<int>() <= 0 || h[i].get<int>() % c.n_head_kv != 0)
+        fail(f.path, ": num_attention_heads_per_layer[", i, "] must be a positive multiple of num_key_value_heads");
+      c.heads_per_layer[static_cast<size_t>(i)] = h[i].get<int>();
+    }
+  }
+  // gating: true / "per-head" -> one gate per head; anything else (HF: false, "per-element") per element.
+  if (!f.has("gating")) {
+    c.gate_per_head = true;
+  } else if (f.j["gating"].is_boolean()) {
+    c.gate_per_head = f.j["gating"].get<bool>();
+  } else if (f.j["gating"].is_string() && (f.j["gating"] == "per-head" || f.j["gating"] == "per-element")) {
+    c.gate_per_head = f.j["gating"] == "per-head";
+  } else {
+    fail(f.path, ": 'gating' must be true, false, \"per-head\" or \"per-element\"");
+  }
+  laguna_rope(f, rope, "full_attention", 500000.0f, 0.5f, c.head_dim, c.rope_theta, c.rope_dims);
+  laguna_rope(f, rope, "sliding_attention", 10000.0f, 1.0f, c.head_dim, c.rope_theta_swa, c.rope_dims_swa);
+}
+
 }  // namespace
 
-const char* gguf_arch_name(HfArch arch) { return arch == HfArch::Qwen3Moe ? "qwen3moe" : "qwen35moe"; }
+int layout_period(const std::vector<bool>& special, bool offset_last) {
+  const int n = static_cast<int>(special.size());
+  for (int period = 1; period <= n + 1; ++period) {
+    bool ok = true;
+    for (int i = 0; i < n && ok; ++i)
+      ok = special[static_cast<size_t>(i)] == (offset_last ? (i + 1) % period == 0 : i % period == 0);
+    if (ok) return period;
+  }
+  return 0;
+}
 
-std::string supported_model_types() { return "qwen3_moe, qwen3_5_moe, qwen3_5_moe_text"; }
+const char* gguf_arch_name(HfArch arch) {
+  switch (arch) {
+    case HfArch::Qwen3Moe: return "qwen3moe";
+    case HfArch::Qwen35Moe: return "qwen35moe";
+    case HfArch::Laguna: return "laguna";
+  }
+  return "?";
+}
+
+std::string supported_model_types() { return "qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, laguna"; }
 
 HfConfig load_hf_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
@@ -64,6 +180,8 @@ HfConfig load_hf_config(const std::string& dir) {
     c.arch = HfArch::Qwen3Moe;
   } else if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text") {
     c.arch = HfArch::Qwen35Moe;
+  } else if (c.model_type == "laguna") {
+    c.arch = HfArch::Laguna;
   } else {
     fail(path, ": model_type '", c.model_type, "' is not supported (supported: ", supported_model_types(), ")");
   }
@@ -83,7 +201,7 @@ HfConfig load_hf_config(const std::string& dir) {
   c.n_ctx = f.get_int_or("max_position_embeddings", 0);
   c.n_head = f.get_int("num_attention_heads");
   c.n_head_kv = f.get_int_or("num_key_value_heads", c.n_head);
-  c.head_dim = f.has("head_dim") ? f.get_int("head_dim") : c.n_embd / c.n_head;
+  c.head_dim = f.has("head_dim") ? f.get_int("head_dim") : c.arch == HfArch::Laguna ? 128 : c.n_embd / c.n_head;
   c.rms_eps = static_cast<float>(f.get_num("rms_norm_eps"));
   c.intermediate_size = f.get_int_or("intermediate_size", 0);
   c.tie_embeddings = f.get_bool_or("tie_word_embeddings", top.value("tie_word_embeddings", false));
@@ -92,14 +210,16 @@ HfConfig load_hf_config(const std::string& dir) {
   const json* rope = nullptr;
   if (merged.contains("rope_parameters") && merged["rope_parameters"].is_object()) rope = &merged["rope_parameters"];
   else if (merged.contains("rope_scaling") && merged["rope_scaling"].is_object()) rope = &merged["rope_scaling"];
-  if (f.has("rope_theta")) {
+  if (c.arch == HfArch::Laguna) {
+    // Keyed by layer type; read with the other laguna fields below.
+  } else if (f.has("rope_theta")) {
     c.rope_theta = static_cast<float>(f.get_num("rope_theta"));
   } else if (rope != nullptr && rope->contains("rope_theta") && (*rope)["rope_theta"].is_number()) {
     c.rope_theta = (*rope)["rope_theta"].get<float>();
   } else {
     fail(where, ": missing field 'rope_theta' (top level or in rope_parameters)");
   }
-  if (rope != nullptr && rope->contains("rope_type") && (*rope)["rope_type"].is_string()) {
+  if (c.arch != HfArch::Laguna && rope != nullptr && rope->contains("rope_type") && (*rope)["rope_type"].is_string()) {
     const std::string rt = (*rope)["rope_type"].get<std::string>();
     if (rt != "default" && rt != "mrope")
       fail(where, ": rope_type '", rt, "' (rope scaling) is not supported by strata convert (supported: default)");
@@ -110,6 +230,11 @@ HfConfig load_hf_config(const std::string& dir) {
   c.n_expert_used = f.get_int("num_experts_per_tok");
   c.n_ff_exp = f.get_int("moe_intermediate_size");
   c.norm_topk_prob = f.get_bool_or("norm_topk_prob", true);
+
+  if (c.arch == HfArch::Laguna) {
+    read_laguna(f, rope, c);
+    return c;
+  }
 
   if (c.arch == HfArch::Qwen3Moe) {
     // Qwen3-MoE may interleave dense MLP layers; strata's qwen3moe has MoE in every layer.
@@ -129,24 +254,25 @@ HfConfig load_hf_config(const std::string& dir) {
   if (c.lin_k_heads <= 0 || c.lin_v_heads % c.lin_k_heads != 0)
     fail(where, ": linear_num_value_heads (", c.lin_v_heads, ") must be a multiple of linear_num_key_heads (",
          c.lin_k_heads, ")");
+  // The layout: layer_types when given (current transformers writes only those), which must be
+  // periodic (full attention every P-th layer) for GGUF's full_attention_interval to express it; a
+  // full_attention_interval given beside them must agree.
+  const bool has_interval = f.has("full_attention_interval");
   c.full_attention_interval = f.get_int_or("full_attention_interval", 4);
   if (c.full_attention_interval <= 0) fail(where, ": full_attention_interval must be positive");
   c.is_full_attention.resize(c.n_layer);
   for (int i = 0; i < c.n_layer; ++i) c.is_full_attention[i] = (i + 1) % c.full_attention_interval == 0;
   if (f.has("layer_types")) {
-    const json& lt = f.j["layer_types"];
-    if (!lt.is_array() || static_cast<int>(lt.size()) != c.n_layer)
-      fail(where, ": 'layer_types' must be an array of num_hidden_layers (", c.n_layer, ") strings");
-    for (int i = 0; i < c.n_layer; ++i) {
-      const std::string kind = lt[i].is_string() ? lt[i].get<std::string>() : "";
-      bool full;
-      if (kind == "full_attention") full = true;
-      else if (kind == "linear_attention") full = false;
-      else fail(where, ": layer_types[", i, "] is '", kind, "' (expected full_attention or linear_attention)");
-      if (full != c.is_full_attention[i])
-        fail(where, ": layer_types[", i, "] = ", kind, " disagrees with full_attention_interval ",
-             c.full_attention_interval, "; GGUF full_attention_interval cannot express this layout");
-    }
+    const std::vector<bool> full = layer_flags(f, "layer_types", c.n_layer, "full_attention", "linear_attention");
+    const int period = layout_period(full, /*offset_last=*/true);
+    if (period == 0)
+      fail(where, ": layer_types is not periodic (full attention exactly at layers P-1, 2P-1, ...); GGUF "
+           "full_attention_interval cannot express this layout");
+    if (has_interval && full != c.is_full_attention)
+      fail(where, ": layer_types (full attention every ", period, " layers) disagrees with full_attention_interval ",
+           c.full_attention_interval);
+    c.full_attention_interval = period;
+    c.is_full_attention = full;
   }
 
   if (rope != nullptr && rope->contains("partial_rotary_factor") && (*rope)["partial_rotary_factor"].is_number())

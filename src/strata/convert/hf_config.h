@@ -1,5 +1,6 @@
 // Hugging Face config.json of the model families strata converts, reduced to the fields the GGUF
-// metadata and the tensor mapping need. Field meanings: transformers' qwen3_moe / qwen3_5_moe configs;
+// metadata and the tensor mapping need. Field meanings: transformers' qwen3_moe / qwen3_5_moe / laguna
+// configs;
 // how they become GGUF keys: /work/notes/gguf-naming.md.
 #pragma once
 
@@ -8,11 +9,11 @@
 
 namespace strata::convert {
 
-enum class HfArch { Qwen3Moe, Qwen35Moe };
+enum class HfArch { Qwen3Moe, Qwen35Moe, Laguna };
 
-// GGUF architecture name ("qwen3moe" / "qwen35moe").
+// GGUF architecture name ("qwen3moe" / "qwen35moe" / "laguna").
 const char* gguf_arch_name(HfArch arch);
-// model_type values accepted, for error messages: "qwen3_moe, qwen3_5_moe, qwen3_5_moe_text".
+// model_type values accepted, for error messages: "qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, laguna".
 std::string supported_model_types();
 
 struct HfConfig {
@@ -46,13 +47,30 @@ struct HfConfig {
   int full_attention_interval = 4;
   std::vector<bool> is_full_attention;  // per layer
   float partial_rotary_factor = 0.25f;
-  int rope_dims = 0;                     // int(head_dim * partial_rotary_factor)
+  int rope_dims = 0;                     // int(head_dim * partial_rotary_factor) (laguna: full layers)
   std::vector<int> mrope_sections;       // 4 entries
+
+  // laguna only (rope_theta / rope_dims above: the full-attention layers').
+  std::vector<bool> is_sliding;          // per layer: sliding_attention
+  std::vector<int> heads_per_layer;      // per layer query heads (num_attention_heads_per_layer)
+  int sliding_window = 0;
+  float rope_theta_swa = 10000.0f;
+  int rope_dims_swa = 0;
+  int n_dense_lead = 0;                  // mlp_layer_types: this many dense layers first, then sparse
+  bool gate_per_head = true;             // gating: softplus output gate per head, else per element
+  float router_softcap = 0.0f;           // moe_router_logit_softcapping
+  float routed_scale = 1.0f;             // moe_routed_scaling_factor
 };
 
+// The period P of a layout where layer i is of the special kind exactly when i % P == offset (0 when
+// no P <= n_layer describes it). Shared by the qwen35moe (full every P-th, offset P-1) and laguna
+// (full every P-th from layer 0) conversions.
+int layout_period(const std::vector<bool>& special, bool offset_last);
+
 // Reads <dir>/config.json. A missing file, a model_type not in supported_model_types(), a missing or
-// ill-typed field, or a layout strata cannot express (dense layers in a qwen3_moe, layer_types that
-// no full_attention_interval describes) throws strata::Error naming the file and field.
+// ill-typed field, or a layout GGUF cannot express (dense layers in a qwen3_moe, qwen3_5 layer_types
+// that no full_attention_interval describes, laguna dense layers after a sparse one, rotary scaling)
+// throws strata::Error naming the file and field.
 HfConfig load_hf_config(const std::string& dir);
 
 }  // namespace strata::convert

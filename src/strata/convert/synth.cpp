@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -82,6 +83,9 @@ HfConfig synth_config(const SynthPreset& preset, int layers) {
   // DeltaNet / full-attention pattern (full attention at layers interval-1, 2*interval-1, ...).
   if (cfg.is_full_attention.size() > static_cast<size_t>(layers))
     cfg.is_full_attention.resize(static_cast<size_t>(layers));
+  if (cfg.is_sliding.size() > static_cast<size_t>(layers)) cfg.is_sliding.resize(static_cast<size_t>(layers));
+  if (cfg.heads_per_layer.size() > static_cast<size_t>(layers)) cfg.heads_per_layer.resize(static_cast<size_t>(layers));
+  cfg.n_dense_lead = std::min(cfg.n_dense_lead, layers);
   return cfg;
 }
 

@@ -12,6 +12,15 @@
 //                     mrope_section [11, 11, 10], rope_theta 1e7, 256 experts (8 used) of 512, shared
 //                     expert 512, DeltaNet 16 k heads / 32 v heads of 128, conv kernel 4, vocab 248320,
 //                     max_position_embeddings 262144, rms_norm_eps 1e-6, untied.
+//   laguna-xs.2       https://huggingface.co/poolside/Laguna-XS.2 (config.json): 40 layers, full
+//                     attention at every 4th layer from layer 0 and sliding-window (512) attention
+//                     elsewhere, hidden 2048, 48 (full) / 64 (sliding) q heads and 8 kv heads of 128,
+//                     rotary: full layers theta 5e5 on half the head (64 dims), sliding layers theta
+//                     1e4 on all 128 dims, per-head softplus output gate, layer 0 dense (intermediate
+//                     8192), 256 experts (8 used) of 512 with a sigmoid router and a 512 shared expert,
+//                     routed scaling 2.5, vocab 100352, rms_norm_eps 1e-6, untied. The checkpoint's
+//                     full layers use YaRN rotary scaling; the synth writes plain rotary (same shapes
+//                     and cost, not the same numerics).
 //   tiny-*            test presets: every row length a multiple of 256 so every quant type applies
 //                     without fallback; a few layers so tests run in seconds.
 #include "strata/convert/synth_presets.h"
@@ -82,6 +91,48 @@ HfConfig qwen35moe(int n_layer, int n_embd, int n_head, int n_head_kv, int head_
   return c;
 }
 
+struct LagunaShape {
+  int n_layer, n_embd, n_ff, head_dim, heads_full, heads_sliding, n_head_kv, period, window;
+  int n_expert, n_used, n_ff_exp, n_ff_shexp, n_dense, n_vocab, n_ctx;
+  float scale, softcap;
+};
+
+// Full attention at layers 0, period, 2 * period, ...; sliding-window attention elsewhere.
+HfConfig laguna(const LagunaShape& s) {
+  HfConfig c;
+  c.model_type = "laguna";
+  c.arch = HfArch::Laguna;
+  c.n_layer = s.n_layer;
+  c.n_embd = s.n_embd;
+  c.intermediate_size = s.n_ff;
+  c.n_head = s.heads_full;
+  c.n_head_kv = s.n_head_kv;
+  c.head_dim = s.head_dim;
+  c.n_expert = s.n_expert;
+  c.n_expert_used = s.n_used;
+  c.n_ff_exp = s.n_ff_exp;
+  c.n_ff_shexp = s.n_ff_shexp;
+  c.n_vocab = s.n_vocab;
+  c.n_ctx = s.n_ctx;
+  c.rms_eps = 1e-6f;
+  c.norm_topk_prob = true;
+  c.rope_theta = 5.0e5f;
+  c.rope_dims = s.head_dim / 2;
+  c.rope_theta_swa = 1.0e4f;
+  c.rope_dims_swa = s.head_dim;
+  c.sliding_window = s.window;
+  c.n_dense_lead = s.n_dense;
+  c.gate_per_head = true;
+  c.routed_scale = s.scale;
+  c.router_softcap = s.softcap;
+  for (int i = 0; i < s.n_layer; ++i) {
+    const bool sliding = i % s.period != 0;
+    c.is_sliding.push_back(sliding);
+    c.heads_per_layer.push_back(sliding ? s.heads_sliding : s.heads_full);
+  }
+  return c;
+}
+
 std::vector<SynthPreset> build() {
   const HfConfig q36 = qwen35moe(40, 2048, 16, 2, 256, 256, 8, 512, 512, {16, 32, 128, 128, 4}, 248320, 262144,
                                  1.0e7f, {11, 11, 10});
@@ -92,6 +143,11 @@ std::vector<SynthPreset> build() {
        qwen3moe(48, 2048, 6144, 32, 4, 128, 128, 8, 768, 151936, 40960, 1.0e6f)},
       {"qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B",
        qwen3moe(94, 4096, 12288, 64, 4, 128, 128, 8, 1536, 151936, 40960, 1.0e6f)},
+      {"laguna-xs.2", "poolside/Laguna-XS.2",
+       laguna({40, 2048, 8192, 128, 48, 64, 8, 4, 512, 256, 8, 512, 512, 1, 100352, 131072, 2.5f, 0.0f})},
+      // Every laguna feature at test size: sliding window 8, 2 / 4 q heads, soft-capping on.
+      {"tiny-laguna", "test preset",
+       laguna({4, 256, 512, 64, 2, 4, 2, 2, 8, 16, 4, 256, 256, 1, 512, 4096, 2.5f, 8.0f})},
       {"tiny-qwen3moe", "test preset", qwen3moe(4, 256, 768, 4, 2, 64, 16, 4, 256, 512, 4096, 1.0e6f)},
       {"tiny-qwen35moe", "test preset",
        qwen35moe(4, 256, 4, 2, 64, 16, 4, 256, 256, {2, 4, 64, 64, 4}, 512, 4096, 1.0e7f, {4, 2, 2})},

@@ -54,18 +54,22 @@ std::vector<SynthTensor> plan_synth_tensors(const HfConfig& c, double skew, uint
   const int64_t Hk = c.lin_k_heads, Hv = c.lin_v_heads;
   const int64_t key_dim = Hk * c.lin_k_dim, value_dim = Hv * c.lin_v_dim;
   const int64_t conv_dim = 2 * key_dim + value_dim;
+  const bool laguna = c.arch == HfArch::Laguna;
   for (int i = 0; i < c.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     p.add(b + "attn_norm.weight", {E}, TensorRole::Norm, i, SynthInit::NormOne);
     const bool full = !q35 || c.is_full_attention.at(static_cast<size_t>(i));
     if (full) {
+      const int64_t H = laguna ? c.heads_per_layer.at(static_cast<size_t>(i)) : c.n_head;
       // qwen35moe: attn_q yields query and output gate per head (2 * head_dim).
-      p.add(b + "attn_q.weight", {E, (q35 ? 2 : 1) * c.n_head * D}, TensorRole::AttnQ, i, SynthInit::Matrix);
+      p.add(b + "attn_q.weight", {E, (q35 ? 2 : 1) * H * D}, TensorRole::AttnQ, i, SynthInit::Matrix);
       p.add(b + "attn_k.weight", {E, c.n_head_kv * D}, TensorRole::AttnK, i, SynthInit::Matrix);
       p.add(b + "attn_v.weight", {E, c.n_head_kv * D}, TensorRole::AttnV, i, SynthInit::Matrix);
-      p.add(b + "attn_output.weight", {c.n_head * D, E}, TensorRole::AttnOut, i, SynthInit::Matrix);
+      p.add(b + "attn_output.weight", {H * D, E}, TensorRole::AttnOut, i, SynthInit::Matrix);
       p.add(b + "attn_q_norm.weight", {D}, TensorRole::Norm, i, SynthInit::NormOne);
       p.add(b + "attn_k_norm.weight", {D}, TensorRole::Norm, i, SynthInit::NormOne);
+      if (laguna)
+        p.add(b + "attn_gate.weight", {E, c.gate_per_head ? H : H * D}, TensorRole::AttnOutGate, i, SynthInit::Matrix);
     } else {
       p.add(b + "attn_qkv.weight", {E, conv_dim}, TensorRole::AttnQkv, i, SynthInit::Matrix);
       p.add(b + "attn_gate.weight", {E, value_dim}, TensorRole::AttnGate, i, SynthInit::Matrix);
@@ -78,14 +82,22 @@ std::vector<SynthTensor> plan_synth_tensors(const HfConfig& c, double skew, uint
       p.add(b + "ssm_out.weight", {value_dim, E}, TensorRole::SsmOut, i, SynthInit::Matrix);
     }
     p.add(b + (q35 ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, TensorRole::Norm, i, SynthInit::NormOne);
+    if (laguna && i < c.n_dense_lead) {
+      const int64_t Fd = c.intermediate_size;
+      p.add(b + "ffn_gate.weight", {E, Fd}, TensorRole::FfnGate, i, SynthInit::Matrix);
+      p.add(b + "ffn_up.weight", {E, Fd}, TensorRole::FfnUp, i, SynthInit::Matrix);
+      p.add(b + "ffn_down.weight", {Fd, E}, TensorRole::FfnDown, i, SynthInit::Matrix);
+      continue;
+    }
     p.add(b + "ffn_gate_inp.weight", {E, X}, TensorRole::Router, i, SynthInit::Router);
     p.out.back().row_scale = zipf_expert_scales(static_cast<int>(X), skew, seed, i);
     p.add(b + "ffn_gate_exps.weight", {E, F, X}, TensorRole::ExpertsGate, i, SynthInit::Matrix);
     p.add(b + "ffn_up_exps.weight", {E, F, X}, TensorRole::ExpertsUp, i, SynthInit::Matrix);
     p.add(b + "ffn_down_exps.weight", {F, E, X}, TensorRole::ExpertsDown, i, SynthInit::Matrix);
-    if (q35) {
+    if (laguna) p.add(b + "exp_probs_b.bias", {X}, TensorRole::ExpertBias, i, SynthInit::Matrix);
+    if (q35 || laguna) {
       const int64_t S = c.n_ff_shexp;
-      p.add(b + "ffn_gate_inp_shexp.weight", {E}, TensorRole::SharedExpertGate, i, SynthInit::Matrix);
+      if (q35) p.add(b + "ffn_gate_inp_shexp.weight", {E}, TensorRole::SharedExpertGate, i, SynthInit::Matrix);
       p.add(b + "ffn_gate_shexp.weight", {E, S}, TensorRole::SharedGate, i, SynthInit::Matrix);
       p.add(b + "ffn_up_shexp.weight", {E, S}, TensorRole::SharedUp, i, SynthInit::Matrix);
       p.add(b + "ffn_down_shexp.weight", {S, E}, TensorRole::SharedDown, i, SynthInit::Matrix);

@@ -86,10 +86,11 @@ class Planner {
   std::string hf(int il, const char* what) const { return cat(prefix_, "layers.", il, ".", what); }
 
   void add_globals();
-  void add_full_attention(int il, bool gated_q, ValueOp qk_norm_op);
+  void add_full_attention(int il, bool gated_q, ValueOp qk_norm_op, int64_t n_head);
+  void add_laguna_layer(int il);
   void add_deltanet(int il);
   void add_experts(int il);
-  void add_shared_expert(int il);
+  void add_shared_expert(int il, bool gated, const char* hf_name);
   void check_leftovers();
 
   const HfConfig& cfg_;
@@ -113,8 +114,8 @@ void Planner::add_globals() {
   }
 }
 
-void Planner::add_full_attention(int il, bool gated_q, ValueOp qk_norm_op) {
-  const int64_t E = cfg_.n_embd, D = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
+void Planner::add_full_attention(int il, bool gated_q, ValueOp qk_norm_op, int64_t H) {
+  const int64_t E = cfg_.n_embd, D = cfg_.head_dim, Hkv = cfg_.n_head_kv;
   // Qwen3.5 q_proj yields per head [query(D), gate(D)]: HF's own layout, kept as is.
   const int64_t q_rows = (gated_q ? 2 : 1) * H * D;
   direct(blk(il, "attn_q.weight"), hf(il, "self_attn.q_proj.weight"), {q_rows, E}, {E, q_rows}, TensorRole::AttnQ, il);
@@ -221,17 +222,46 @@ void Planner::add_experts(int il) {
   add("ffn_down_exps.weight", {F, E, X}, TensorRole::ExpertsDown, [=](int64_t r) { return RowRef{down[r / E], r % E}; });
 }
 
-void Planner::add_shared_expert(int il) {
+void Planner::add_shared_expert(int il, bool gated, const char* hf_name) {
   const int64_t E = cfg_.n_embd, S = cfg_.n_ff_shexp;
   // HF Linear(E, 1): shape (1, E); written 1-D [E] as the llama.cpp loader declares it.
-  direct(blk(il, "ffn_gate_inp_shexp.weight"), hf(il, "mlp.shared_expert_gate.weight"), {1, E}, {E},
-         TensorRole::SharedExpertGate, il);
-  direct(blk(il, "ffn_gate_shexp.weight"), hf(il, "mlp.shared_expert.gate_proj.weight"), {S, E}, {E, S},
+  if (gated)
+    direct(blk(il, "ffn_gate_inp_shexp.weight"), hf(il, "mlp.shared_expert_gate.weight"), {1, E}, {E},
+           TensorRole::SharedExpertGate, il);
+  const std::string m = cat("mlp.", hf_name, ".");
+  direct(blk(il, "ffn_gate_shexp.weight"), hf(il, (m + "gate_proj.weight").c_str()), {S, E}, {E, S},
          TensorRole::SharedGate, il);
-  direct(blk(il, "ffn_up_shexp.weight"), hf(il, "mlp.shared_expert.up_proj.weight"), {S, E}, {E, S},
-         TensorRole::SharedUp, il);
-  direct(blk(il, "ffn_down_shexp.weight"), hf(il, "mlp.shared_expert.down_proj.weight"), {E, S}, {S, E},
+  direct(blk(il, "ffn_up_shexp.weight"), hf(il, (m + "up_proj.weight").c_str()), {S, E}, {E, S}, TensorRole::SharedUp,
+         il);
+  direct(blk(il, "ffn_down_shexp.weight"), hf(il, (m + "down_proj.weight").c_str()), {E, S}, {S, E},
          TensorRole::SharedDown, il);
+}
+
+// A laguna layer (HF LagunaDecoderLayer): attention with its own head count and the softplus gate
+// projection g_proj, then a dense MLP (the leading layers) or the MoE with its selection bias and an
+// ungated shared expert. RMSNorm weights are plain multipliers (no zero-centring).
+void Planner::add_laguna_layer(int il) {
+  const int64_t E = cfg_.n_embd, H = cfg_.heads_per_layer.at(static_cast<size_t>(il)), D = cfg_.head_dim;
+  direct(blk(il, "attn_norm.weight"), hf(il, "input_layernorm.weight"), {E}, {E}, TensorRole::Norm, il);
+  add_full_attention(il, /*gated_q=*/false, ValueOp::None, H);
+  const int64_t G = cfg_.gate_per_head ? H : H * D;
+  direct(blk(il, "attn_gate.weight"), hf(il, "self_attn.g_proj.weight"), {G, E}, {E, G}, TensorRole::AttnOutGate, il);
+  direct(blk(il, "ffn_norm.weight"), hf(il, "post_attention_layernorm.weight"), {E}, {E}, TensorRole::Norm, il);
+  if (il < cfg_.n_dense_lead) {
+    const int64_t F = cfg_.intermediate_size;
+    direct(blk(il, "ffn_gate.weight"), hf(il, "mlp.gate_proj.weight"), {F, E}, {E, F}, TensorRole::FfnGate, il);
+    direct(blk(il, "ffn_up.weight"), hf(il, "mlp.up_proj.weight"), {F, E}, {E, F}, TensorRole::FfnUp, il);
+    direct(blk(il, "ffn_down.weight"), hf(il, "mlp.down_proj.weight"), {E, F}, {F, E}, TensorRole::FfnDown, il);
+    return;
+  }
+  add_experts(il);
+  // The selection bias lives on the router in transformers' modules and beside the experts in the
+  // released checkpoints; either name is accepted.
+  std::string bias = hf(il, "mlp.gate.e_score_correction_bias");
+  if (!ck_.has(bias)) bias = hf(il, "mlp.experts.e_score_correction_bias");
+  const int64_t X = cfg_.n_expert;
+  direct(blk(il, "exp_probs_b.bias"), bias, {X}, {X}, TensorRole::ExpertBias, il);
+  add_shared_expert(il, /*gated=*/false, "shared_experts");
 }
 
 void Planner::check_leftovers() {
@@ -263,22 +293,24 @@ void Planner::check_leftovers() {
 ConversionPlan Planner::run() {
   add_globals();
   for (int il = 0; il < cfg_.n_layer; ++il) {
-    if (cfg_.arch == HfArch::Qwen3Moe) {
+    if (cfg_.arch == HfArch::Laguna) {
+      add_laguna_layer(il);
+    } else if (cfg_.arch == HfArch::Qwen3Moe) {
       direct(blk(il, "attn_norm.weight"), hf(il, "input_layernorm.weight"), {cfg_.n_embd}, {cfg_.n_embd},
              TensorRole::Norm, il);
-      add_full_attention(il, /*gated_q=*/false, ValueOp::None);
+      add_full_attention(il, /*gated_q=*/false, ValueOp::None, cfg_.n_head);
       direct(blk(il, "ffn_norm.weight"), hf(il, "post_attention_layernorm.weight"), {cfg_.n_embd}, {cfg_.n_embd},
              TensorRole::Norm, il);
       add_experts(il);
     } else {
       direct(blk(il, "attn_norm.weight"), hf(il, "input_layernorm.weight"), {cfg_.n_embd}, {cfg_.n_embd},
              TensorRole::Norm, il, ValueOp::PlusOne);
-      if (cfg_.is_full_attention[il]) add_full_attention(il, /*gated_q=*/true, ValueOp::PlusOne);
+      if (cfg_.is_full_attention[il]) add_full_attention(il, /*gated_q=*/true, ValueOp::PlusOne, cfg_.n_head);
       else add_deltanet(il);
       direct(blk(il, "post_attention_norm.weight"), hf(il, "post_attention_layernorm.weight"), {cfg_.n_embd},
              {cfg_.n_embd}, TensorRole::Norm, il, ValueOp::PlusOne);
       add_experts(il);
-      add_shared_expert(il);
+      add_shared_expert(il, /*gated=*/true, "shared_expert");
     }
   }
   check_leftovers();

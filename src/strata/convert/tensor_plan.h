@@ -25,9 +25,11 @@ enum class TensorRole {
   TokenEmbd, Output, Norm,
   AttnQ, AttnK, AttnV, AttnOut,
   AttnQkv, AttnGate, SsmBeta, SsmAlpha, SsmConv, SsmDt, SsmA, SsmOut,
-  Router, SharedExpertGate,
+  Router, SharedExpertGate, ExpertBias,
   ExpertsGate, ExpertsUp, ExpertsDown,
   SharedGate, SharedUp, SharedDown,
+  AttnOutGate,             // laguna's softplus output gate projection (attn_gate)
+  FfnGate, FfnUp, FfnDown, // dense feed-forward layers
 };
 
 struct RowRef {

@@ -32,6 +32,7 @@ bool always_f32(const PlannedTensor& t) {
     case TensorRole::SsmConv:
     case TensorRole::Router:
     case TensorRole::SharedExpertGate:
+    case TensorRole::ExpertBias:
     case TensorRole::SsmAlpha:
     case TensorRole::SsmBeta:
       return true;
@@ -66,6 +67,7 @@ TypeChoice choose_tensor_type(const PlannedTensor& t, const TypeRequest& req, in
       case TensorRole::AttnQkv:
       case TensorRole::ExpertsDown:
       case TensorRole::SharedDown:
+      case TensorRole::FfnDown:
         want = more ? GgmlType::Q6_K : GgmlType::Q4_K;
         break;
       default: want = GgmlType::Q4_K; break;
