@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/base/error.h"
+#include "strata/convert/synth.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/writer.h"
@@ -327,6 +328,18 @@ TEST(Pending, Qwen3MoeKeepEqualsRun) {
 
 TEST(Pending, Qwen35MoeKeepEqualsRun) {
   expect_pending_property(TinyModelWriter(qwen35_spec(), 32).write("tiny_pending_q35.gguf"), 302);
+}
+
+// laguna: sliding-window layers (window 4, shorter than prompt + drafts), a dense first layer, the
+// sigmoid router; kept rows of a sliding layer move like full attention's.
+TEST(Pending, LagunaKeepEqualsRun) {
+  strata::convert::SynthOptions o;
+  o.preset = "tiny-laguna";
+  o.quant = "f32";
+  o.threads = 2;
+  o.out_path = (std::filesystem::path(testing::TempDir()) / "tiny_pending_laguna.gguf").string();
+  strata::convert::synth_model(o);
+  expect_pending_property(o.out_path, 304);
 }
 
 TEST(Pending, Qwen35MoeQ8_0KeepEqualsRun) {

@@ -145,9 +145,9 @@ std::vector<SynthPreset> build() {
        qwen3moe(94, 4096, 12288, 64, 4, 128, 128, 8, 1536, 151936, 40960, 1.0e6f)},
       {"laguna-xs.2", "poolside/Laguna-XS.2",
        laguna({40, 2048, 8192, 128, 48, 64, 8, 4, 512, 256, 8, 512, 512, 1, 100352, 131072, 2.5f, 0.0f})},
-      // Every laguna feature at test size: sliding window 8, 2 / 4 q heads, soft-capping on.
+      // Every laguna feature at test size: sliding window 4, 2 / 4 q heads, soft-capping on.
       {"tiny-laguna", "test preset",
-       laguna({4, 256, 512, 64, 2, 4, 2, 2, 8, 16, 4, 256, 256, 1, 512, 4096, 2.5f, 8.0f})},
+       laguna({4, 256, 512, 64, 2, 4, 2, 2, 4, 16, 4, 256, 256, 1, 512, 4096, 2.5f, 8.0f})},
       {"tiny-qwen3moe", "test preset", qwen3moe(4, 256, 768, 4, 2, 64, 16, 4, 256, 512, 4096, 1.0e6f)},
       {"tiny-qwen35moe", "test preset",
        qwen35moe(4, 256, 4, 2, 64, 16, 4, 256, 256, {2, 4, 64, 64, 4}, 512, 4096, 1.0e7f, {4, 2, 2})},

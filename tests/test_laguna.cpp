@@ -1,0 +1,273 @@
+// laguna on the CPU without Hugging Face fixtures: sliding-window attention with the softplus output gate
+// against a float64 reference written here (a plain loop over the window), the sigmoid router, a tiny
+// synth laguna model (layer program read back, prefill == token-by-token decode bit for bit), and the
+// GPU backend refusing what it does not implement. Pending trees on laguna: test_engine (Pending.*).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/base/error.h"
+#include "strata/convert/synth.h"
+#include "strata/cpu/ops.h"
+#include "strata/engine/blocks.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/moe/gpu_support.h"
+
+namespace fs = std::filesystem;
+using namespace strata;
+
+namespace {
+
+struct Matrix {  // float32 rows owned here, viewed as a WeightMatrix
+  std::vector<float> v;
+  int64_t rows = 0, cols = 0;
+  WeightMatrix view() const {
+    WeightMatrix w;
+    w.type = GgmlType::F32;
+    w.data = reinterpret_cast<const uint8_t*>(v.data());
+    w.n_rows = rows;
+    w.n_cols = cols;
+    w.row_stride = static_cast<size_t>(cols) * sizeof(float);
+    return w;
+  }
+};
+
+Matrix random_matrix(int64_t rows, int64_t cols, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  Matrix m{std::vector<float>(static_cast<size_t>(rows * cols)), rows, cols};
+  for (float& x : m.v) x = d(rng);
+  return m;
+}
+
+// y = W x in double.
+std::vector<double> matvec_ref(const Matrix& w, const std::vector<double>& x) {
+  std::vector<double> y(static_cast<size_t>(w.rows), 0.0);
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) y[static_cast<size_t>(r)] += double(w.v[static_cast<size_t>(r * w.cols + c)]) * x[static_cast<size_t>(c)];
+  return y;
+}
+
+// RMSNorm then NEOX rotary on the first `rot` dims of one head, in double.
+void norm_rope(double* x, const std::vector<float>& w, int hd, int rot, double base, int pos, double eps) {
+  double ss = 0;
+  for (int i = 0; i < hd; ++i) ss += x[i] * x[i];
+  const double inv = 1.0 / std::sqrt(ss / hd + eps);
+  for (int i = 0; i < hd; ++i) x[i] = x[i] * inv * w[static_cast<size_t>(i)];
+  for (int i = 0; i < rot / 2; ++i) {
+    const double angle = pos * std::pow(base, -2.0 * i / rot);
+    const double a = x[i], b = x[i + rot / 2];
+    x[i] = a * std::cos(angle) - b * std::sin(angle);
+    x[i + rot / 2] = b * std::cos(angle) + a * std::sin(angle);
+  }
+}
+
+struct AttnCase {
+  ModelConfig c;
+  Matrix q, k, v, o, gate;
+  std::vector<float> q_norm, k_norm;
+  AttentionWeights weights() const {
+    AttentionWeights w;
+    w.q = q.view(), w.k = k.view(), w.v = v.view(), w.o = o.view(), w.gate = gate.view();
+    w.q_norm = q_norm, w.k_norm = k_norm;
+    return w;
+  }
+};
+
+AttnCase attn_case(LayerKind kind, int window, AttnGate gate, uint32_t seed) {
+  std::mt19937 rng(seed);
+  AttnCase a;
+  ModelConfig& c = a.c;
+  c.arch = Arch::Laguna;
+  c.n_layer = 1;
+  c.n_embd = 32;
+  c.head_dim = 16;
+  c.head_dim_v = 16;
+  c.rms_eps = 1e-6f;
+  c.attn_gate = gate;
+  LayerSpec l;
+  l.mixer = kind;
+  l.ffn = FfnKind::Dense;
+  l.n_head = 4;
+  l.n_head_kv = 2;
+  l.rope_dims = 8;
+  l.rope_freq_base = 10000.0f;
+  l.window = window;
+  c.layers = {l};
+  c.n_head = l.n_head, c.n_head_kv = l.n_head_kv, c.rope_dims = l.rope_dims, c.rope_freq_base = l.rope_freq_base;
+  a.q = random_matrix(l.n_head * c.head_dim, c.n_embd, rng, 0.4f);
+  a.k = random_matrix(l.n_head_kv * c.head_dim, c.n_embd, rng, 0.4f);
+  a.v = random_matrix(l.n_head_kv * c.head_dim, c.n_embd, rng, 0.4f);
+  a.o = random_matrix(c.n_embd, l.n_head * c.head_dim, rng, 0.2f);
+  a.gate = random_matrix(gate == AttnGate::SoftplusPerHead ? l.n_head : l.n_head * c.head_dim, c.n_embd, rng, 0.5f);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (int i = 0; i < c.head_dim; ++i) a.q_norm.push_back(u(rng)), a.k_norm.push_back(u(rng));
+  return a;
+}
+
+// The float64 reference: token t at position t attends to positions max(0, t - window + 1) .. t.
+std::vector<double> reference_attention(const AttnCase& a, const std::vector<float>& X, int n) {
+  const ModelConfig& c = a.c;
+  const LayerSpec& l = c.layers[0];
+  const int hd = c.head_dim, E = c.n_embd;
+  std::vector<std::vector<double>> Q(n), K(n), V(n), G(n);
+  for (int t = 0; t < n; ++t) {
+    const std::vector<double> x(X.begin() + t * E, X.begin() + (t + 1) * E);
+    Q[t] = matvec_ref(a.q, x), K[t] = matvec_ref(a.k, x), V[t] = matvec_ref(a.v, x), G[t] = matvec_ref(a.gate, x);
+    for (int h = 0; h < l.n_head; ++h) norm_rope(&Q[t][h * hd], a.q_norm, hd, l.rope_dims, l.rope_freq_base, t, c.rms_eps);
+    for (int g = 0; g < l.n_head_kv; ++g) norm_rope(&K[t][g * hd], a.k_norm, hd, l.rope_dims, l.rope_freq_base, t, c.rms_eps);
+  }
+  std::vector<double> out;
+  for (int t = 0; t < n; ++t) {
+    std::vector<double> o(static_cast<size_t>(l.n_head * hd), 0.0);
+    const int from = l.window > 0 ? std::max(0, t - l.window + 1) : 0;
+    for (int h = 0; h < l.n_head; ++h) {
+      const int g = h / (l.n_head / l.n_head_kv);
+      std::vector<double> s;
+      double mx = -1e300, sum = 0;
+      for (int p = from; p <= t; ++p) {
+        double dot = 0;
+        for (int i = 0; i < hd; ++i) dot += Q[t][h * hd + i] * K[p][g * hd + i];
+        s.push_back(dot / std::sqrt(double(hd)));
+        mx = std::max(mx, s.back());
+      }
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int p = from; p <= t; ++p)
+        for (int i = 0; i < hd; ++i) o[h * hd + i] += s[p - from] / sum * V[p][g * hd + i];
+      for (int i = 0; i < hd; ++i) {
+        const double gv = G[t][c.attn_gate == AttnGate::SoftplusPerHead ? h : h * hd + i];
+        o[h * hd + i] *= std::log1p(std::exp(gv));
+      }
+    }
+    const std::vector<double> y = matvec_ref(a.o, o);
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  return out;
+}
+
+std::vector<float> run_attention(const AttnCase& a, const std::vector<float>& X, int n, bool one_by_one) {
+  SequenceState st(a.c, 64);
+  const AttentionWeights w = a.weights();
+  std::vector<float> out(static_cast<size_t>(n) * a.c.n_embd);
+  if (!one_by_one) {
+    attention_block(a.c, a.c.layers[0], w, st.layers[0], 0, nullptr, X.data(), n, out.data());
+    return out;
+  }
+  for (int t = 0; t < n; ++t)
+    attention_block(a.c, a.c.layers[0], w, st.layers[0], t, nullptr, X.data() + t * a.c.n_embd, 1,
+                    out.data() + t * a.c.n_embd);
+  return out;
+}
+
+void expect_matches_reference(LayerKind kind, int window, AttnGate gate, uint32_t seed) {
+  const AttnCase a = attn_case(kind, window, gate, seed);
+  const int n = 12;
+  std::mt19937 rng(seed + 1);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> X(static_cast<size_t>(n) * a.c.n_embd);
+  for (float& x : X) x = d(rng);
+  const std::vector<double> want = reference_attention(a, X, n);
+  const std::vector<float> got = run_attention(a, X, n, false);
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(want[i]));
+    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_LE(max_err, 1e-5 * max_ref) << "window " << window;
+  // Decode one token at a time does the same arithmetic per row as the prefill.
+  EXPECT_EQ(run_attention(a, X, n, true), got);
+}
+
+std::string synth_tiny_laguna(const std::string& name) {
+  convert::SynthOptions o;
+  o.preset = "tiny-laguna";
+  o.quant = "f32";
+  o.seed = 7;
+  o.threads = 2;
+  o.out_path = (fs::path(testing::TempDir()) / name).string();
+  convert::synth_model(o);
+  return o.out_path;
+}
+
+}  // namespace
+
+TEST(LagunaAttention, SlidingWindowMatchesFloat64Reference) {
+  for (int window : {1, 3, 4, 11, 12, 40}) expect_matches_reference(LayerKind::SlidingAttention, window, AttnGate::SoftplusPerHead, 11);
+  expect_matches_reference(LayerKind::SlidingAttention, 4, AttnGate::SoftplusPerElement, 12);
+  expect_matches_reference(LayerKind::FullAttention, 0, AttnGate::SoftplusPerHead, 13);
+}
+
+TEST(LagunaAttention, WindowCoveringEverythingEqualsFullAttention) {
+  const AttnCase full = attn_case(LayerKind::FullAttention, 0, AttnGate::SoftplusPerHead, 21);
+  AttnCase wide = attn_case(LayerKind::SlidingAttention, 12, AttnGate::SoftplusPerHead, 21);
+  std::vector<float> X(static_cast<size_t>(12) * full.c.n_embd, 0.25f);
+  for (size_t i = 0; i < X.size(); ++i) X[i] = std::sin(0.37f * static_cast<float>(i));
+  EXPECT_EQ(run_attention(full, X, 12, false), run_attention(wide, X, 12, false));
+}
+
+TEST(LagunaRouter, SigmoidSoftcapBiasChoosesButDoesNotWeigh) {
+  // Logits chosen so the bias moves expert 3 into the top 2 while the weights stay the plain sigmoids.
+  std::vector<float> logits = {2.0f, 1.0f, -1.0f, 0.5f};
+  const float bias[] = {0.0f, 0.0f, 0.0f, 1.0f};
+  int ids[2];
+  float w[2];
+  route_token_sigmoid(logits.data(), bias, 4, 2, 3.0f, true, ids, w);
+  auto score = [](double l) { return 1.0 / (1.0 + std::exp(-3.0 * std::tanh(l / 3.0))); };
+  EXPECT_EQ(ids[0], 3);  // sigmoid(capped 0.5) + 1 beats sigmoid(capped 2)
+  EXPECT_EQ(ids[1], 0);
+  const double s3 = score(0.5), s0 = score(2.0);
+  EXPECT_NEAR(w[0], s3 / (s3 + s0), 1e-6);
+  EXPECT_NEAR(w[1], s0 / (s3 + s0), 1e-6);
+  std::vector<float> plain = {2.0f, 1.0f, -1.0f, 0.5f};
+  route_token_sigmoid(plain.data(), nullptr, 4, 2, 0.0f, false, ids, w);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_NEAR(w[0], 1.0 / (1.0 + std::exp(-2.0)), 1e-6);
+}
+
+TEST(LagunaModel, SynthProgramAndPrefillEqualsDecode) {
+  auto model = Model::load(synth_tiny_laguna("tiny_laguna.gguf"));
+  const ModelConfig& c = model->config();
+  ASSERT_EQ(c.n_layer, 4);
+  for (int il = 0; il < 4; ++il) {
+    EXPECT_EQ(c.mixer(il), il % 2 == 0 ? LayerKind::FullAttention : LayerKind::SlidingAttention) << il;
+    EXPECT_EQ(c.layer(il).n_head, il % 2 == 0 ? 2 : 4) << il;
+    EXPECT_EQ(c.layer(il).ffn, il == 0 ? FfnKind::Dense : FfnKind::Moe) << il;
+  }
+  EXPECT_EQ(c.layer(1).window, 4);
+  EXPECT_EQ(c.layer(0).rope_dims, 32);
+  EXPECT_EQ(c.layer(1).rope_dims, 64);
+  EXPECT_EQ(c.router_softcap, 8.0f);
+  EXPECT_EQ(c.expert_weights_scale, 2.5f);
+
+  const int64_t V = c.n_vocab;
+  const std::vector<int32_t> ids = {3, 17, 250, 9, 44, 101, 7, 300, 12, 5, 411, 66};
+  const int n = static_cast<int>(ids.size());
+  Session a(*model, 32), b(*model, 32);
+  std::vector<float> all(static_cast<size_t>(n * V)), one(static_cast<size_t>(V));
+  a.forward(ids.data(), n, all.data(), true);
+  for (int t = 0; t < n; ++t) {
+    b.forward(&ids[static_cast<size_t>(t)], 1, one.data(), false);
+    EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + t * V)) << "position " << t;
+  }
+  for (float x : all) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
+  auto model = Model::load(synth_tiny_laguna("tiny_laguna_gpu.gguf"));
+  EXPECT_EQ(gpu_unsupported_feature(model->config()), "layer 0 has a dense SwiGLU feed-forward");
+  try {
+    require_gpu_support(model->config());
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the GPU backend does not implement"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("laguna"), std::string::npos) << e.what();
+  }
+  ModelConfig c = model->config();
+  for (LayerSpec& l : c.layers) l.ffn = FfnKind::Moe;
+  EXPECT_EQ(gpu_unsupported_feature(c), "layer 1 runs sliding-window attention");
+}
