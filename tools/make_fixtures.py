@@ -5,7 +5,8 @@ Runs ONLY on the GPU machine (torch + transformers 5.17 there); the build never 
 
     python3 tools/make_fixtures.py --out tests/fixtures
 
-writes, for each architecture (qwen3_moe, qwen3_5_moe), a directory with:
+writes, for each fixture (qwen3_moe, qwen3_5_moe, qwen3_5_moe_interval2, laguna, laguna_swa; --only
+picks some), a directory with:
     config.json, model.safetensors   HF checkpoint saved by save_pretrained (float32)
     tokens.txt                       prompt token ids, comma-separated
     logits.bin                       little-endian float32 [n_prompt x vocab], row t = logits after token t
@@ -23,7 +24,10 @@ optional flash-linear-attention and causal-conv1d packages are blocked before tr
 imported). Greedy ids come from a manual argmax loop that re-runs the whole sequence each step
 (no cache); HF's cached generate() is run too as a cross-check and its agreement is recorded.
 
-Facts used (read from transformers' own sources, not copied): Qwen3MoeConfig fields
+Facts used (read from transformers' own sources, not copied): LagunaConfig fields (layer_types,
+mlp_layer_types, num_attention_heads_per_layer, gating, rope_parameters keyed by layer type,
+sliding_window, moe_routed_scaling_factor, moe_router_logit_softcapping, shared_expert_intermediate_size;
+the router's e_score_correction_bias starts at zero), Qwen3MoeConfig fields
 (decoder_sparse_step, mlp_only_layers, norm_topk_prob, num_experts, moe_intermediate_size; head_dim is
 read with getattr), Qwen3_5MoeTextConfig fields (layer_types, linear_* sizes,
 shared_expert_intermediate_size, rope_parameters with partial_rotary_factor), and which dispatchers
@@ -105,7 +109,7 @@ def qwen3_moe_config():
     return cfg
 
 
-def qwen3_5_moe_config():
+def qwen3_5_moe_config(layer_types=("linear_attention", "linear_attention", "linear_attention", "full_attention")):
     from transformers import Qwen3_5MoeTextConfig
 
     # Full attention: 4 q heads / 2 kv heads of 32, rotary on the first 0.25 * 32 = 8 dims.
@@ -141,11 +145,76 @@ def qwen3_5_moe_config():
         num_experts_per_tok=2,
         num_experts=8,
         output_router_logits=False,
-        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        layer_types=list(layer_types),
         attn_implementation="eager",
         experts_implementation="eager",
     )
     return cfg
+
+
+def qwen3_5_moe_interval2_config():
+    """qwen3_5 with full attention every 2nd layer, given only as layer_types (no full_attention_interval)."""
+    return qwen3_5_moe_config(("linear_attention", "full_attention", "linear_attention", "full_attention"))
+
+
+def laguna_config_common(**kw):
+    from transformers import LagunaConfig
+
+    # head_dim 32, 2 kv heads; full layers rotate half the head at theta 5e5, sliding ones all of it at
+    # 1e4 (the released model's kinds, without its YaRN scaling, which strata does not implement).
+    return LagunaConfig(
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,  # the dense first layer
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+        },
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts_per_tok=2,
+        num_experts=8,
+        output_router_logits=False,
+        attn_implementation="eager",
+        experts_implementation="eager",
+        **kw,
+    )
+
+
+def laguna_config():
+    """The plain shape: every layer full attention, one head count, per-element gate, no soft-capping."""
+    return laguna_config_common(
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        layer_types=["full_attention"] * 4,
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        gating="per-element",
+        moe_routed_scaling_factor=1.0,
+        moe_router_logit_softcapping=0.0,
+    )
+
+
+def laguna_swa_config():
+    """Sliding window 4 (< the prompt), full attention at layers 0 and 3, 4 / 8 q heads, per-head gate,
+    soft-capping 1.5 (router logits are O(2), so the cap bends them), routed scaling 2.5."""
+    return laguna_config_common(
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_attention_heads_per_layer=[4, 8, 8, 4, 8, 8],
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"] * 2,
+        mlp_layer_types=["dense"] + ["sparse"] * 5,
+        sliding_window=4,
+        gating=True,
+        moe_routed_scaling_factor=2.5,
+        moe_router_logit_softcapping=1.5,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -228,7 +297,10 @@ def perturb_all_parameters(model, cfg, gen, emb_std):
             def randn(*s):
                 return torch.randn(*s, generator=gen, dtype=torch.float32)
 
-            if name.endswith("A_log"):
+            if name.endswith("e_score_correction_bias"):
+                kind = "selection bias"  # zero at init; large enough here to change some picks
+                new = 0.3 * randn(*shape)
+            elif name.endswith("A_log"):
                 kind = "A_log"
                 new = torch.log(0.5 + 3.5 * torch.rand(shape, generator=gen))
             elif name.endswith("dt_bias"):
@@ -322,6 +394,50 @@ def dir_bytes(path):
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
 
 
+def check_saved_config(arch, cfg, saved):
+    """The saved config.json says what the C++ side will read (the layout given the way the fixture claims)."""
+    if arch == "qwen3_5_moe_interval2":
+        assert saved.get("layer_types") == cfg.layer_types, saved.get("layer_types")
+        assert "full_attention_interval" not in saved, "interval-2 fixture must give the layout only as layer_types"
+    if arch.startswith("laguna"):
+        assert saved["model_type"] == "laguna", saved["model_type"]
+        for key in ("layer_types", "mlp_layer_types", "num_attention_heads_per_layer", "gating", "sliding_window",
+                    "moe_routed_scaling_factor", "moe_router_logit_softcapping", "rope_parameters"):
+            assert key in saved, f"saved laguna config lacks {key}"
+            assert saved[key] == getattr(cfg, key), (key, saved[key], getattr(cfg, key))
+
+
+def laguna_feature_checks(model_cls, cfg, model, prompt, logits):
+    """Each feature the fixture claims changes the reference logits (so a C++ engine ignoring it fails):
+    rebuild the model with the feature turned off, load the same weights, compare."""
+    import copy
+
+    def logits_with(**changes):
+        c = copy.deepcopy(cfg)
+        for k, v in changes.items():
+            setattr(c, k, v)
+        m = model_cls(c).float().eval()
+        m.load_state_dict(model.state_dict())
+        force_eager(m)
+        return forward_logits(m, prompt)
+
+    out = {}
+    if any(t == "sliding_attention" for t in cfg.layer_types):
+        assert cfg.sliding_window < len(prompt), "the window must be shorter than the prompt"
+        out["sliding_window"] = float((logits_with(sliding_window=4 * len(prompt)) - logits).abs().max())
+    if cfg.moe_router_logit_softcapping > 0:
+        out["softcapping"] = float((logits_with(moe_router_logit_softcapping=0.0) - logits).abs().max())
+    if cfg.moe_routed_scaling_factor != 1.0:
+        out["routed_scaling"] = float((logits_with(moe_routed_scaling_factor=1.0) - logits).abs().max())
+    scale = float(logits.abs().max())
+    for k, v in out.items():
+        log(f"  turning off {k} moves the logits by {v:.4g} (max |logit| {scale:.4g})")
+        assert v > 1e-3 * scale, f"{k} does not change the reference logits: the fixture would not test it"
+    biases = [p for n, p in model.named_parameters() if n.endswith("e_score_correction_bias")]
+    assert biases and all(float(b.abs().max()) > 0 for b in biases), "selection bias missing or zero"
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # One fixture
 # ----------------------------------------------------------------------------------------------------
@@ -333,8 +449,9 @@ def build_fixture(arch, model_cls, cfg, seed, out_dir):
     model = model_cls(cfg).float().eval()
     impl = force_eager(model)
     log(f"  implementations: {impl}")
-    if arch == "qwen3_5_moe":
+    if arch.startswith("qwen3_5_moe"):
         log(f"  gated-DeltaNet / conv functions in use: {describe_gdn_path()}")
+    if arch != "qwen3_moe":
         log(f"  layer_types: {cfg.layer_types}")
         log(f"  rope_parameters: {cfg.rope_parameters}")
 
@@ -379,6 +496,7 @@ def build_fixture(arch, model_cls, cfg, seed, out_dir):
     log("  {:<58} {:<18} {}".format("in-memory parameter", "shape", "kind"))
     for name, shape, _, kind in rows:
         log("  {:<58} {:<18} {}".format(name, str(list(shape)), kind))
+    feature_checks = laguna_feature_checks(model_cls, cfg, model, prompt, logits) if arch.startswith("laguna") else None
     hf_gen, hf_err = greedy_hf_generate(model, prompt, N_NEW)
     # generate() may change config state; make sure nothing drifted before we save.
     force_eager(model)
@@ -395,6 +513,7 @@ def build_fixture(arch, model_cls, cfg, seed, out_dir):
     assert os.path.exists(st_path), f"save_pretrained wrote no single model.safetensors: {os.listdir(out_dir)}"
     with open(os.path.join(out_dir, "config.json")) as f:
         saved_cfg = json.load(f)
+    check_saved_config(arch, cfg, saved_cfg)
     reloaded = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     force_eager(reloaded)
     re_logits = forward_logits(reloaded, prompt)
@@ -443,7 +562,8 @@ def build_fixture(arch, model_cls, cfg, seed, out_dir):
         "implementations": impl,
         "fast_kernel_packages_installed": _FOUND_BEFORE_BLOCKING,
         "fast_kernel_packages_blocked": list(_BLOCKED_PACKAGES),
-        "gdn_functions": describe_gdn_path() if arch == "qwen3_5_moe" else None,
+        "gdn_functions": describe_gdn_path() if arch.startswith("qwen3_5_moe") else None,
+        "laguna_feature_checks": feature_checks,
         "n_params": n_params,
         "tie_word_embeddings": expect_tied,
         "embedding_std": emb_std,
@@ -480,6 +600,16 @@ def build_fixture(arch, model_cls, cfg, seed, out_dir):
     return meta
 
 
+# (directory / fixture name, transformers class, config, seed offset). The first two are committed.
+JOBS = (
+    ("qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_config, 0),
+    ("qwen3_5_moe", "Qwen3_5MoeForCausalLM", qwen3_5_moe_config, 100),
+    ("qwen3_5_moe_interval2", "Qwen3_5MoeForCausalLM", qwen3_5_moe_interval2_config, 400),
+    ("laguna", "LagunaForCausalLM", laguna_config, 200),
+    ("laguna_swa", "LagunaForCausalLM", laguna_swa_config, 300),
+)
+
+
 def main():
     global MATRIX_GAIN  # set from --matrix-gain below (declared first: the default reads it)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -487,7 +617,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--matrix-gain", type=float, default=MATRIX_GAIN,
                     help="scale of projection matrices relative to 1/sqrt(fan_in)")
-    ap.add_argument("--only", choices=["qwen3_moe", "qwen3_5_moe"], default=None)
+    ap.add_argument("--only", nargs="+", choices=[j[0] for j in JOBS], default=None,
+                    help="make only these fixtures (the committed ones are not rewritten then)")
     args = ap.parse_args()
     MATRIX_GAIN = args.matrix_gain
 
@@ -500,16 +631,11 @@ def main():
     log(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
     log(f"fast-kernel packages installed (then blocked): {_FOUND_BEFORE_BLOCKING}")
 
-    from transformers import Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM
-
-    jobs = [
-        ("qwen3_moe", Qwen3MoeForCausalLM, qwen3_moe_config, args.seed),
-        ("qwen3_5_moe", Qwen3_5MoeForCausalLM, qwen3_5_moe_config, args.seed + 100),
-    ]
-    for arch, cls, make_cfg, seed in jobs:
-        if args.only and arch != args.only:
+    for arch, cls_name, make_cfg, seed_offset in JOBS:
+        if args.only and arch not in args.only:
             continue
-        build_fixture(arch, cls, make_cfg(), seed, os.path.join(args.out, arch))
+        cls = getattr(transformers, cls_name)
+        build_fixture(arch, cls, make_cfg(), args.seed + seed_offset, os.path.join(args.out, arch))
     log("\nall fixtures written")
 
 
