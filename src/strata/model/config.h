@@ -35,7 +35,7 @@ struct LayerSpec {
   FfnKind ffn = FfnKind::Moe;
   // Attention layers' own shape; 0 (unset by the architecture file) takes the model-wide value
   // (ModelConfig::n_head, n_head_kv, rope_dims, rope_freq_base) when the config is loaded.
-  int n_head = 0;     // model-wide values; per layer: LayerSpec (uniform unless the file gives arrays)
+  int n_head = 0;
   int n_head_kv = 0;
   int rope_dims = 0;
   float rope_freq_base = 0.0f;
