@@ -301,20 +301,34 @@ TEST(Engine, GreedyMatchesArgmaxOfFullRecompute) {
 
 // Run n drafted tokens pending, keep a root path of m, continue == run the m tokens, continue: logits
 // and state bit for bit, for chains and random trees, on both architectures and a quantised file.
-void expect_pending_property(const std::string& path, uint32_t seed, strata::KvCacheTypes kv = {}) {
+// sliding_forward: the sliding layers' ring size (SequenceState); small, the rings wrap within a trial.
+void expect_pending_property(const std::string& path, uint32_t seed, strata::KvCacheTypes kv = {},
+                             int sliding_forward = strata::kSlidingForwardTokens) {
   auto model = strata::Model::load(path);
   const strata::Model& m = *model;
-  auto make = [&m, kv]() -> std::unique_ptr<strata::Sequence> { return std::make_unique<strata::Session>(m, 48, kv); };
-  auto same_state = [](strata::Sequence& a, strata::Sequence& b, const std::string& what) {
+  auto make = [&m, kv, sliding_forward]() -> std::unique_ptr<strata::Sequence> {
+    return std::make_unique<strata::Session>(m, 48, kv, sliding_forward);
+  };
+  auto same_state = [&m](strata::Sequence& a, strata::Sequence& b, const std::string& what) {
     auto& sa = dynamic_cast<strata::Session&>(a).state();
     auto& sb = dynamic_cast<strata::Session&>(b).state();
     ASSERT_EQ(sa.n_past, sb.n_past) << what;
     for (size_t il = 0; il < sa.layers.size(); ++il) {
       const auto& la = sa.layers[il];
       const auto& lb = sb.layers[il];
-      const size_t rows = la.k.empty() ? 0 : la.k.size() / static_cast<size_t>(sa.max_ctx) * static_cast<size_t>(sa.n_past);
-      EXPECT_TRUE(std::equal(la.k.begin(), la.k.begin() + static_cast<std::ptrdiff_t>(rows), lb.k.begin())) << what << " layer " << il;
-      EXPECT_TRUE(std::equal(la.v.begin(), la.v.begin() + static_cast<std::ptrdiff_t>(rows), lb.v.begin())) << what << " layer " << il;
+      // The rows later tokens can read: every position of a full layer, a sliding layer's window.
+      const int window = m.config().layer(static_cast<int>(il)).window;
+      for (int64_t p = window > 0 ? std::max<int64_t>(0, sa.n_past - window) : 0; !la.k.empty() && p < sa.n_past; ++p) {
+        const auto row = static_cast<std::ptrdiff_t>(p % la.rows);
+        EXPECT_TRUE(std::equal(la.k.begin() + row * static_cast<std::ptrdiff_t>(la.k_row),
+                               la.k.begin() + (row + 1) * static_cast<std::ptrdiff_t>(la.k_row),
+                               lb.k.begin() + row * static_cast<std::ptrdiff_t>(lb.k_row)))
+            << what << " layer " << il << " position " << p;
+        EXPECT_TRUE(std::equal(la.v.begin() + row * static_cast<std::ptrdiff_t>(la.v_row),
+                               la.v.begin() + (row + 1) * static_cast<std::ptrdiff_t>(la.v_row),
+                               lb.v.begin() + row * static_cast<std::ptrdiff_t>(lb.v_row)))
+            << what << " layer " << il << " position " << p;
+      }
       EXPECT_EQ(la.conv, lb.conv) << what << " layer " << il;
       EXPECT_EQ(la.ssm, lb.ssm) << what << " layer " << il;
     }
@@ -340,6 +354,9 @@ TEST(Pending, LagunaKeepEqualsRun) {
   o.out_path = (std::filesystem::path(testing::TempDir()) / "tiny_pending_laguna.gguf").string();
   strata::convert::synth_model(o);
   expect_pending_property(o.out_path, 304);
+  // Rings of window + 11 rows (forwards of at most 12 tokens): prompt, drafts and the tokens after them
+  // wrap around the sliding layers' caches.
+  expect_pending_property(o.out_path, 307, {}, 12);
 }
 
 TEST(Pending, Qwen35MoeQ8_0KeepEqualsRun) {

@@ -149,17 +149,17 @@ std::vector<double> reference_attention(const AttnCase& a, const std::vector<flo
   return out;
 }
 
-std::vector<float> run_attention(const AttnCase& a, const std::vector<float>& X, int n, bool one_by_one) {
-  SequenceState st(a.c, 64);
+// The block over n tokens in forwards of `piece` tokens, the sequence's rings sized for that piece (a
+// sliding layer then keeps window + piece - 1 rows and wraps around them).
+std::vector<float> run_attention(const AttnCase& a, const std::vector<float>& X, int n, int piece) {
+  SequenceState st(a.c, 64, {}, piece);
   const AttentionWeights w = a.weights();
   std::vector<float> out(static_cast<size_t>(n) * a.c.n_embd);
-  if (!one_by_one) {
-    attention_block(a.c, a.c.layers[0], w, st.layers[0], 0, nullptr, X.data(), n, out.data());
-    return out;
-  }
-  for (int t = 0; t < n; ++t)
-    attention_block(a.c, a.c.layers[0], w, st.layers[0], t, nullptr, X.data() + t * a.c.n_embd, 1,
+  for (int t = 0; t < n; t += piece) {
+    const int len = std::min(piece, n - t);
+    attention_block(a.c, a.c.layers[0], w, st.layers[0], t, nullptr, X.data() + t * a.c.n_embd, len,
                     out.data() + t * a.c.n_embd);
+  }
   return out;
 }
 
@@ -171,15 +171,21 @@ void expect_matches_reference(LayerKind kind, int window, AttnGate gate, uint32_
   std::vector<float> X(static_cast<size_t>(n) * a.c.n_embd);
   for (float& x : X) x = d(rng);
   const std::vector<double> want = reference_attention(a, X, n);
-  const std::vector<float> got = run_attention(a, X, n, false);
+  const std::vector<float> got = run_attention(a, X, n, n);
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(want[i]));
     max_err = std::max(max_err, std::fabs(got[i] - want[i]));
   }
   EXPECT_LE(max_err, 1e-5 * max_ref) << "window " << window;
-  // Decode one token at a time does the same arithmetic per row as the prefill.
-  EXPECT_EQ(run_attention(a, X, n, true), got);
+  // Decode one token at a time does the same arithmetic per row as the prefill, and so do pieces of 3
+  // tokens and single tokens in the smallest rings (window + piece - 1 rows, wrapping several times).
+  EXPECT_EQ(run_attention(a, X, n, 1), got) << "window " << window;
+  EXPECT_EQ(run_attention(a, X, n, 3), got) << "window " << window;
+  if (kind == LayerKind::SlidingAttention) {
+    const SequenceState ring(a.c, 64, {}, 3);
+    EXPECT_EQ(ring.layers[0].rows, std::min<int64_t>(64, window + 2)) << "window " << window;
+  }
 }
 
 std::string synth_tiny_laguna(const std::string& name) {
@@ -206,7 +212,7 @@ TEST(LagunaAttention, WindowCoveringEverythingEqualsFullAttention) {
   AttnCase wide = attn_case(LayerKind::SlidingAttention, 12, AttnGate::SoftplusPerHead, 21);
   std::vector<float> X(static_cast<size_t>(12) * full.c.n_embd, 0.25f);
   for (size_t i = 0; i < X.size(); ++i) X[i] = std::sin(0.37f * static_cast<float>(i));
-  EXPECT_EQ(run_attention(full, X, 12, false), run_attention(wide, X, 12, false));
+  EXPECT_EQ(run_attention(full, X, 12, 12), run_attention(wide, X, 12, 12));
 }
 
 TEST(LagunaRouter, SigmoidSoftcapBiasChoosesButDoesNotWeigh) {
@@ -255,6 +261,37 @@ TEST(LagunaModel, SynthProgramAndPrefillEqualsDecode) {
     EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + t * V)) << "position " << t;
   }
   for (float x : all) ASSERT_TRUE(std::isfinite(x));
+}
+
+// The sliding layers' ring caches (window + 15 rows when forwards add at most 16 tokens) give the logits
+// of whole-context caches, bit for bit: a prompt run in pieces of 16 and the same tokens decoded one by
+// one against one forward over caches of the whole context.
+TEST(LagunaModel, RingCachesEqualWholeContextCaches) {
+  auto model = Model::load(synth_tiny_laguna("tiny_laguna_ring.gguf"));
+  const int64_t V = model->config().n_vocab;
+  const int n = 90, ctx = 96;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919 + 3) % V);
+  Session whole(*model, ctx), pieces(*model, ctx, {}, 16), steps(*model, ctx, {}, 16);
+  EXPECT_EQ(whole.state().layers[1].rows, ctx);
+  EXPECT_EQ(pieces.state().layers[1].rows, 4 + 15);
+  EXPECT_EQ(pieces.state().layers[0].rows, ctx);  // full attention keeps every position
+  EXPECT_EQ(pieces.state().forward_limit, 16);
+  std::vector<float> want(static_cast<size_t>(n * V)), got(want.size()), one(static_cast<size_t>(V));
+  whole.forward(ids.data(), n, want.data(), true);
+  pieces.forward(ids.data(), n, got.data(), true);
+  EXPECT_EQ(got, want);
+  for (int t = 0; t < n; ++t) {
+    steps.forward(&ids[static_cast<size_t>(t)], 1, one.data(), false);
+    ASSERT_TRUE(std::equal(one.begin(), one.end(), want.begin() + t * V)) << "position " << t;
+  }
+  // More pending tokens than a ring takes are refused, nothing changed.
+  std::vector<int32_t> drafts(17, 5);
+  std::vector<float> rows(drafts.size() * static_cast<size_t>(V));
+  Session short_ring(*model, ctx, {}, 16);
+  EXPECT_THROW(short_ring.forward_pending(drafts.data(), 17, nullptr, rows.data()), Error);
+  EXPECT_EQ(short_ring.n_past(), 0);
+  EXPECT_FALSE(short_ring.has_pending());
 }
 
 TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {

@@ -426,6 +426,7 @@ struct GpuSession::Impl {
       mixer(D, st.layers[il]);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
       switch (c.layers[static_cast<size_t>(il)].ffn) {
         case FfnKind::Moe: moe(il, D); break;
+        case FfnKind::Dense: fail("CUDA decode: dense feed-forward layers are not implemented");  // refused at load
       }
     }
     const GemvJob head = head_job();

@@ -448,6 +448,7 @@ struct GpuPrefill::Impl {
             route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
         switch (c.layers[static_cast<size_t>(il)].ffn) {
           case FfnKind::Moe: moe(il, D.moe, m, hybrid, counts_out); break;
+          case FfnKind::Dense: fail("CUDA prefill: dense feed-forward layers are not implemented");  // refused at load
         }
       }
       st.n_past = pos0 + m;

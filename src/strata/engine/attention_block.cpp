@@ -8,7 +8,8 @@
 // n_past + t and attends to rows 0 .. n_past + t; in a token tree at n_past + depth(t), attending to
 // rows 0 .. n_past - 1 and then its ancestors' rows, root first (the order a plain run of that path
 // has, so the arithmetic is the same). A sliding-window layer drops the rows whose position is not in
-// (pos - window, pos], as HF's sliding mask (kv > q - window) does.
+// (pos - window, pos], as HF's sliding mask (kv > q - window) does. Cache rows are taken modulo the
+// layer's LayerState::rows: a sliding layer keeps only the window and one forward's tokens, as a ring.
 #include <omp.h>
 
 #include <algorithm>
@@ -43,7 +44,7 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
   std::vector<float> k_row(static_cast<size_t>(kv_width));
   for (int t = 0; t < n; ++t) {
     const int64_t pos = n_past + (chain ? t : tree->depth(t));
-    const int64_t row = n_past + t;
+    const int64_t row = (n_past + t) % s.rows;
     for (int h = 0; h < l.n_head; ++h) {
       float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
@@ -71,9 +72,9 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
       const std::vector<int> path = tree->path_to(t);
       // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
       const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
-      for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p));
+      for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
       for (size_t d = 0; d < path.size(); ++d)
-        if (n_past + static_cast<int64_t>(d) >= from) r.push_back(n_past + path[d]);
+        if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
     }
   }
   std::vector<float> G;  // softplus output gate (laguna)
@@ -90,6 +91,7 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<size_t>(n_past + n));
+    std::vector<int32_t> ring;  // a chain token's rows when its window wraps around the ring
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < l.n_head; ++h) {
@@ -102,11 +104,18 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
         const KvHead vh{s.v.data() + kv_row_bytes(s.kv.v, static_cast<int64_t>(g) * hd),
                         static_cast<int64_t>(s.v_row), v_type};
         if (chain) {
-          // Rows from..pos through the same code as rows 0..pos, the head views moved to row `from`.
-          const int64_t pos = n_past + t, from = first_visible(pos);
-          const KvHead kw{kh.data + from * kh.row_bytes, kh.row_bytes, kh.type};
-          const KvHead vw{vh.data + from * vh.row_bytes, vh.row_bytes, vh.type};
-          attend_one_head(q, kw, vw, pos - from + 1, hd, scale, scores.data(), o);
+          // Positions from..pos: contiguous rows through the same code as rows 0..pos (the head views moved
+          // to the first row), or, where they wrap around the ring, listed as a tree's are.
+          const int64_t pos = n_past + t, from = first_visible(pos), first_row = from % s.rows;
+          if (first_row + (pos - from) < s.rows) {
+            const KvHead kw{kh.data + first_row * kh.row_bytes, kh.row_bytes, kh.type};
+            const KvHead vw{vh.data + first_row * vh.row_bytes, vh.row_bytes, vh.type};
+            attend_one_head(q, kw, vw, pos - from + 1, hd, scale, scores.data(), o);
+          } else {
+            ring.resize(static_cast<size_t>(pos - from + 1));
+            for (int64_t p = from; p <= pos; ++p) ring[static_cast<size_t>(p - from)] = static_cast<int32_t>(p % s.rows);
+            attend_one_head_rows(q, kh, vh, ring.data(), static_cast<int64_t>(ring.size()), hd, scale, scores.data(), o);
+          }
         } else {
           const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
           attend_one_head_rows(q, kh, vh, r.data(), static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
@@ -128,7 +137,8 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
 void attention_keep(const ModelConfig& c, LayerState& s, int n_past, const int* path, int m) {
   // path is increasing (parents precede children), so row j never overwrites a later source row.
   auto move_row = [&](std::vector<uint8_t>& cache, size_t row_bytes, int j) {
-    const size_t from = static_cast<size_t>(n_past + path[j]) * row_bytes, to = static_cast<size_t>(n_past + j) * row_bytes;
+    const size_t from = static_cast<size_t>((n_past + path[j]) % s.rows) * row_bytes;
+    const size_t to = static_cast<size_t>((n_past + j) % s.rows) * row_bytes;
     std::copy_n(cache.begin() + static_cast<std::ptrdiff_t>(from), row_bytes, cache.begin() + static_cast<std::ptrdiff_t>(to));
   };
   for (int j = 0; j < m; ++j) {

@@ -1,5 +1,6 @@
 #include "strata/engine/forward.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "strata/base/error.h"
@@ -26,6 +27,9 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
     if (part.n <= 0) fail("forward: a part of ", part.n, " tokens");
     if (part.pending && part.pending->size() != part.n)
       fail("forward: a tree of ", part.pending->size(), " tokens for ", part.n, " tokens");
+    if (part.n > part.state->forward_limit)
+      fail("forward: ", part.n, " tokens at once; this sequence's sliding-window caches take at most ",
+           part.state->forward_limit, " per forward");
     for (int q = 0; q < p; ++q)
       if (parts[q].state == part.state) fail("forward: one sequence appears twice in a batch");
     first[static_cast<size_t>(p)] = n;
@@ -78,8 +82,9 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   }
   for (int p = 0; p < n_parts; ++p) {
     ForwardPart& part = parts[p];
-    output_logits(c, w, x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, part.n, part.all_positions,
-                  part.logits);
+    if (part.logits)  // null: a piece of a longer forward whose logits nobody reads
+      output_logits(c, w, x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, part.n, part.all_positions,
+                    part.logits);
     if (part.pending) {
       part.state->pending = *part.pending;
       part.state->has_pending = true;
@@ -91,10 +96,19 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
 
 void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
                    float* logits, bool all_positions, RoutingCounts* counts) {
-  ForwardPart part;
-  part.state = &state, part.tokens = tokens, part.n = n, part.pending = pending;
-  part.logits = logits, part.all_positions = all_positions, part.counts = counts;
-  forward_batch(model, &part, 1);
+  // Plain tokens beyond what one forward may add (sliding-window rings) run in pieces; pending ones
+  // cannot be split (keep() chooses among them) and forward_batch refuses too many.
+  const int piece = pending ? n : state.forward_limit;
+  const size_t vocab = static_cast<size_t>(model.config().n_vocab);
+  for (int at = 0; at < n; at += piece) {
+    const int len = std::min(piece, n - at);
+    const bool last = at + len == n;
+    ForwardPart part;
+    part.state = &state, part.tokens = tokens + at, part.n = len, part.pending = pending;
+    part.logits = all_positions ? (logits ? logits + static_cast<size_t>(at) * vocab : nullptr) : (last ? logits : nullptr);
+    part.all_positions = all_positions, part.counts = counts;
+    forward_batch(model, &part, 1);
+  }
 }
 
 void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts) {

@@ -6,9 +6,11 @@
 
 namespace strata {
 
-SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv_types_)
+SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv_types_, int sliding_forward)
     : max_ctx(max_ctx_), kv_types(kv_types_) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
+  if (sliding_forward < 1) fail("a forward must be allowed at least one token, got ", sliding_forward);
+  forward_limit = max_ctx;
   check_kv_types(c, kv_types);
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
@@ -18,8 +20,14 @@ SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv
       s.kv = kv_types;
       s.k_row = kv_row_bytes(kv_types.k, per_pos);
       s.v_row = kv_row_bytes(kv_types.v, per_pos);
-      s.k.assign(s.k_row * static_cast<size_t>(max_ctx), 0);
-      s.v.assign(s.v_row * static_cast<size_t>(max_ctx), 0);
+      s.rows = max_ctx;
+      const LayerSpec& l = c.layer(il);
+      if (l.mixer == LayerKind::SlidingAttention && static_cast<int64_t>(l.window) + sliding_forward - 1 < max_ctx) {
+        s.rows = static_cast<int64_t>(l.window) + sliding_forward - 1;
+        forward_limit = std::min(forward_limit, sliding_forward);
+      }
+      s.k.assign(s.k_row * static_cast<size_t>(s.rows), 0);
+      s.v.assign(s.v_row * static_cast<size_t>(s.rows), 0);
     } else {
       s.conv.assign(static_cast<size_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels(), 0.0f);
       s.ssm.assign(static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v, 0.0f);

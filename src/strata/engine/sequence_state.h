@@ -1,5 +1,6 @@
-// Everything a sequence carries between forward calls: per full-attention layer a KV cache sized to
-// the session's context, per DeltaNet layer the conv window and the recurrent state, and the position.
+// Everything a sequence carries between forward calls: per attention layer a KV cache (full attention:
+// sized to the session's context; sliding window: a ring of the window plus one forward's tokens), per
+// DeltaNet layer the conv window and the recurrent state, and the position.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +14,14 @@
 namespace strata {
 
 struct LayerState {
-  // Attention (full or sliding): max_ctx rows of the layer's n_head_kv x head_dim keys (after norm + rotary) and values, each row
-  // k_row / v_row bytes in the sequence's cache types (kv, as SequenceState::kv_types).
+  // Attention (full or sliding): `rows` rows of the layer's n_head_kv x head_dim keys (after norm +
+  // rotary) and values, each row k_row / v_row bytes in the sequence's cache types (kv, as
+  // SequenceState::kv_types). The token at cache index i (its position, or n_past + t while pending)
+  // is row i % rows: full attention has max_ctx rows, a sliding layer min(max_ctx, window +
+  // SequenceState::forward_limit - 1), enough for a forward's tokens and the window behind them.
   std::vector<uint8_t> k, v;
   size_t k_row = 0, v_row = 0;
+  int64_t rows = 0;
   KvCacheTypes kv;
   // DeltaNet: the previous (kernel-1) conv inputs [(kernel-1) x channels], oldest first,
   // and the recurrent state [v_heads x head_k x head_v].
@@ -29,8 +34,15 @@ struct LayerState {
   int last = -1;
 };
 
+// Tokens one forward may add to a sequence of a model with sliding-window layers by default: their
+// rings hold the window plus this many tokens (longer prompts run in pieces of this size).
+constexpr int kSlidingForwardTokens = 512;
+
 struct SequenceState {
   int max_ctx = 0;
+  // The most tokens one forward may run (the sliding layers' rings hold them); max_ctx without sliding
+  // layers, or when the rings are the whole context anyway.
+  int forward_limit = 0;
   KvCacheTypes kv_types;
   int n_past = 0;  // tokens already processed (the next token's position)
   std::vector<LayerState> layers;
@@ -43,7 +55,9 @@ struct SequenceState {
 
   SequenceState() = default;
   // Fails (strata::Error) for cache types the model's heads cannot be stored in (check_kv_types).
-  SequenceState(const ModelConfig& config, int max_ctx, KvCacheTypes kv_types = {});
+  // sliding_forward: forward_limit for the sliding layers' rings (tests make it small to wrap often).
+  SequenceState(const ModelConfig& config, int max_ctx, KvCacheTypes kv_types = {},
+                int sliding_forward = kSlidingForwardTokens);
   // Back to an empty sequence (caches zeroed, position 0, nothing pending).
   void reset();
 };

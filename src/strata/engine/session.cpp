@@ -5,8 +5,8 @@
 
 namespace strata {
 
-Session::Session(const Model& model, int max_ctx, KvCacheTypes kv_types)
-    : model_(model), state_(model.config(), max_ctx, kv_types) {}
+Session::Session(const Model& model, int max_ctx, KvCacheTypes kv_types, int sliding_forward)
+    : model_(model), state_(model.config(), max_ctx, kv_types, sliding_forward) {}
 
 namespace {
 

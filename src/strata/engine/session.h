@@ -16,8 +16,9 @@ class Session : public Sequence {
  public:
   // max_ctx: the most tokens this sequence may hold (the KV cache is sized to it). kv_types: how the
   // cache stores keys and values; f32 by default here (the exact reference the parity tests compare),
-  // while the command line defaults to f16 (cli/backend_cli.h).
-  Session(const Model& model, int max_ctx, KvCacheTypes kv_types = {});
+  // while the command line defaults to f16 (cli/backend_cli.h). sliding_forward: the most tokens one
+  // forward adds to the sliding-window layers' ring caches (SequenceState; longer prompts run in pieces).
+  Session(const Model& model, int max_ctx, KvCacheTypes kv_types = {}, int sliding_forward = kSlidingForwardTokens);
 
   // Runs n tokens after the ones already seen (prefill when n > 1, decode when n == 1).
   // logits_out receives [n x n_vocab] floats when all_positions, else [n_vocab] for the last token.
