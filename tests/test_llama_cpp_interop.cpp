@@ -4,13 +4,15 @@
 // tests/interop/llama_cpp_greedy.mjs drives it). Each test writes a file with `strata synth`, lets
 // both engines continue the same token-id prompt greedily, and compares.
 // - F32 weights: both engines compute in float, so the continuations must be equal token for token.
-//   That checks the qwen3moe and qwen35moe forward passes (attention, gated DeltaNet, routing, norms)
+//   That checks the qwen3moe, qwen35moe and laguna forward passes (attention, sliding-window attention,
+//   gated DeltaNet, routing, norms)
 //   and the file's names and metadata against an implementation we did not write.
 // - Q4_K_M weights at real shapes: the engines quantise activations differently (llama.cpp to blocks
 //   of 256, strata to blocks of 32), and a random-weight model's next-token distribution is flat, so a
 //   near-tie may break either way after a few tokens. These files must load and generate in llama.cpp;
 //   how many leading tokens agree is printed, not asserted.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -51,7 +53,9 @@ std::string last_line(const std::string& s) {
 }
 
 std::string synth(const std::string& preset, const std::string& quant, const std::string& extra) {
-  const std::string path = ::testing::TempDir() + "/interop-" + preset + "-" + quant + ".gguf";
+  // The process id keeps test runs of several checkouts on one machine apart.
+  const std::string path =
+      ::testing::TempDir() + "/interop-" + std::to_string(::getpid()) + "-" + preset + "-" + quant + ".gguf";
   const auto r = run_cli("synth --preset " + preset + " --quant " + quant + " --skew zipf:1 " + extra + " -o '" + path + "'");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return path;
@@ -85,7 +89,9 @@ class LlamaCppInterop : public ::testing::Test {
 };
 
 TEST_F(LlamaCppInterop, F32GreedyContinuationsEqualLlamaCpp) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+  // tiny-laguna: sliding-window layers (window 4, so the 48 positions slide), per-layer head counts, the
+  // softplus gate, the sigmoid router and a dense first layer.
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-laguna"}) {
     SCOPED_TRACE(preset);
     const std::string path = synth(preset, "f32", "");
     const int n = 32;
@@ -102,7 +108,7 @@ TEST_F(LlamaCppInterop, RealShapeQ4KMFilesLoadAndGenerateInLlamaCpp) {
     const char* preset;
     int layers;  // enough to hold a full-attention layer (llama.cpp needs one for its KV cache)
   };
-  for (const Case& c : {Case{"qwen3.6-35b-a3b", 4}, Case{"qwen3-30b-a3b", 2}}) {
+  for (const Case& c : {Case{"qwen3.6-35b-a3b", 4}, Case{"qwen3-30b-a3b", 2}, Case{"laguna-xs.2", 2}}) {
     SCOPED_TRACE(c.preset);
     const std::string path = synth(c.preset, "q4_k_m", "--layers " + std::to_string(c.layers));
     const int n = 4;
