@@ -22,6 +22,13 @@ namespace strata::cli {
 
 void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_flag("--gpu", o.gpu, "run the model on the GPU (CUDA build); experts that do not fit run on the CPU");
+  sub.add_option_function<int>(
+      "--n-gpu-layers",
+      [&o](int n) {
+        o.n_gpu_layers = n < 0 ? -2 : n;  // a negative value is refused by check_backend_options
+        if (n > 0) o.gpu = true;
+      },
+      "-ngl: llama.cpp's spelling; any value > 0 means --gpu (experts are placed by memory, not layers), 0 the CPU");
   sub.add_option("--gpu-mem", o.gpu_mem, "with --gpu: the most GPU memory strata may use, e.g. 20G (default: what is free)");
   sub.add_option("--expert-budget", o.expert_budget,
                  "with --gpu: GPU memory for routed experts, a size (12G) or a percent of all expert bytes (50%) "
@@ -43,8 +50,12 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
 }
 
 std::string expand_short_alias(const std::string& arg) {
+  // -no-cnv has no value: only the exact word is rewritten.
+  if (arg == "-no-cnv") return "--no-conversation";
   for (const auto& [alias, name] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
-                                    std::pair<std::string, std::string>{"-ctv", "--cache-type-v"}}) {
+                                    std::pair<std::string, std::string>{"-ctv", "--cache-type-v"},
+                                    std::pair<std::string, std::string>{"-ngl", "--n-gpu-layers"},
+                                    std::pair<std::string, std::string>{"-np", "--parallel"}}) {
     if (arg == alias) return name;
     if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
   }

@@ -30,8 +30,10 @@ using strata::check_backend_options;
 
 using strata::kv_cache_types;
 
-// llama.cpp's short spellings -ctk / -ctv, which CLI11 cannot declare (one-character short names
-// only): main() rewrites them to --cache-type-k / --cache-type-v (also "-ctk=f16") before parsing.
+// llama.cpp's short spellings -ctk / -ctv / -ngl / -np / -no-cnv, which CLI11 cannot declare
+// (one-character short names only; "-ngl 99" would read as "-n gl"): main() rewrites them to
+// --cache-type-k / --cache-type-v / --n-gpu-layers / --parallel / --no-conversation (also "-ctk=f16")
+// before parsing.
 std::string expand_short_alias(const std::string& arg);
 
 // --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead,

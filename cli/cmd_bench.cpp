@@ -1,4 +1,4 @@
-// `strata bench -m FILE [-p 512] [-n 128] [-r 5] [--threads N] [--json]`: prefill and decode tok/s
+// `strata bench -m FILE [-p 512] [-n 128] [-r 5] [-t N] [--json]`: prefill and decode tok/s
 // and time to first token (median and spread over repetitions), like llama-bench, with the memory
 // bandwidth floor printed beside each figure. The timed sequence comes from the same SequenceFactory
 // as run and serve, with the same backend flags (--gpu, --gpu-mem, --expert-budget, --profile, ...),
@@ -16,10 +16,12 @@
 
 #include "cli/backend_cli.h"
 #include "cli/command.h"
+#include "cli/generation_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_report.h"
 #include "strata/engine/cli_support.h"
+#include "strata/engine/thread_policy.h"
 #include "strata/engine/model.h"
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/bench_gpu.h"
@@ -32,7 +34,7 @@ namespace {
 struct BenchArgs {
   std::string model;
   strata::BenchParams params;
-  int threads = 0;
+  strata::cli::ThreadOptions threads;
   bool json = false;
   size_t triad_mib = 256;
   strata::cli::BackendOptions backend;
@@ -57,12 +59,13 @@ std::string own_command_line() {
 
 void setup_bench(CLI::App& sub) {
   auto a = std::make_shared<BenchArgs>();
-  sub.add_option("-m,--model", a->model, "GGUF model file")->required();
+  sub.add_option("-m,--model", a->model, "GGUF model file (default: the bundled model)");
   sub.add_option("-p,--n-prompt", a->params.n_prompt, "prompt tokens (default 512)");
   sub.add_option("-n,--n-gen", a->params.n_gen, "generated tokens (default 128)");
   sub.add_option("-r,--repetitions", a->params.reps, "repetitions (default 5)");
   sub.add_option("--seed", a->params.seed, "seed of the random prompt tokens (default 1234)");
-  sub.add_option("--threads", a->threads, "CPU threads (default: all hardware threads)");
+  strata::cli::add_thread_options(sub, a->threads);
+  sub.get_option("--threads")->description("CPU threads (default: the usable cores; capped at the cores)");
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
   sub.add_flag("--json", a->json, "print JSON instead of the table");
   strata::cli::add_backend_options(sub, a->backend);
@@ -74,7 +77,8 @@ void setup_bench(CLI::App& sub) {
     strata::cli::check_backend_options(bo);
     if (!bo.profile.empty() && !bo.gpu) strata::fail("--profile needs --gpu in bench (it only guides the expert placement)");
     strata::cli::require_gpu_if_asked(bo);
-    strata::set_cpu_threads(a->threads);
+    a->model = strata::cli::resolve_model_path(a->model);
+    strata::apply_thread_policy({a->threads.threads, a->threads.force, 1, 0});
     strata::BenchReport r;
     r.command_line = own_command_line();
     r.date = strata::local_iso_datetime();

@@ -39,17 +39,9 @@ struct CalibrateOptions {
   std::string heldout_counts;
   bool json = false;
   bool holdout_given = false;
-  int threads = 0;
+  strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
 };
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) strata::fail(path, ": cannot open corpus file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string base_name(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -175,7 +167,7 @@ void run_calibrate(const CalibrateOptions& o) {
   for (const std::string& path : o.corpus) {
     std::vector<int32_t> ids;
     if (tokenizer->vocab().add_bos && tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());
-    const std::vector<int32_t> body = tokenizer->encode(read_all(path), false);
+    const std::vector<int32_t> body = tokenizer->encode(strata::cli::read_text_file(path, "corpus file"), false);
     ids.insert(ids.end(), body.begin(), body.end());
     docs.push_back(std::move(ids));
     names.push_back(base_name(path));
@@ -225,7 +217,7 @@ void setup_calibrate(CLI::App& sub) {
                  "report on these counts instead of held-out text: a routing profile of this model, or a "
                  "train_tiny routing_counts.json (e.g. models/routing_counts.json)");
   sub.add_flag("--json", o->json, "print the report as JSON");
-  sub.add_option("--threads", o->threads, "CPU threads (default: as strata run)");
+  strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_backend_options(sub, o->backend);
   // The profile calibrate writes is -o; the placement it would guide does not change the counts.
   sub.remove_option(sub.get_option("--profile"));

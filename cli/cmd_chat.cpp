@@ -34,7 +34,7 @@ struct ChatCliOptions {
   bool no_stats = false;
   int n_predict = 1024;
   int ctx = 0;  // 0: the model's training context, at most 4096
-  int threads = 0;
+  strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
   strata::cli::SamplingOptions sampling;
 };
@@ -249,8 +249,8 @@ void setup_chat(CLI::App& sub) {
   sub.add_flag("--chatml", o->chatml, "use ChatML even when the GGUF's chat template is not recognised");
   sub.add_flag("--no-stats", o->no_stats, "do not print a speed line after each reply");
   sub.add_option("-n,--n-predict", o->n_predict, "most tokens per reply (default 1024)");
-  sub.add_option("--ctx", o->ctx, "context size in tokens (default: the model's, at most 4096)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: 1 for a model under 256 MiB, else all hardware threads)");
+  sub.add_option("-c,--ctx,--ctx-size", o->ctx, "context size in tokens (default: the model's, at most 4096)");
+  strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_sampling_options(sub, o->sampling);
   strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o] {

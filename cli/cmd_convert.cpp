@@ -1,9 +1,12 @@
 // `strata convert --hf DIR -o OUT.gguf [--type T] [--threads N]`: Hugging Face checkpoint -> GGUF.
 #include <cstdio>
+#include <filesystem>
+#include <system_error>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
+#include "strata/base/error.h"
 #include "strata/convert/converter.h"
 #include "strata/convert/type_policy.h"
 
@@ -22,6 +25,20 @@ std::string ne_string(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
+// The converter reads the directory's JSON, safetensors and tokenizer files: writing over one of them
+// would destroy the checkpoint being read.
+void refuse_input_as_output(const std::string& hf_dir, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(hf_dir, ec);
+  const fs::path target = fs::weakly_canonical(out, ec);
+  if (ec) return;  // the converter reports unusable paths itself
+  const std::string ext = target.extension().string();
+  const bool input_kind = ext == ".safetensors" || ext == ".json" || ext == ".model" || ext == ".txt";
+  if (target == dir || (target.parent_path() == dir && input_kind && fs::exists(target)))
+    strata::fail("-o ", out, " is one of its inputs (in --hf ", hf_dir, "); write the GGUF elsewhere");
+}
+
 void setup_convert(CLI::App& sub) {
   auto args = std::make_shared<ConvertArgs>();
   sub.add_option("--hf", args->hf_dir, "Hugging Face checkpoint directory (config.json + *.safetensors)")->required();
@@ -29,6 +46,7 @@ void setup_convert(CLI::App& sub) {
   sub.add_option("--type", args->type, "output type: " + strata::convert::supported_type_names() + " (default bf16)");
   sub.add_option("--threads", args->threads, "quantisation threads (default: all cores)");
   sub.callback([args] {
+    refuse_input_as_output(args->hf_dir, args->out);
     strata::convert::ConvertOptions opt;
     opt.hf_dir = args->hf_dir;
     opt.out_path = args->out;

@@ -8,7 +8,9 @@
 #include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "strata/base/error.h"
+#include "cli/generation_cli.h"
 #include "strata/engine/cli_support.h"
+#include "strata/engine/thread_policy.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 
@@ -18,15 +20,16 @@ struct LogitsOptions {
   std::string model;
   std::string tokens;
   std::string out;
-  int threads = 0;
+  strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
 };
 
 void run_logits(const LogitsOptions& o) {
   static_assert(sizeof(float) == 4);
   const std::vector<int32_t> ids = strata::parse_token_list(o.tokens, "--tokens");
-  strata::set_cpu_threads(o.threads);
-  auto model = strata::Model::load(o.model);
+  // Weight size left unknown: all cores for any model, as before the policy (the parity tests use this).
+  strata::apply_thread_policy({o.threads.threads, o.threads.force, 1, 0});
+  auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
   const int64_t vocab = model->config().n_vocab;
   auto session = strata::cli::make_sequence(*model, static_cast<int>(ids.size()), o.backend);
   std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
@@ -42,10 +45,10 @@ void run_logits(const LogitsOptions& o) {
 
 void setup_logits(CLI::App& sub) {
   auto o = std::make_shared<LogitsOptions>();
-  sub.add_option("-m,--model", o->model, "GGUF model file")->required();
+  sub.add_option("-m,--model", o->model, "GGUF model file (default: the bundled model)");
   sub.add_option("--tokens", o->tokens, "comma-separated token ids, run as one prompt")->required();
   sub.add_option("--out", o->out, "output file: float32 logits [n_tokens x n_vocab]")->required();
-  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads)");
+  strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o] { run_logits(*o); });
 }

@@ -23,6 +23,7 @@
 #include "strata/engine/generate.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "strata/engine/thread_policy.h"
 #include "strata/text/chat_template.h"
 
 namespace {
@@ -30,6 +31,7 @@ namespace {
 struct RunOptions {
   std::string model;
   std::string prompt;  // "-": read from stdin
+  std::string prompt_file;
   std::string prompt_tokens;
   int n_predict = 128;
   strata::cli::SamplingOptions sampling;
@@ -39,8 +41,9 @@ struct RunOptions {
   bool chatml = false;
   bool no_stats = false;
   bool no_token_healing = false;
+  bool no_conversation = false;
   int ctx = 0;  // 0: prompt + n_predict
-  int threads = 0;
+  strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
 };
 
@@ -52,7 +55,8 @@ void run_token_ids(const RunOptions& o) {
   if (!o.print_token_ids) strata::fail("--prompt-tokens needs --print-token-ids (text output needs the tokenizer)");
   if (o.n_predict < 0) strata::fail("-n must be >= 0, got ", o.n_predict);
   const std::vector<int32_t> prompt = strata::parse_token_list(o.prompt_tokens, "--prompt-tokens");
-  strata::set_cpu_threads(o.threads);
+  // Weight size left unknown: this path keeps all cores for any model (the engine tests drive it).
+  strata::apply_thread_policy({o.threads.threads, o.threads.force, 1, 0});
   auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
   const int needed = static_cast<int>(prompt.size()) + o.n_predict;
   const int ctx = o.ctx > 0 ? o.ctx : needed;
@@ -127,6 +131,8 @@ void run_text(const RunOptions& o) {
 void setup_run(CLI::App& sub) {
   auto o = std::make_shared<RunOptions>();
   sub.add_option("prompt", o->prompt, "prompt text (raw completion); - reads it from stdin");
+  sub.add_option("-p,--prompt", o->prompt, "the prompt text, as a flag (llama.cpp's spelling)");
+  sub.add_option("-f,--file", o->prompt_file, "read the prompt from a file");
   sub.add_option("-m,--model", o->model, "GGUF model file (default: the bundled model)");
   sub.add_option("--prompt-tokens", o->prompt_tokens, "prompt as comma-separated token ids (with --print-token-ids)");
   sub.add_option("-n,--n-predict", o->n_predict, "tokens to generate at most (default 128)");
@@ -137,12 +143,20 @@ void setup_run(CLI::App& sub) {
   sub.add_flag("--no-stats", o->no_stats, "do not print the speed line on stderr");
   sub.add_flag("--no-token-healing", o->no_token_healing,
                "feed the prompt's last token as is (default: re-choose it, so a prompt ending mid-merge continues naturally)");
-  sub.add_option("--ctx", o->ctx, "context size in tokens (default: prompt + n)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: all hardware threads; for a text prompt, 1 when the model is under 256 MiB)");
+  sub.add_option("-c,--ctx,--ctx-size", o->ctx, "context size in tokens (default: prompt + n)");
+  strata::cli::add_thread_options(sub, o->threads);
+  sub.add_flag("--no-conversation", o->no_conversation, "-no-cnv: accepted for llama.cpp habits (run is never interactive)");
   strata::cli::add_backend_options(sub, o->backend);
   sub.callback([o, &sub] {
     strata::cli::check_backend_options(o->backend);
     o->temp_given = sub.get_option("--temp")->count() > 0;
+    if (sub.get_option("prompt")->count() > 0 && sub.get_option("--prompt")->count() > 0)
+      strata::fail("give the prompt once: as an argument or with -p/--prompt, not both");
+    if (!o->prompt_file.empty()) {
+      if (!o->prompt.empty()) strata::fail("give either a prompt or -f/--file, not both");
+      o->prompt = strata::cli::read_text_file(o->prompt_file, "-f/--file");
+      if (o->prompt.empty()) strata::fail(o->prompt_file, ": the prompt file is empty");
+    }
     if (!o->prompt_tokens.empty()) {
       if (!o->prompt.empty()) strata::fail("give either a text prompt or --prompt-tokens, not both");
       run_token_ids(*o);

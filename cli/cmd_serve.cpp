@@ -1,9 +1,10 @@
-// `strata serve [-m MODEL] [--host H] [--port P] [--slots N] [--ctx N] [--api-key K] [--model-name NAME]`:
+// `strata serve [-m MODEL] [--host H] [--port P] [--slots N] [--ctx N] [--api-key K|--api-key-file F] [-a NAME]`:
 // an OpenAI-compatible HTTP server (docs/API.md). With --gpu the backend options of backend_cli.h
 // apply (VRAM budget, hybrid experts); --profile keeps a routing profile updated after each request.
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "cli/backend_cli.h"
 #include "cli/command.h"
@@ -13,25 +14,54 @@
 
 namespace {
 
+// The key is the file's first line without its line ending; an empty key would turn authentication
+// off without saying so, so it is refused.
+std::string read_api_key_file(const std::string& path) {
+  std::string key = strata::cli::read_text_file(path, "API key file");
+  key = key.substr(0, key.find('\n'));
+  if (!key.empty() && key.back() == '\r') key.pop_back();
+  if (key.empty()) strata::fail(path, ": the API key file's first line is empty");
+  return key;
+}
+
 void setup_serve(CLI::App& sub) {
   auto o = std::make_shared<strata::serve::ServeOptions>();
   sub.add_option("-m,--model", o->model_path, "GGUF model file (default: the bundled model)");
   sub.add_option("--host", o->host, "address to listen on (default 127.0.0.1)");
-  sub.add_option("--port", o->port, "TCP port (default 8080)");
-  sub.add_option("--slots", o->slots, "concurrent sequences (default 1)");
-  sub.add_option("--queue", o->queue, "requests that may wait for a slot before 503 (default 4 x slots)");
-  sub.add_option("--ctx", o->ctx, "context tokens per sequence (default 4096, at most the model's)");
-  sub.add_option("--threads", o->threads, "CPU threads in all, shared among the slots (default: all)");
+  sub.add_option("--port", o->port, "TCP port, 0..65535; 0 picks a free one and prints it (default 8080)");
+  sub.add_option("--slots,--parallel", o->slots, "concurrent sequences (default 1)");
+  sub.add_option("--queue", o->queue, "requests that may wait for a slot (default 64 x slots)");
+  sub.add_option("--queue-timeout", o->queue_timeout_s,
+                 "seconds a request may wait for a slot before it gets 503 (default 300)");
+  sub.add_option("-c,--ctx,--ctx-size", o->ctx, "context tokens per sequence (default 4096, at most the model's)");
+  sub.add_option("-t,--threads", o->threads,
+                 "CPU threads in all, shared among the slots (default: 1 per slot for a model under 256 MiB, else "
+                 "the usable cores; capped at the cores)");
+  sub.add_flag("--threads-force", o->threads_force, "use --threads as given even beyond the usable cores");
   sub.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
-  sub.add_option("--model-name", o->model_name, "model id clients use (default: the file name without .gguf)");
-  sub.add_option("--max-body", o->max_body_bytes, "largest request body in bytes (default 1048576)");
-  sub.add_option("--timeout", o->timeout_s, "seconds a connection may stall on read or write (default 30)");
+  sub.add_option("--api-key-file", o->api_key_file,
+                 "read the API key from the first line of FILE (keeps it out of the process list)");
+  sub.add_option("-a,--alias,--model-name", o->model_name, "model id clients use (default: the file name without .gguf)");
+  sub.add_option("--max-body", o->max_body_bytes, "largest request body in bytes, any transfer encoding (default 1048576)");
+  sub.add_option("--timeout", o->timeout_s,
+                 "seconds a client has to send a whole request (headers and body), and the most a write may stall "
+                 "(default 30)");
+  sub.add_option("--max-connections", o->max_connections,
+                 "connections served at once; beyond it only /health is answered, the rest get 503 (default: slots + queue + 64)");
+  sub.add_flag("--parse-special", o->parse_special,
+               "read special-token text inside chat messages as control tokens (default: as plain text, so a client "
+               "cannot forge turns)");
   sub.add_option("--shutdown-grace", o->shutdown_grace_s,
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
   auto backend = std::make_shared<strata::cli::BackendOptions>();
   strata::cli::add_backend_options(sub, *backend);
   sub.callback([o, backend] {
     strata::cli::check_backend_options(*backend);
+    if (!o->api_key_file.empty()) {
+      if (!o->api_key.empty()) strata::fail("give either --api-key or --api-key-file, not both");
+      o->api_key = read_api_key_file(o->api_key_file);
+    }
+    strata::serve::check_serve_options(*o);
     // --telemetry (needs --gpu): the hybrid counters on /metrics, refreshed after each request.
     if (backend->telemetry) o->sequence_metrics = strata::cli::telemetry_metrics;
     o->model_path = strata::cli::resolve_model_path(o->model_path);

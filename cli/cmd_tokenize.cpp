@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/generation_cli.h"
 #include "strata/base/error.h"
 #include "strata/gguf/gguf.h"
 #include "strata/text/tokenizer.h"
@@ -25,21 +26,14 @@ struct TokenizeOptions {
   int bench_rounds = 0;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) strata::fail(path, ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void run_tokenize(const TokenizeOptions& o) {
-  if (o.model.empty() == o.hf_dir.empty()) strata::fail("tokenize: give exactly one of -m MODEL.gguf or --hf DIR");
+  if (!o.model.empty() && !o.hf_dir.empty()) strata::fail("tokenize: give either -m MODEL.gguf or --hf DIR, not both");
   if (o.file.empty() == o.text.empty()) strata::fail("tokenize: give exactly one of --file TEXT or --text STR");
   const strata::Vocab vocab =
-      o.model.empty() ? strata::vocab_from_hf_dir(o.hf_dir) : strata::vocab_from_gguf(strata::GgufFile::open(o.model));
+      !o.hf_dir.empty() ? strata::vocab_from_hf_dir(o.hf_dir)
+                         : strata::vocab_from_gguf(strata::GgufFile::open(strata::cli::resolve_model_path(o.model)));
   const strata::Tokenizer tok(vocab);
-  const std::string text = o.file.empty() ? o.text : read_all(o.file);
+  const std::string text = o.file.empty() ? o.text : strata::cli::read_text_file(o.file, "text file");
 
   if (o.bench_rounds > 0) {
     // One core, the whole text per round; the word cache starts empty in round 1 (a fresh tokenizer).
@@ -64,7 +58,7 @@ void run_tokenize(const TokenizeOptions& o) {
 
 void setup_tokenize(CLI::App& sub) {
   auto o = std::make_shared<TokenizeOptions>();
-  sub.add_option("-m,--model", o->model, "GGUF model whose tokenizer to use");
+  sub.add_option("-m,--model", o->model, "GGUF model whose tokenizer to use (default: the bundled model)");
   sub.add_option("--hf", o->hf_dir, "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json)");
   sub.add_option("--file", o->file, "text file to tokenize (bytes as they are)");
   sub.add_option("--text", o->text, "text to tokenize");

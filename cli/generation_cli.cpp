@@ -5,12 +5,15 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "strata/base/default_model.h"
 #include "strata/base/error.h"
 #include "strata/base/progress.h"
 #include "strata/engine/cli_support.h"
+#include "strata/engine/thread_policy.h"
 #include "strata/text/vocab.h"
 
 namespace strata::cli {
@@ -37,7 +40,15 @@ void add_sampling_options(CLI::App& sub, SamplingOptions& o) {
   sub.add_option("--repeat-penalty", o.repeat_penalty, "repetition penalty; 1 = off (default 1)");
   sub.add_option("--presence-penalty", o.presence_penalty, "presence penalty (default 0)");
   sub.add_option("--frequency-penalty", o.frequency_penalty, "frequency penalty (default 0)");
-  sub.add_option("--seed", o.seed, "random seed for a reproducible run (default: random)");
+  sub.add_option("-s,--seed", o.seed, "random seed for a reproducible run (default: random)");
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open ", what);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 std::string resolve_model_path(const std::string& from_flag) {
@@ -84,14 +95,24 @@ std::unique_ptr<Model> load_model_for_cli(const std::string& path) {
   return model;
 }
 
-void set_threads_for_model(int threads_flag, const Model& model) {
-  if (threads_flag > 0) {
-    set_cpu_threads(threads_flag);
-    return;
-  }
-  uint64_t weight_bytes = 0;
-  for (const GgufTensorInfo& t : model.file().tensors()) weight_bytes += t.nbytes;
-  set_cpu_threads(weight_bytes < (256ull << 20) ? 1 : 0);
+void add_thread_options(CLI::App& sub, ThreadOptions& o) {
+  sub.add_option("-t,--threads", o.threads,
+                 "CPU threads (default: 1 for a model under 256 MiB, else the usable cores; capped at the cores)");
+  sub.add_flag("--threads-force", o.force, "use --threads as given even beyond the usable cores");
+}
+
+uint64_t model_weight_bytes(const Model& model) {
+  uint64_t bytes = 0;
+  for (const GgufTensorInfo& t : model.file().tensors()) bytes += t.nbytes;
+  return bytes;
+}
+
+void set_threads_for_model(const ThreadOptions& threads, const Model& model) {
+  ThreadRequest r;
+  r.threads = threads.threads;
+  r.force = threads.force;
+  r.weight_bytes = model_weight_bytes(model);
+  apply_thread_policy(r);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_for_cli(const Model& model) {

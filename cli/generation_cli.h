@@ -31,6 +31,9 @@ struct SamplingOptions {
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --frequency-penalty, --seed.
 void add_sampling_options(CLI::App& sub, SamplingOptions& o);
 
+// The whole file as bytes; fails "<path>: cannot open <what>".
+std::string read_text_file(const std::string& path, const char* what);
+
 // The model path from -m, or the bundled model when -m was not given.
 std::string resolve_model_path(const std::string& from_flag);
 
@@ -39,10 +42,20 @@ std::string resolve_model_path(const std::string& from_flag);
 // shows as loading rather than as a slow first token.
 std::unique_ptr<Model> load_model_for_cli(const std::string& path);
 
-// Sets the engine's CPU threads: the --threads value when given (> 0); otherwise one thread for a
-// model whose weights are under 256 MiB (its matrices are too small to split: the threads' sync
-// costs more than they save, and far more when the cores are shared), else one per hardware thread.
-void set_threads_for_model(int threads_flag, const Model& model);
+// -t/--threads and --threads-force, as every command that runs the model offers them.
+struct ThreadOptions {
+  int threads = 0;  // 0: automatic (engine/thread_policy.h)
+  bool force = false;
+};
+void add_thread_options(CLI::App& sub, ThreadOptions& o);
+
+// Sets the engine's CPU threads by the one policy (engine/thread_policy.h) for one sequence of this
+// model: one thread for a model under 256 MiB, else the usable cores; --threads above the cores is
+// capped with a warning unless forced.
+void set_threads_for_model(const ThreadOptions& threads, const Model& model);
+
+// The model's tensor bytes (what the thread policy calls small or large).
+uint64_t model_weight_bytes(const Model& model);
 
 // The GGUF's tokenizer; fails saying text needs one when the file has none.
 std::unique_ptr<Tokenizer> load_tokenizer_for_cli(const Model& model);

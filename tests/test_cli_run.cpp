@@ -275,3 +275,89 @@ TEST(CliRunBundled, ChatRepliesAndReusesTheCache) {
 }
 
 }  // namespace
+
+// ---- llama.cpp spellings and the thread policy (bundled model) -----------------------------------
+
+namespace {
+
+void need_bundled() {
+  if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
+}
+
+TEST(CliFamiliarFlags, RunTakesLlamaCppSpellings) {
+  need_bundled();
+  const RunResult r = run_cli("run -p 'def add(a, b):' -n 4 -c 64 -t 1 -s 7 --temp 0 -ngl 0 -no-cnv --no-stats");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  // The same prompt from a file.
+  const std::string file = cat(::testing::TempDir(), "/strata_prompt_", ::getpid(), ".txt");
+  std::ofstream(file) << "def add(a, b):";
+  const RunResult f = run_cli("run -f " + file + " -n 4 --temp 0 --no-stats");
+  std::remove(file.c_str());
+  EXPECT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(f.out, r.out);
+  // A prompt given twice is refused.
+  EXPECT_EQ(run_cli("run 'x' -p 'y' -n 1").exit_code, 1);
+}
+
+TEST(CliFamiliarFlags, NglIsReadAsGpuLayersNotAsN) {
+  need_bundled();
+  // Before, "-ngl 99" parsed as "-n gl" and failed on "gl"; now it asks for the GPU, which this build or
+  // machine may lack: either it runs or it fails naming --gpu, never "gl".
+  const RunResult r = run_cli("run -p 'x' -n 1 -ngl 99 --no-stats");
+  EXPECT_EQ(r.err.find("could not be converted"), std::string::npos) << r.err;
+  if (r.exit_code != 0) EXPECT_NE(r.err.find("--gpu"), std::string::npos) << r.err;
+  const RunResult both = run_cli("run -p 'x' -n 1 -ngl 0 --gpu");
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_NE(both.err.find("-ngl 0"), std::string::npos) << both.err;
+}
+
+TEST(CliFamiliarFlags, EveryCommandDefaultsToTheBundledModel) {
+  need_bundled();
+  EXPECT_EQ(run_cli("tokenize --text hello").exit_code, 0);
+  const std::string out = cat(::testing::TempDir(), "/strata_logits_", ::getpid(), ".bin");
+  const RunResult l = run_cli("logits --tokens 1,2,3 --out " + out);
+  EXPECT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_GT(fs::file_size(out), 0u);
+  std::remove(out.c_str());
+  const RunResult b = run_cli("bench -p 8 -n 4 -r 1 --triad-mib 1");
+  EXPECT_EQ(b.exit_code, 0) << b.err;
+}
+
+TEST(CliFamiliarFlags, ServeTakesLlamaCppSpellingsAndValidatesThePort) {
+  need_bundled();
+  // The flags parse (the port check, after them, is what stops it).
+  const RunResult r = run_cli("serve -c 64 -t 1 -np 1 -a foo --port 99999");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--port must be 0..65535"), std::string::npos) << r.err;
+  EXPECT_EQ(run_cli("serve --ctx-size 64 --threads 1 --parallel 1 --alias foo --port -1").exit_code, 1);
+}
+
+TEST(CliFamiliarFlags, ConvertRefusesToOverwriteItsInput) {
+  const std::string dir = cat(::testing::TempDir(), "/strata_convert_in_", ::getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir + "/model.safetensors") << "weights";
+  std::ofstream(dir + "/config.json") << "{}";
+  for (const std::string& target : {dir + "/model.safetensors", dir + "/config.json", dir}) {
+    const RunResult r = run_cli("convert --hf " + dir + " -o " + target);
+    EXPECT_EQ(r.exit_code, 1) << target;
+    EXPECT_NE(r.err.find("is one of its inputs"), std::string::npos) << r.err;
+  }
+  std::ifstream in(dir + "/model.safetensors");
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "weights");
+  fs::remove_all(dir);
+}
+
+TEST(CliThreads, ThreadsAboveTheCoresWarnsAndIsCappedUnlessForced) {
+  need_bundled();
+  const RunResult capped = run_cli("run -p 'x' -n 1 --threads 4096 --no-stats");
+  EXPECT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_NE(capped.err.find("--threads 4096 is more than"), std::string::npos) << capped.err;
+  const RunResult forced = run_cli("run -p 'x' -n 1 --threads 3 --threads-force --no-stats");
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(forced.err.find("warning"), std::string::npos) << forced.err;
+}
+
+}  // namespace

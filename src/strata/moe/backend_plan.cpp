@@ -13,6 +13,9 @@ KvCacheTypes kv_cache_types(const BackendOptions& o) {
 }
 
 void check_backend_options(const BackendOptions& o) {
+  if (o.n_gpu_layers < -1) fail("-ngl/--n-gpu-layers must be >= 0, got ", o.n_gpu_layers);
+  if (o.n_gpu_layers == 0 && o.gpu) fail("-ngl 0 asks for the CPU but --gpu was given; drop one");
+  if (o.n_gpu_layers > 0 && !o.gpu) fail("-ngl ", o.n_gpu_layers, " means --gpu, but --gpu is off");
   const KvCacheTypes kv = kv_cache_types(o);
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");

@@ -20,6 +20,9 @@ class ProfileStore;
 
 struct BackendOptions {
   bool gpu = false;
+  // -ngl/--n-gpu-layers N, llama.cpp's spelling: any N > 0 means --gpu (strata places experts, not
+  // layers), 0 means the CPU; -1: not given.
+  int n_gpu_layers = -1;
   std::string gpu_mem;        // --gpu-mem SIZE: the most strata may use on the GPU ("": what is free)
   std::string expert_budget;  // --expert-budget SIZE|PCT ("": what is left after the core)
   std::string profile;        // --profile FILE

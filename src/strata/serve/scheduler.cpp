@@ -84,6 +84,27 @@ Scheduler::Admission Scheduler::submit(std::shared_ptr<Job> job) {
   return Admission::Accepted;
 }
 
+bool Scheduler::wait_for_slot(const std::shared_ptr<Job>& job, std::chrono::steady_clock::time_point deadline,
+                              const std::function<bool()>& client_gone) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    const auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return true;
+    if (client_gone && client_gone()) {
+      job->cancel();
+      drop_cancelled_locked();
+      return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      queue_.erase(it);
+      return false;
+    }
+    // Woken when a slot takes a job; the short step is for noticing a vanished client.
+    cv_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(200)));
+  }
+}
+
 void Scheduler::stop_accepting() {
   std::lock_guard<std::mutex> lock(mutex_);
   accepting_ = false;

@@ -4,6 +4,7 @@
 // chat) only runs the new tokens.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -48,6 +49,12 @@ class Scheduler {
 
   enum class Admission { Accepted, QueueFull, ShuttingDown };
   Admission submit(std::shared_ptr<Job> job);
+  // After an accepted submit: waits until the job has left the queue (a slot took it, or it was
+  // answered). Returns false when it was still queued at `deadline`: it is then taken out of the
+  // queue, unanswered, for the caller to refuse. client_gone (may be empty) is asked now and then;
+  // when it says the client left, the job is cancelled and answered.
+  bool wait_for_slot(const std::shared_ptr<Job>& job, std::chrono::steady_clock::time_point deadline,
+                     const std::function<bool()>& client_gone);
 
   // Stops taking jobs; queued ones finish as Rejected. Running ones go on.
   void stop_accepting();

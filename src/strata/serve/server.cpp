@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -13,6 +15,9 @@
 
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/engine/thread_policy.h"
+#include "strata/serve/http_guard.h"
+#include "strata/text/chat_template.h"
 #include "strata/serve/api_error.h"
 #include "strata/serve/assistant_stream.h"
 #include "strata/serve/job.h"
@@ -33,6 +38,7 @@ std::atomic<bool> g_stop_requested{false};
 extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 
 constexpr const char* kJson = "application/json";
+constexpr int kKeepAliveSeconds = 5;
 
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
                 const std::string& code = "") {
@@ -68,28 +74,113 @@ std::string default_model_name(const std::string& path) {
   return name;
 }
 
+// Bursts wait for a slot rather than fail: room for this many waiting requests per slot by default.
+constexpr int kQueuePerSlot = 64;
+// Connections beyond the slots and the queue: quick routes (health, metrics, models) and clients
+// between requests.
+constexpr int kSpareConnections = 64;
+
+ServeOptions with_defaults(ServeOptions o) {
+  if (o.model_name.empty()) o.model_name = default_model_name(o.model_path);
+  if (o.queue < 0) o.queue = kQueuePerSlot * o.slots;
+  if (o.max_connections < 0) o.max_connections = o.slots + o.queue + kSpareConnections;
+  return o;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The JSON body, read as it arrives (any transfer or content encoding, Content-Type ignored but for
+// multipart, which cannot be JSON) and refused once it passes `limit`, before the rest is read.
+std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
+  Connection* conn = current_connection();
+  auto refuse = [&](int status, const std::string& code, const std::string& message) {
+    if (conn) conn->close_after_answer();  // the rest of the body stays unread: this connection is done
+    throw ApiError(status, "invalid_request_error", "", code, message);
+  };
+  const std::string too_large = cat("the request body is larger than the server's limit of ", limit,
+                                    " bytes (--max-body)");
+  if (req.is_multipart_form_data())
+    refuse(415, "unsupported_media_type",
+           "multipart/form-data cannot carry a JSON request; send the JSON itself as the body");
+  if (req.has_header("Content-Length")) {
+    const std::string v = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0) refuse(400, "", "the Content-Length header is not a number");
+    if (n > limit) refuse(413, "request_too_large", too_large);
+  }
+  std::string body;
+  bool over = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > limit) {
+      over = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (over) refuse(413, "request_too_large", too_large);
+  if (!ok) refuse(400, "", "the request body could not be read (broken chunked encoding, or the client stopped sending)");
+  if (conn) conn->request_read();
+  return body;
+}
+
+// Runs a handler: ApiError -> its status and body; strata::Error (a bad value that got past the
+// parser) -> 400; anything else -> 500. Never lets an exception reach the HTTP library.
+template <class F>
+void answer_errors(httplib::Response& res, F&& f) {
+  try {
+    f();
+  } catch (const ApiError& e) {
+    if (e.status == 503) res.set_header("Retry-After", "1");
+    res.status = e.status;
+    res.set_content(error_body(e), kJson);
+  } catch (const Error& e) {
+    send_error(res, 400, e.what());
+  } catch (const std::exception& e) {
+    send_error(res, 500, cat("internal error: ", e.what()));
+  }
+}
+
+template <class F>
+httplib::Server::Handler guarded(F f) {
+  return [f](const httplib::Request& req, httplib::Response& res) { answer_errors(res, [&] { f(req, res); }); };
+}
+
+// A route with a JSON body: f(body, res).
+template <class F>
+httplib::Server::HandlerWithContentReader guarded_body(size_t limit, F f) {
+  return [f, limit](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    answer_errors(res, [&] { f(read_body(req, reader, limit), res); });
+  };
+}
+
 class ApiServer {
  public:
-  explicit ApiServer(const ServeOptions& o) : opt_(o) {
-    if (opt_.model_name.empty()) opt_.model_name = default_model_name(opt_.model_path);
-    if (opt_.queue < 0) opt_.queue = 4 * opt_.slots;
-  }
+  explicit ApiServer(const ServeOptions& o) : opt_(with_defaults(o)), guard_(http_, guard_options()) {}
 
   int run();
 
  private:
   void load();
   void install_routes();
+  GuardOptions guard_options();
   void watch_for_stop();
 
-  void handle_chat(const httplib::Request& req, httplib::Response& res);
-  void handle_completion(const httplib::Request& req, httplib::Response& res);
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_chat(const std::string& body, httplib::Response& res);
+  void handle_completion(const std::string& body, httplib::Response& res);
+  void handle_tokenize(const std::string& body, httplib::Response& res);
+  void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_models(const httplib::Request& req, httplib::Response& res);
 
   void check_model(const std::string& requested) const;
   std::vector<int32_t> encode_prompt(const std::string& text, bool add_special) const;
+  // BOS when the vocabulary asks for it, then the conversation with control tokens only where the
+  // template wrote them (all of them with --parse-special), then `suffix` as plain text.
+  std::vector<int32_t> encode_chat(const RenderedChat& chat, const std::string& suffix) const;
   void check_context(size_t prompt_tokens) const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
@@ -97,6 +188,7 @@ class ApiServer {
 
   ServeOptions opt_;
   httplib::Server http_;
+  HttpGuard guard_;
   Metrics metrics_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> listener_ended_{false};
@@ -125,12 +217,18 @@ void ApiServer::load() {
     const int trained = model_->config().n_ctx_train;
     if (trained > 0 && ctx_ > trained) ctx_ = trained;
     n_vocab_ = std::min<int64_t>(model_->config().n_vocab, tokenizer_->n_vocab());
-    const int hw = opt_.threads > 0 ? opt_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ThreadRequest tr;
+    tr.threads = opt_.threads;
+    tr.force = opt_.threads_force;
+    tr.slots = opt_.slots;
+    for (const GgufTensorInfo& t : model_->file().tensors()) tr.weight_bytes += t.nbytes;
+    const ThreadPlan threads = plan_threads(tr, usable_cores());
+    if (!threads.warning.empty()) std::fprintf(stderr, "strata serve: warning: %s\n", threads.warning.c_str());
     SchedulerConfig sc;
     sc.slots = opt_.slots;
     sc.queue_limit = opt_.queue;
     sc.ctx = ctx_;
-    sc.threads_per_slot = std::max(1, hw / opt_.slots);
+    sc.threads_per_slot = threads.per_slot;
     sc.make_sequence = opt_.make_sequence;
     if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
     sc.sequence_metrics = opt_.sequence_metrics;
@@ -150,6 +248,16 @@ void ApiServer::check_model(const std::string& requested) const {
     throw ApiError(404, "invalid_request_error", "model", "model_not_found",
                    cat("the model '", requested, "' does not exist (this server serves '", opt_.model_name, "')"));
   }
+}
+
+std::vector<int32_t> ApiServer::encode_chat(const RenderedChat& chat, const std::string& suffix) const {
+  std::vector<int32_t> ids;
+  if (tokenizer_->vocab().add_bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
+  const std::vector<int32_t> body = encode_rendered_chat(*tokenizer_, chat, opt_.parse_special);
+  ids.insert(ids.end(), body.begin(), body.end());
+  const std::vector<int32_t> tail = tokenizer_->encode(suffix, false);
+  ids.insert(ids.end(), tail.begin(), tail.end());
+  return ids;
 }
 
 std::vector<int32_t> ApiServer::encode_prompt(const std::string& text, bool add_special) const {
@@ -173,7 +281,19 @@ void ApiServer::check_context(size_t prompt_tokens) const {
 std::shared_ptr<Job> ApiServer::admit(std::vector<int32_t> prompt, const RequestParams& params) {
   auto job = std::make_shared<Job>(std::move(prompt), params);
   switch (scheduler_->submit(job)) {
-    case Scheduler::Admission::Accepted: return job;
+    case Scheduler::Admission::Accepted: {
+      // Wait here for a slot, so a request that waits too long gets a real 503 (a stream's 200 has
+      // not been sent yet), and a client that leaves while waiting frees its place.
+      Connection* conn = current_connection();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt_.queue_timeout_s);
+      const bool started = scheduler_->wait_for_slot(job, deadline, [conn] { return conn && conn->client_gone(); });
+      if (!started) {
+        metrics_.count_rejected();
+        throw ApiError(503, "server_overloaded", "", "queue_timeout",
+                       cat("no slot became free within ", opt_.queue_timeout_s, " s (--queue-timeout); retry later"));
+      }
+      return job;
+    }
     case Scheduler::Admission::QueueFull:
       metrics_.count_rejected();
       throw ApiError(503, "server_overloaded", "", "queue_full", "all slots are busy and the queue is full; retry later");
@@ -298,8 +418,8 @@ void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
 
 // ---- handlers --------------------------------------------------------------------------------
 
-void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res) {
-  ChatRequest r = parse_chat_request(req.body, n_vocab_);
+void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
+  ChatRequest r = parse_chat_request(body, n_vocab_);
   check_model(r.model);
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
@@ -313,13 +433,13 @@ void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res)
     forced = "<tool_call>\n{\"name\": " + python_json_dumps(OrderedJson(r.tool_choice_name)) + ", \"arguments\": ";
   }
   if (!forced.empty()) co.enable_thinking = false;
-  std::string prompt_text;
+  RenderedChat rendered;
   try {
-    prompt_text = render_chat(r.messages, tools_on ? r.tools : OrderedJson(), co) + forced;
+    rendered = render_chat_marked(r.messages, tools_on ? r.tools : OrderedJson(), co);
   } catch (const Error& e) {
     bad_request("messages", e.what());
   }
-  std::vector<int32_t> prompt = encode_prompt(prompt_text, true);
+  std::vector<int32_t> prompt = encode_chat(rendered, forced);
   check_context(prompt.size());
   auto job = admit(std::move(prompt), r.gen);
   ResponseMeta meta{make_response_id("chatcmpl-"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
@@ -350,8 +470,8 @@ void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res)
   res.set_content(dump_json(chat_completion_json(meta, answer, finish_reason(o.stop_reason, !answer.tool_calls.empty()), o)), kJson);
 }
 
-void ApiServer::handle_completion(const httplib::Request& req, httplib::Response& res) {
-  CompletionRequest r = parse_completion_request(req.body, n_vocab_);
+void ApiServer::handle_completion(const std::string& body, httplib::Response& res) {
+  CompletionRequest r = parse_completion_request(body, n_vocab_);
   check_model(r.model);
   std::vector<int32_t> prompt = r.prompt_text ? encode_prompt(*r.prompt_text, true) : r.prompt_tokens;
   check_context(prompt.size());
@@ -371,26 +491,27 @@ void ApiServer::handle_completion(const httplib::Request& req, httplib::Response
   res.set_content(dump_json(completion_json(meta, text, finish_reason(o.stop_reason, false), o)), kJson);
 }
 
-void ApiServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
-  TokenizeRequest r = parse_tokenize_request(req.body);
-  std::string text;
+void ApiServer::handle_tokenize(const std::string& body, httplib::Response& res) {
+  TokenizeRequest r = parse_tokenize_request(body);
+  OrderedJson j;
   if (r.content) {
-    text = *r.content;
+    j["tokens"] = encode_prompt(*r.content, r.add_special);
   } else {
     if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, ")");
+    RenderedChat rendered;
     try {
-      text = render_chat(r.messages, r.tools, ChatOptions{});
+      rendered = render_chat_marked(r.messages, r.tools, ChatOptions{});
     } catch (const Error& e) {
       bad_request("messages", e.what());
     }
+    // What /v1/chat/completions would run for these messages.
+    j["tokens"] = encode_chat(rendered, "");
   }
-  OrderedJson j;
-  j["tokens"] = encode_prompt(text, r.add_special);
   res.set_content(dump_json(j), kJson);
 }
 
-void ApiServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
-  DetokenizeRequest r = parse_detokenize_request(req.body, n_vocab_);
+void ApiServer::handle_detokenize(const std::string& body, httplib::Response& res) {
+  DetokenizeRequest r = parse_detokenize_request(body, n_vocab_);
   OrderedJson j;
   j["content"] = tokenizer_->decode(r.tokens);
   res.set_content(dump_json(j), kJson);
@@ -413,38 +534,38 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   res.set_content(dump_json(j), kJson);
 }
 
-// Wraps a handler: ApiError -> its status and body; strata::Error (a bad value that got past the
-// parser) -> 400; anything else -> 500. Never lets an exception reach the HTTP library.
-template <class F>
-httplib::Server::Handler guarded(F f) {
-  return [f](const httplib::Request& req, httplib::Response& res) {
-    try {
-      f(req, res);
-    } catch (const ApiError& e) {
-      if (e.status == 503) res.set_header("Retry-After", "1");
-      res.status = e.status;
-      res.set_content(error_body(e), kJson);
-    } catch (const Error& e) {
-      send_error(res, 400, e.what());
-    } catch (const std::exception& e) {
-      send_error(res, 500, cat("internal error: ", e.what()));
-    }
+GuardOptions ApiServer::guard_options() {
+  GuardOptions g;
+  g.request_deadline_s = opt_.timeout_s;
+  g.keep_alive_s = kKeepAliveSeconds;
+  g.max_connections = opt_.max_connections;
+  g.health = [this] {
+    return ready_.load() ? std::pair<int, std::string>(200, "{\"status\":\"ok\"}")
+                         : std::pair<int, std::string>(503, "{\"status\":\"loading\"}");
   };
+  return g;
 }
 
 void ApiServer::install_routes() {
   http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    Connection* conn = current_connection();
+    // Requests without a body are whole once their headers are in; the body routes say so themselves
+    // once they have read it (read_body).
+    const bool has_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+    if (conn && !has_body) conn->request_read();
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (!opt_.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       const std::string prefix = "Bearer ";
       if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), opt_.api_key)) {
         res.set_header("WWW-Authenticate", "Bearer");
+        if (conn && has_body) conn->close_after_answer();  // its body is not read
         send_error(res, 401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key");
         return httplib::Server::HandlerResponse::Handled;
       }
     }
     if (!ready_.load() && req.path != "/metrics") {
+      if (conn && has_body) conn->close_after_answer();
       send_busy(res, "the model is loading");
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -467,10 +588,21 @@ void ApiServer::install_routes() {
   });
   http_.Get("/v1/models", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
   http_.Get(R"(/v1/models/(.+))", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
-  http_.Post("/v1/chat/completions", guarded([this](const auto& req, auto& res) { handle_chat(req, res); }));
-  http_.Post("/v1/completions", guarded([this](const auto& req, auto& res) { handle_completion(req, res); }));
-  http_.Post("/tokenize", guarded([this](const auto& req, auto& res) { handle_tokenize(req, res); }));
-  http_.Post("/detokenize", guarded([this](const auto& req, auto& res) { handle_detokenize(req, res); }));
+  const size_t limit = opt_.max_body_bytes;
+  http_.Post("/v1/chat/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_chat(body, res); }));
+  http_.Post("/v1/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_completion(body, res); }));
+  http_.Post("/tokenize", guarded_body(limit, [this](const auto& body, auto& res) { handle_tokenize(body, res); }));
+  http_.Post("/detokenize", guarded_body(limit, [this](const auto& body, auto& res) { handle_detokenize(body, res); }));
+  // Any other route with a body: 404 without reading the body (the library would read it whole,
+  // unbounded when chunked, before finding no route).
+  const auto no_route = [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+    if (Connection* conn = current_connection()) conn->close_after_answer();
+    send_error(res, 404, cat("unknown route: ", req.method, " ", req.path));
+  };
+  http_.Post(".*", no_route);
+  http_.Put(".*", no_route);
+  http_.Patch(".*", no_route);
+  http_.Delete(".*", no_route);
 
   // Statuses the library sets itself (404 no route, 413 body too large, 400 bad request line, ...)
   // get an OpenAI-shaped body too.
@@ -497,15 +629,15 @@ void ApiServer::install_routes() {
     send_error(res, 500, cat("internal error: ", what));
   });
   http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (Connection* conn = current_connection()) conn->answer_written();
     metrics_.count_request(route_label(req.path), res.status);
   });
 }
 
 // Runs beside the listener: on SIGINT/SIGTERM it stops taking new work, lets running requests finish
 // (for up to the grace period), cancels what is left, then stops the listener.
-// It waits on its own flag for the listener's end, not on http_.is_running(): that turns true only once
-// listen_after_bind() has started, and a watcher that looked before then used to return at once,
-// leaving SIGTERM unanswered.
+// It waits on its own flag for the listener's end (a signal may come before the accept loop runs;
+// guard_.stop() then ends the loop as soon as it starts).
 void ApiServer::watch_for_stop() {
   while (!g_stop_requested.load() && !listener_ended_.load()) std::this_thread::sleep_for(50ms);
   if (listener_ended_.load()) return;  // the listener ended by itself
@@ -520,27 +652,22 @@ void ApiServer::watch_for_stop() {
     // Let the streams that just ended write their last events before the sockets close.
     std::this_thread::sleep_for(200ms);
   }
-  // stop() does nothing while the listener has not started yet (a signal or a failed load right
-  // after bind), so it is repeated until the listener has ended.
-  while (!listener_ended_.load()) {
-    http_.stop();
-    std::this_thread::sleep_for(50ms);
-  }
+  guard_.stop();
 }
 
 int ApiServer::run() {
-  if (opt_.slots < 1) fail("--slots must be >= 1, got ", opt_.slots);
-  if (opt_.ctx < 2) fail("--ctx must be >= 2, got ", opt_.ctx);
-  if (opt_.timeout_s < 1) fail("--timeout must be >= 1 second, got ", opt_.timeout_s);
+  check_serve_options(opt_);
   install_routes();
   http_.set_payload_max_length(opt_.max_body_bytes);
   http_.set_read_timeout(opt_.timeout_s, 0);
   http_.set_write_timeout(opt_.timeout_s, 0);
-  http_.set_keep_alive_timeout(5);
-  // One thread per connection being served: enough for every slot, the whole queue, and the quick
-  // routes (health, metrics, rejected requests) beside them.
-  const size_t threads = static_cast<size_t>(opt_.slots + opt_.queue + 32);
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_.set_keep_alive_timeout(kKeepAliveSeconds);
+  // SO_REUSEADDR only (a restart may bind while old connections linger): the library's default adds
+  // SO_REUSEPORT, which lets a second server bind the same port and take part of the traffic.
+  http_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
 
   g_stop_requested.store(false);
   struct sigaction sa {};
@@ -550,11 +677,15 @@ int ApiServer::run() {
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that vanished must not kill the server on write
 
-  if (!http_.bind_to_port(opt_.host, opt_.port)) fail("cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
-  std::fprintf(stderr, "strata serve: listening on http://%s:%d\n", opt_.host.c_str(), opt_.port);
+  const int port = opt_.port == 0 ? http_.bind_to_any_port(opt_.host) : (http_.bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+  if (port <= 0) fail("cannot listen on ", opt_.host, ":", opt_.port, " (the port is taken or the address is not available)");
+  std::fprintf(stderr, "strata serve: listening on http://%s:%d\n", opt_.host.c_str(), port);
+  if (!is_loopback(opt_.host) && opt_.api_key.empty())
+    std::fprintf(stderr, "strata serve: warning: listening on %s beyond this machine without an API key: anyone who can "
+                         "reach it can use the model (set --api-key-file)\n", opt_.host.c_str());
   std::thread loader([this] { load(); });
   std::thread watcher([this] { watch_for_stop(); });
-  const bool listened = http_.listen_after_bind();
+  const bool listened = guard_.listen();
   listener_ended_.store(true);
   watcher.join();
   loader.join();
@@ -566,6 +697,23 @@ int ApiServer::run() {
 }
 
 }  // namespace
+
+void check_serve_options(const ServeOptions& o) {
+  if (o.port < 0 || o.port > 65535) fail("--port must be 0..65535 (0: any free port), got ", o.port);
+  if (o.host.empty()) fail("--host must not be empty");
+  if (o.slots < 1) fail("--slots must be >= 1, got ", o.slots);
+  if (o.queue < -1) fail("--queue must be >= 0, got ", o.queue);
+  if (o.queue_timeout_s < 1) fail("--queue-timeout must be >= 1 second, got ", o.queue_timeout_s);
+  if (o.ctx < 2) fail("--ctx must be >= 2, got ", o.ctx);
+  if (o.timeout_s < 1) fail("--timeout must be >= 1 second, got ", o.timeout_s);
+  if (o.max_body_bytes < 1) fail("--max-body must be >= 1 byte");
+  if (o.threads < 0) fail("--threads must be >= 0 (0: automatic), got ", o.threads);
+  if (o.shutdown_grace_s < 0) fail("--shutdown-grace must be >= 0, got ", o.shutdown_grace_s);
+  const ServeOptions d = with_defaults(o);
+  if (d.max_connections < d.slots + d.queue + 1)
+    fail("--max-connections ", d.max_connections, " leaves no room beside the ", d.slots, " slots and the queue of ",
+         d.queue, " (needs at least ", d.slots + d.queue + 1, ")");
+}
 
 int run_server(const ServeOptions& options) {
   use_passive_omp_waits();  // may re-execute the process; see omp_wait_policy.h

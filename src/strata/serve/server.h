@@ -14,15 +14,20 @@ namespace strata::serve {
 struct ServeOptions {
   std::string model_path;
   std::string host = "127.0.0.1";
-  int port = 8080;
+  int port = 8080;          // 0: any free port (printed once bound)
   int slots = 1;            // concurrent sequences
-  int queue = -1;           // requests that may wait for a slot; < 0: 4 x slots
+  int queue = -1;           // requests that may wait for a slot; < 0: 64 x slots
+  int queue_timeout_s = 300;  // how long a request may wait for a slot before 503
   int ctx = 4096;           // tokens per sequence (clamped to the model's training context when it states one)
-  int threads = 0;          // CPU threads in all; 0: every hardware thread
+  int threads = 0;          // CPU threads in all; 0: the thread policy's choice (engine/thread_policy.h)
+  bool threads_force = false;  // --threads beyond the usable cores
   std::string api_key;      // "": no key required
+  std::string api_key_file; // the CLI reads it into api_key
   std::string model_name;   // "": the model file's name without directory and .gguf
-  size_t max_body_bytes = 1 << 20;
-  int timeout_s = 30;       // read/write timeout per connection
+  size_t max_body_bytes = 1 << 20;  // any transfer or content encoding, counted as the body arrives
+  int timeout_s = 30;       // whole-request deadline (headers and body) and write timeout
+  int max_connections = -1;  // connections served at once (< 0: slots + queue + 64); beyond it only /health is answered
+  bool parse_special = false;  // special-token text inside chat messages becomes control tokens
   int shutdown_grace_s = 10;  // on SIGINT/SIGTERM, how long running requests may finish before being cancelled
   // Makes each slot's sequence; empty: the CPU engine. backend names it in the start-up line.
   std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
@@ -34,6 +39,9 @@ struct ServeOptions {
   // hybrid counters). Empty: none.
   std::function<std::string(const Sequence&)> sequence_metrics;
 };
+
+// Every serve option checked in one place (throws strata::Error naming the flag).
+void check_serve_options(const ServeOptions& options);
 
 // Binds, loads the model (answering /health with 503 until it is ready) and serves until SIGINT or
 // SIGTERM. Returns the process exit code: 0 after a graceful shutdown. Throws strata::Error when the

@@ -3,6 +3,7 @@
 #include "strata/text/chat_template.h"
 
 #include "strata/base/error.h"
+#include "strata/text/tokenizer.h"
 
 namespace strata {
 namespace {
@@ -75,8 +76,25 @@ ChatFamily detect_chat_family(std::string_view chat_template, bool force_chatml)
        std::string(chat_template.substr(0, 120)));
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJson& tools,
-                        const ChatOptions& options) {
+namespace {
+
+constexpr std::string_view kImStart = "<|im_start|>";
+constexpr std::string_view kImEnd = "<|im_end|>";
+
+// The rendered text with the places where the template itself writes a control token.
+struct MarkedText {
+  RenderedChat chat;
+  void operator+=(std::string_view s) { chat.text += s; }
+  void special(std::string_view token) {
+    chat.special_spans.push_back({chat.text.size(), token.size()});
+    chat.text += token;
+  }
+};
+
+}  // namespace
+
+RenderedChat render_chat_marked(const std::vector<ChatMessage>& messages, const OrderedJson& tools,
+                                const ChatOptions& options) {
   if (messages.empty()) fail("chat: no messages to render");
   for (const auto& m : messages) {
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
@@ -86,11 +104,12 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJ
   if (!tools.is_null() && !tools.is_array()) fail("chat: tools must be a JSON array");
   const bool has_tools = tools.is_array() && !tools.empty();
   const size_t n = messages.size();
-  std::string out;
+  MarkedText out;
 
   // {%- if tools %} ... system block with the tool list
   if (has_tools) {
-    out += "<|im_start|>system\n";
+    out.special(kImStart);
+    out += "system\n";
     if (messages[0].role == "system") out += messages[0].content + "\n\n";
     out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
@@ -100,9 +119,14 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJ
     }
     out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-           "<args-json-object>}\n</tool_call><|im_end|>\n";
+           "<args-json-object>}\n</tool_call>";
+    out.special(kImEnd);
+    out += "\n";
   } else if (messages[0].role == "system") {
-    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+    out.special(kImStart);
+    out += "system\n" + messages[0].content;
+    out.special(kImEnd);
+    out += "\n";
   }
 
   // ns.last_query_index: the last user message that is not just a wrapped tool response.
@@ -120,7 +144,10 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJ
     const ChatMessage& m = messages[i];
     const bool first = i == 0, last = i + 1 == n;
     if (m.role == "user" || (m.role == "system" && !first)) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      out.special(kImStart);
+      out += m.role + "\n" + m.content;
+      out.special(kImEnd);
+      out += "\n";
     } else if (m.role == "assistant") {
       std::string_view content = m.content;
       std::string_view reasoning;
@@ -133,12 +160,14 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJ
       }
       // {%- if loop.index0 > ns.last_query_index %}{%- if loop.last or reasoning_content %}
       if (i > last_query_index && (last || !reasoning.empty())) {
-        out += "<|im_start|>assistant\n<think>\n";
+        out.special(kImStart);
+        out += "assistant\n<think>\n";
         out += strip_newlines(reasoning);
         out += "\n</think>\n\n";
         out += lstrip_newlines(content);
       } else {
-        out += "<|im_start|>assistant\n";
+        out.special(kImStart);
+        out += "assistant\n";
         out += content;
       }
       for (size_t t = 0; t < m.tool_calls.size(); ++t) {
@@ -147,20 +176,51 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJ
         out += m.tool_calls[t].arguments;  // a string: the template writes it as it is
         out += "}\n</tool_call>";
       }
-      out += "<|im_end|>\n";
+      out.special(kImEnd);
+      out += "\n";
     } else if (m.role == "tool") {
-      if (first || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      if (first || messages[i - 1].role != "tool") {
+        out.special(kImStart);
+        out += "user";
+      }
       out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      if (last || messages[i + 1].role != "tool") {
+        out.special(kImEnd);
+        out += "\n";
+      }
     }
     // The first system message was written before the loop.
   }
 
   if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
+    out.special(kImStart);
+    out += "assistant\n";
     if (options.enable_thinking.has_value() && !*options.enable_thinking) out += "<think>\n\n</think>\n\n";
   }
-  return out;
+  return std::move(out.chat);
+}
+
+
+std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJson& tools, const ChatOptions& options) {
+  return render_chat_marked(messages, tools, options).text;
+}
+
+std::vector<int32_t> encode_rendered_chat(const Tokenizer& tokenizer, const RenderedChat& chat, bool parse_special) {
+  if (parse_special) return tokenizer.encode(chat.text, true);
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  auto plain = [&](size_t end) {
+    const std::vector<int32_t> part = tokenizer.encode(std::string_view(chat.text).substr(at, end - at), false);
+    ids.insert(ids.end(), part.begin(), part.end());
+  };
+  for (const auto& [start, length] : chat.special_spans) {
+    plain(start);
+    const std::vector<int32_t> token = tokenizer.encode(std::string_view(chat.text).substr(start, length), true);
+    ids.insert(ids.end(), token.begin(), token.end());
+    at = start + length;
+  }
+  plain(chat.text.size());
+  return ids;
 }
 
 AssistantOutput parse_assistant_output(std::string_view text) {

@@ -3,9 +3,11 @@
 // the model's answer back into reasoning, content and tool calls.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -44,11 +46,28 @@ enum class ChatFamily { ChatML };
 // the template is not supported, unless force_chatml is set.
 ChatFamily detect_chat_family(std::string_view chat_template, bool force_chatml = false);
 
+class Tokenizer;
+
+// A rendered conversation and where in it the template wrote control tokens (offset, length): only
+// those are control tokens; the same text inside a message is the user's text.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> special_spans;
+};
+
 // Renders the conversation as the Qwen3 chat template does. `tools`: a JSON array of tool
 // declarations as OpenAI sends them ({"type": "function", "function": {...}}); null or empty = none.
 // Throws strata::Error on an unknown role.
 std::string render_chat(const std::vector<ChatMessage>& messages, const OrderedJson& tools,
                         const ChatOptions& options);
+// The same rendering with the template's control tokens marked.
+RenderedChat render_chat_marked(const std::vector<ChatMessage>& messages, const OrderedJson& tools,
+                                const ChatOptions& options);
+
+// Token ids of a rendered conversation: control tokens only where the template wrote them, every other
+// byte (message content, tool arguments, names) as plain text, so a message cannot forge a turn.
+// parse_special = true reads control-token text anywhere (serve --parse-special).
+std::vector<int32_t> encode_rendered_chat(const Tokenizer& tokenizer, const RenderedChat& chat, bool parse_special);
 
 // Jinja `tojson` as Hugging Face templates apply it (Python json.dumps, ensure_ascii=False):
 // separators ", " and ": ", keys in insertion order.
