@@ -46,8 +46,11 @@ void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s
 // Mixture of experts: softmax router, top-k (renormalised when c.norm_topk), SwiGLU experts run once per
 // batch on the tokens that chose them, plus the sigmoid-gated shared expert when present. picks
 // (optional): receives the chosen expert ids, [n x k] (the forward counts routes from them).
+// forced (optional, [n x k]): replayed picks (bench --routing) that replace the router's top-k for the
+// rows whose first entry is >= 0; their weights are the router's probabilities of those ids
+// (renormalised over them when c.norm_topk).
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               std::vector<int>* picks = nullptr);
+               std::vector<int>* picks = nullptr, const int* forced = nullptr);
 
 // Final norm and output projection; logits for every row of X ([n x n_vocab]) or for the last only.
 void output_logits(const ModelConfig& c, const ModelWeights& w, const float* X, int n, bool all_positions,

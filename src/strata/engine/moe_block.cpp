@@ -26,7 +26,7 @@ void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMa
 }  // namespace
 
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               std::vector<int>* picks) {
+               std::vector<int>* picks, const int* forced) {
   const int d = c.n_embd;
   const int k = c.n_expert_used;
 
@@ -35,9 +35,25 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   project(w.router, xn, n, probs.data());
   std::vector<int> chosen(static_cast<size_t>(n) * k);
   std::vector<float> weight(static_cast<size_t>(n) * k);
-  for (int t = 0; t < n; ++t)
-    route_token(probs.data() + static_cast<int64_t>(t) * c.n_expert, c.n_expert, k, c.norm_topk,
-                chosen.data() + static_cast<int64_t>(t) * k, weight.data() + static_cast<int64_t>(t) * k);
+  for (int t = 0; t < n; ++t) {
+    float* p = probs.data() + static_cast<int64_t>(t) * c.n_expert;
+    int* ids = chosen.data() + static_cast<int64_t>(t) * k;
+    float* wt = weight.data() + static_cast<int64_t>(t) * k;
+    const int* f = forced ? forced + static_cast<int64_t>(t) * k : nullptr;
+    if (!f || f[0] < 0) {
+      route_token(p, c.n_expert, k, c.norm_topk, ids, wt);
+      continue;
+    }
+    // Replayed ids keep the router's own probabilities for them, so the combine's magnitudes stay
+    // those of a routed token.
+    softmax_inplace(p, c.n_expert);
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += p[f[j]];
+    for (int j = 0; j < k; ++j) {
+      ids[j] = f[j];
+      wt[j] = c.norm_topk && sum > 0.0 ? static_cast<float>(p[f[j]] / sum) : p[f[j]];
+    }
+  }
 
   if (picks) *picks = chosen;
 
