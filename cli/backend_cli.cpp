@@ -6,6 +6,8 @@
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
 #include "strata/moe/gpu_expert_plan.h"
+#include "strata/moe/model_fingerprint.h"
+#include "strata/moe/routing_generator.h"
 #include "strata/moe/vram_budget.h"
 
 #ifdef STRATA_HAVE_CUDA
@@ -47,6 +49,44 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
   sub.add_option("--cache-type-v", o.cache_type_v,
                  "-ctv: KV cache type for values: f16 (default), f32 or q8_0 (CPU only)");
+}
+
+void add_collect_routing_option(CLI::App& sub, BackendOptions& o) {
+  sub.add_option("--collect-routing", o.collect_routing,
+                 "write every kept token's expert picks per layer to FILE, a routing trace for strata routing-stats "
+                 "and bench --routing (CPU engine)");
+}
+
+void add_routing_replay_option(CLI::App& sub, BackendOptions& o) {
+  sub.add_option("--routing", o.routing,
+                 "drive the expert picks from a routing trace FILE or generate:NAME[:SEED] (" + routing_setting_names() +
+                     ") instead of the router (CPU engine); every speed is labelled as replayed");
+}
+
+std::unique_ptr<RoutingTraceWriter> open_routing_trace(const Model& model, const BackendOptions& o) {
+  if (o.collect_routing.empty()) return nullptr;
+  const ModelIdentity id = model_identity(model);
+  RoutingTraceHeader h;
+  h.n_layer = id.n_layer, h.n_expert = id.n_expert, h.k = id.n_expert_used;
+  h.fingerprint = id.fingerprint;
+  h.source = id.name;
+  return std::make_unique<RoutingTraceWriter>(o.collect_routing, h);
+}
+
+std::unique_ptr<RoutingSource> open_routing_replay(const Model& model, const BackendOptions& o) {
+  if (o.routing.empty()) return nullptr;
+  const RoutingReplaySpec spec = parse_routing_replay(o.routing);
+  const ModelConfig& c = model.config();
+  if (spec.generated)
+    return std::make_unique<RoutingGenerator>(routing_setting(spec.name), c.n_layer, c.n_expert, c.n_expert_used,
+                                              spec.seed);
+  RoutingTrace trace = read_routing_trace(spec.path);
+  check_trace_shape(trace.header, c.n_layer, c.n_expert, c.n_expert_used, "--routing " + spec.path);
+  const std::string fp = model_identity(model).fingerprint;
+  std::string label = cat("replayed ", spec.path);
+  if (!trace.header.fingerprint.empty() && trace.header.fingerprint != fp)
+    label += cat(" (recorded on ", trace.header.source.empty() ? "another model" : trace.header.source, ")");
+  return std::make_unique<TraceReplay>(std::move(trace), label);
 }
 
 std::string expand_short_alias(const std::string& arg) {

@@ -18,6 +18,7 @@
 
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
+#include "strata/engine/routing_trace.h"
 #include "strata/engine/sequence.h"
 #include "strata/moe/backend_plan.h"
 #include "strata/moe/profile_store.h"
@@ -39,6 +40,20 @@ std::string expand_short_alias(const std::string& arg);
 // --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead,
 // --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
+
+// --collect-routing FILE (run, serve, calibrate) and --routing FILE|generate:NAME[:SEED] (bench);
+// both are BackendOptions, checked by check_backend_options.
+void add_collect_routing_option(CLI::App& sub, BackendOptions& o);
+void add_routing_replay_option(CLI::App& sub, BackendOptions& o);
+
+// --collect-routing: a new trace file for this model (its shape, fingerprint and name in the header);
+// nullptr without the flag.
+std::unique_ptr<RoutingTraceWriter> open_routing_trace(const Model& model, const BackendOptions& o);
+
+// --routing: the trace (its shape checked against the model; a trace recorded on another model of
+// the same shape is accepted and says so in its label) or the generator at the model's shape;
+// nullptr without the flag.
+std::unique_ptr<RoutingSource> open_routing_replay(const Model& model, const BackendOptions& o);
 
 // --gpu in a build without CUDA or on a machine without a GPU: fails with one line. Nothing without --gpu.
 void require_gpu_if_asked(const BackendOptions& o);

@@ -69,6 +69,7 @@ void setup_bench(CLI::App& sub) {
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
   sub.add_flag("--json", a->json, "print JSON instead of the table");
   strata::cli::add_backend_options(sub, a->backend);
+  strata::cli::add_routing_replay_option(sub, a->backend);
   // Random prompt tokens would skew a profile: bench only reads it.
   sub.get_option("--profile")
       ->description("with --gpu: routing profile (strata calibrate) the expert placement is made from (read only)");
@@ -120,7 +121,11 @@ void setup_bench(CLI::App& sub) {
 #ifdef STRATA_HAVE_CUDA
     tiers = strata::cuda::gpu_vram_by_tier;
 #endif
-    strata::SequenceBenchBackend backend(factory.make(), factory.backend_name(), tiers);
+    const auto replay = strata::cli::open_routing_replay(*model, bo);
+    std::unique_ptr<strata::Sequence> sequence = factory.make();
+    sequence->set_routing_replay(replay.get());
+    if (replay) r.routing = replay->label();
+    strata::SequenceBenchBackend backend(std::move(sequence), factory.backend_name(), tiers);
     r.backend = backend.name();
     if (!a->json) std::fprintf(stderr, "running %d repetitions (+1 warm-up)...\n", a->params.reps);
     r.run = strata::run_bench(backend, a->params);
@@ -185,6 +190,10 @@ void setup_bench(CLI::App& sub) {
     } else {
       std::printf("%s", strata::format_bench_table(r).c_str());
       std::printf("%s", hybrid_text.c_str());
+      if (replay)
+        std::printf("routing: %s drove every expert pick (not the router); weights: the router's probabilities of "
+                    "the replayed experts\n",
+                    r.routing.c_str());
       std::printf("device: %s, %d threads; date %s\ncommand: %s\n", r.cpu_model.c_str(), r.threads, r.date.c_str(),
                   r.command_line.c_str());
     }

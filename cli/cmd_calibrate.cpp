@@ -74,9 +74,9 @@ class TokenProgress {
 };
 
 void count_part(strata::Sequence& session, const strata::CorpusPart& part, int ctx, strata::RoutingCounts& counts,
-                const char* label) {
+                const char* label, strata::ChunkTrace& trace) {
   TokenProgress progress(label, part.n_tokens());
-  strata::count_routes(session, part, ctx, counts, [&](uint64_t done) { progress.update(done); });
+  strata::count_routes(session, part, ctx, counts, [&](uint64_t done) { progress.update(done); }, &trace);
   progress.update(part.n_tokens(), true);
 }
 
@@ -177,16 +177,19 @@ void run_calibrate(const CalibrateOptions& o) {
   const double holdout = o.heldout_counts.empty() ? o.holdout : 0.0;
   const strata::CorpusSplit split = strata::split_corpus(docs, names, holdout);
 
+  // --collect-routing: each chunk (run from an empty state) one stream, training chunks first.
+  const auto trace_file = strata::cli::open_routing_trace(*model, o.backend);
+  strata::ChunkTrace trace{trace_file.get(), 0};
   strata::cli::SequenceFactory backend(*model, o.ctx, 1, o.backend, nullptr);
   const auto sequence = backend.make();
   strata::Sequence& session = *sequence;
   strata::RoutingCounts train, heldout;
-  count_part(session, split.train, o.ctx, train, "training");
+  count_part(session, split.train, o.ctx, train, "training", trace);
   strata::save_profile_atomic(o.output, id, train);
   if (!o.heldout_counts.empty()) {
     heldout = strata::read_heldout_counts(o.heldout_counts, id);
   } else if (!split.heldout.docs.empty()) {
-    count_part(session, split.heldout, o.ctx, heldout, "held-out");
+    count_part(session, split.heldout, o.ctx, heldout, "held-out", trace);
   }
 
   strata::cli::print_telemetry(session, o.backend, stderr);
@@ -219,6 +222,7 @@ void setup_calibrate(CLI::App& sub) {
   sub.add_flag("--json", o->json, "print the report as JSON");
   strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_backend_options(sub, o->backend);
+  strata::cli::add_collect_routing_option(sub, o->backend);
   // The profile calibrate writes is -o; the placement it would guide does not change the counts.
   sub.remove_option(sub.get_option("--profile"));
   sub.callback([o, &sub] {

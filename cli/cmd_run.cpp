@@ -61,7 +61,9 @@ void run_token_ids(const RunOptions& o) {
   const int needed = static_cast<int>(prompt.size()) + o.n_predict;
   const int ctx = o.ctx > 0 ? o.ctx : needed;
   auto profile = strata::cli::open_profile(*model, o.backend);
+  const auto trace = strata::cli::open_routing_trace(*model, o.backend);
   auto session = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
+  session->set_routing_trace(trace.get(), 0);
   strata::cli::ProfileRecorder recorder(profile.get(), *session);
   const std::vector<int32_t> ids = strata::generate_greedy(*session, prompt, o.n_predict);
   recorder.save();
@@ -102,7 +104,9 @@ void run_text(const RunOptions& o) {
   if (n_prompt > ctx)
     strata::fail("prompt of ", n_prompt, " tokens exceeds the context of ", ctx, "; pass a larger --ctx");
   auto profile = strata::cli::open_profile(*model, o.backend);
+  const auto trace = strata::cli::open_routing_trace(*model, o.backend);
   auto session = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
+  session->set_routing_trace(trace.get(), 0);
   strata::cli::ProfileRecorder recorder(profile.get(), *session);
 
   strata::cli::install_interrupt_handler();
@@ -147,6 +151,7 @@ void setup_run(CLI::App& sub) {
   strata::cli::add_thread_options(sub, o->threads);
   sub.add_flag("--no-conversation", o->no_conversation, "-no-cnv: accepted for llama.cpp habits (run is never interactive)");
   strata::cli::add_backend_options(sub, o->backend);
+  strata::cli::add_collect_routing_option(sub, o->backend);
   sub.callback([o, &sub] {
     strata::cli::check_backend_options(o->backend);
     o->temp_given = sub.get_option("--temp")->count() > 0;

@@ -55,6 +55,7 @@ void setup_serve(CLI::App& sub) {
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
   auto backend = std::make_shared<strata::cli::BackendOptions>();
   strata::cli::add_backend_options(sub, *backend);
+  strata::cli::add_collect_routing_option(sub, *backend);
   sub.callback([o, backend] {
     strata::cli::check_backend_options(*backend);
     if (!o->api_key_file.empty()) {
@@ -62,6 +63,13 @@ void setup_serve(CLI::App& sub) {
       o->api_key = read_api_key_file(o->api_key_file);
     }
     strata::serve::check_serve_options(*o);
+    // --collect-routing: one trace for the process, each request its own stream.
+    if (!backend->collect_routing.empty())
+      o->make_routing_trace = [backend](const strata::Model& m) {
+        std::shared_ptr<strata::RoutingTraceWriter> trace = strata::cli::open_routing_trace(m, *backend);
+        std::fprintf(stderr, "strata serve: routing trace %s, one stream per request\n", trace->path().c_str());
+        return trace;
+      };
     // --telemetry (needs --gpu): the hybrid counters on /metrics, refreshed after each request.
     if (backend->telemetry) o->sequence_metrics = strata::cli::telemetry_metrics;
     o->model_path = strata::cli::resolve_model_path(o->model_path);

@@ -1,4 +1,4 @@
-// `strata synth --preset NAME [--quant T] [--skew zipf:S] [--layers N] [--seed N] [--threads N] -o FILE.gguf`:
+// `strata synth --preset NAME [--quant T] [--skew realistic|uniform|zipf:S] [--layers N] [--seed N] [--threads N] -o FILE.gguf`:
 // a random-weight model with a real model's shapes, for benchmarks (`strata bench`, llama-bench).
 // `strata synth --list` prints the presets.
 #include <cstdio>
@@ -39,7 +39,9 @@ void setup_synth(CLI::App& sub) {
   sub.add_option("--preset", a->opt.preset, "model shape: " + strata::convert::synth_preset_names());
   sub.add_option("--quant", a->opt.quant,
                  "weight type: " + strata::convert::supported_type_names() + " (default q4_k_m)");
-  sub.add_option("--skew", a->opt.skew, "routing skew: none or zipf:S (router rows scaled by 1/rank^S; default none)");
+  sub.add_option("--skew", a->opt.skew,
+                 "router skew: realistic (default: static skew like a real model's, ~70% of picks on the hottest 40% "
+                 "of experts), uniform (unscaled random routers) or zipf:S (router rows scaled by 1/rank^S)");
   auto* layers = sub.add_option("--layers", a->opt.layers,
                  "keep only the first N layers of the preset (same shapes and layer pattern; default: all)");
   sub.add_option("--seed", a->opt.seed, "random seed (default 42)");

@@ -306,7 +306,9 @@ TEST(CliFamiliarFlags, NglIsReadAsGpuLayersNotAsN) {
   // machine may lack: either it runs or it fails naming --gpu, never "gl".
   const RunResult r = run_cli("run -p 'x' -n 1 -ngl 99 --no-stats");
   EXPECT_EQ(r.err.find("could not be converted"), std::string::npos) << r.err;
-  if (r.exit_code != 0) EXPECT_NE(r.err.find("--gpu"), std::string::npos) << r.err;
+  if (r.exit_code != 0) {
+    EXPECT_NE(r.err.find("--gpu"), std::string::npos) << r.err;
+  }
   const RunResult both = run_cli("run -p 'x' -n 1 -ngl 0 --gpu");
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.err.find("-ngl 0"), std::string::npos) << both.err;

@@ -17,6 +17,7 @@
 #include "strata/base/error.h"
 #include "strata/convert/synth.h"
 #include "strata/convert/synth_presets.h"
+#include "strata/convert/synth_tensors.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/gguf.h"
@@ -208,7 +209,9 @@ TEST(Synth, SameSeedSameBytesForAnyThreadCount) {
 // top-k as the engine does (the top-k of the logits). With zipf:1 the most-picked 20% of experts must
 // take clearly more than 20% of picks (measured ~0.34 with 16 experts, 4 used), zipf:2 more still;
 // without skew they must not dominate.
-static double top20_share(const std::string& path) {
+// top_share(path, frac): the share of picks on the most-picked frac of experts, averaged over layers
+// (not normalised).
+static double top_share(const std::string& path, double frac, bool normalise) {
   const auto f = strata::GgufFile::open(path);
   const int E = static_cast<int>(f.get_u32("qwen35moe.embedding_length"));
   const int X = static_cast<int>(f.get_u32("qwen35moe.expert_count"));
@@ -233,19 +236,21 @@ static double top20_share(const std::string& path) {
       for (int k = 0; k < K; ++k) picks[static_cast<size_t>(logit[static_cast<size_t>(k)].second)]++;
     }
     std::sort(picks.begin(), picks.end(), std::greater<>());
-    const int top = std::max(1, X / 5);
+    const int top = std::max(1, static_cast<int>(std::lround(frac * X)));
     long top_sum = 0, all = 0;
     for (int e = 0; e < X; ++e) {
       all += picks[static_cast<size_t>(e)];
       if (e < top) top_sum += picks[static_cast<size_t>(e)];
     }
-    share += static_cast<double>(top_sum) / static_cast<double>(all) / L * (static_cast<double>(X) / 5 / top);
+    share += static_cast<double>(top_sum) / static_cast<double>(all) / L * (normalise ? frac * X / top : 1.0);
   }
-  return share;  // normalised so a uniform router gives ~0.2
+  return share;  // normalised: a uniform router gives ~frac
 }
 
+static double top20_share(const std::string& path) { return top_share(path, 0.2, true); }
+
 TEST(Synth, ZipfSkewConcentratesRouting) {
-  const double flat = top20_share(synth("tiny-qwen35moe", "f32", "none", 11, 0, "flat.gguf"));
+  const double flat = top20_share(synth("tiny-qwen35moe", "f32", "uniform", 11, 0, "flat.gguf"));
   const double skewed = top20_share(synth("tiny-qwen35moe", "f32", "zipf:1", 11, 0, "skew.gguf"));
   const double steeper = top20_share(synth("tiny-qwen35moe", "f32", "zipf:2", 11, 0, "skew2.gguf"));
   EXPECT_LT(flat, 0.26);
@@ -269,8 +274,26 @@ TEST(Synth, BadOptionsFailClearly) {
     EXPECT_NE(msg([&] { synth("tiny-qwen3moe", "q8_0", bad, 1, 0, "x.gguf"); }).find("--skew"), std::string::npos) << bad;
   }
   EXPECT_FALSE(fs::exists(temp_dir() / "x.gguf"));
-  EXPECT_DOUBLE_EQ(strata::convert::parse_skew("zipf:1.5"), 1.5);
-  EXPECT_DOUBLE_EQ(strata::convert::parse_skew("none"), 0.0);
+  EXPECT_DOUBLE_EQ(strata::convert::parse_skew("zipf:1.5").value(), 1.5);
+  EXPECT_DOUBLE_EQ(strata::convert::parse_skew("none").value(), 0.0);
+  EXPECT_DOUBLE_EQ(strata::convert::parse_skew("uniform").value(), 0.0);
+  EXPECT_FALSE(strata::convert::parse_skew("realistic").has_value());
+}
+
+// The default (realistic) skew: on random hidden states the hottest 40% of experts take about 70% of
+// the picks, as a real model's do statically; uniform routers stay near 40%, zipf:1 far above.
+TEST(Synth, RealisticSkewIsTheDefaultAndLandsOnTheTarget) {
+  EXPECT_EQ(strata::convert::SynthOptions{}.skew, "realistic");
+  const double realistic = top_share(synth("tiny-qwen35moe", "f32", "realistic", 11, 0, "real.gguf"), 0.4, false);
+  const double flat = top_share(synth("tiny-qwen35moe", "f32", "uniform", 11, 0, "flat40.gguf"), 0.4, false);
+  EXPECT_NEAR(realistic, 0.70, 0.06);
+  EXPECT_LT(flat, 0.52);
+  const double e128 = strata::convert::realistic_skew_exponent(128, 8);
+  const double e256 = strata::convert::realistic_skew_exponent(256, 8);
+  EXPECT_GT(e128, 0.1);
+  EXPECT_LT(e128, 0.5);
+  EXPECT_LT(e256, e128);  // more experts: a gentler exponent reaches the same share
+  EXPECT_EQ(strata::convert::realistic_skew_exponent(128, 8), e128);  // deterministic
 }
 
 TEST(Synth, CliListsPresetsAndRejectsBadPreset) {

@@ -22,11 +22,12 @@
 
 namespace strata::convert {
 
-double parse_skew(const std::string& text) {
-  if (text == "none" || text == "0") return 0.0;
+std::optional<double> parse_skew(const std::string& text) {
+  if (text == "realistic") return std::nullopt;
+  if (text == "uniform" || text == "none" || text == "0") return 0.0;
   const std::string prefix = "zipf:";
   if (text.rfind(prefix, 0) != 0)
-    fail("--skew '", text, "' is not understood (expected 'none' or 'zipf:S', e.g. zipf:1.0)");
+    fail("--skew '", text, "' is not understood (expected realistic, uniform or zipf:S, e.g. zipf:1.0)");
   const std::string num = text.substr(prefix.size());
   char* end = nullptr;
   const double s = std::strtod(num.c_str(), &end);
@@ -94,8 +95,9 @@ SynthSummary synth_model(const SynthOptions& opt) {
   if (opt.threads < 0) fail("synth: --threads must be >= 0");
   const SynthPreset& preset = find_synth_preset(opt.preset);
   const TypeRequest req = parse_type_request(opt.quant);
-  const double skew = parse_skew(opt.skew);
+  const std::optional<double> skew_given = parse_skew(opt.skew);
   const HfConfig cfg = synth_config(preset, opt.layers);
+  const double skew = skew_given ? *skew_given : realistic_skew_exponent(cfg.n_expert, cfg.n_expert_used);
   if (opt.threads > 0) omp_set_num_threads(opt.threads);
 
   GgufWriter writer;
@@ -106,6 +108,7 @@ SynthSummary synth_model(const SynthOptions& opt) {
   writer.set("strata.synth.preset", GgufValue::str(preset.name));
   writer.set("strata.synth.seed", GgufValue::u64(opt.seed));
   writer.set("strata.synth.skew", GgufValue::str(opt.skew));
+  writer.set("strata.synth.skew_exponent", GgufValue::f64(skew));
   writer.set("strata.synth.layers", GgufValue::u32(static_cast<uint32_t>(cfg.n_layer)));
   writer.set("strata.synth.preset_layers", GgufValue::u32(static_cast<uint32_t>(preset.config.n_layer)));
   write_vocab_to_gguf(make_synth_vocab(cfg.n_vocab, cfg.arch == HfArch::Qwen35Moe ? "qwen35" : "qwen2"), writer);

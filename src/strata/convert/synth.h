@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,10 @@
 
 namespace strata::convert {
 
-// Parses --skew: "none" / "0" -> 0, "zipf:S" with S a finite number in [0, 8] -> S. Throws otherwise.
-double parse_skew(const std::string& text);
+// Parses --skew: "realistic" -> nullopt (the exponent then comes from the shape:
+// realistic_skew_exponent), "uniform" / "none" / "0" -> 0, "zipf:S" with S a finite number in [0, 8]
+// -> S. Throws otherwise.
+std::optional<double> parse_skew(const std::string& text);
 
 struct SynthProgress {
   size_t index = 0, total = 0;  // 1-based
@@ -33,7 +36,9 @@ struct SynthProgress {
 struct SynthOptions {
   std::string preset;
   std::string quant = "q4_k_m";  // any name convert's --type accepts
-  std::string skew = "none";
+  // Router skew (--skew): realistic by default, so a benchmark on a synth file sees static skew close
+  // to a real model's; random weights cannot give temporal reuse (bench --routing replays that).
+  std::string skew = "realistic";
   uint64_t seed = 42;
   // Keep only the first `layers` layers of the preset (same shapes; qwen35moe keeps the real model's
   // DeltaNet / full-attention pattern of those layers). 0: all of the preset's layers.

@@ -26,6 +26,31 @@ std::vector<float> zipf_expert_scales(int n_expert, double s, uint64_t seed, int
 
 namespace {
 
+// Share of top-k picks on the most-picked 40% of experts when logit e is scale_e * N(0, 1).
+double simulated_top40_share(int n_expert, int k, double s) {
+  std::vector<double> scale(static_cast<size_t>(n_expert));
+  for (int e = 0; e < n_expert; ++e) scale[static_cast<size_t>(e)] = std::pow(e + 1.0, -s);
+  std::vector<uint64_t> count(static_cast<size_t>(n_expert), 0);
+  std::vector<std::pair<double, int>> v(static_cast<size_t>(n_expert));
+  RowRng rng(stream_key(1, "realistic-skew"), static_cast<uint64_t>(n_expert) * 1000 + static_cast<uint64_t>(k));
+  const int tokens = 4000;
+  for (int t = 0; t < tokens; ++t) {
+    for (int e = 0; e < n_expert; ++e) {
+      // Box-Muller from two uniform draws.
+      const double u1 = (static_cast<double>(rng.next() >> 11) + 1.0) * 0x1.0p-53;
+      const double u2 = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
+      v[static_cast<size_t>(e)] = {scale[static_cast<size_t>(e)] * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2), e};
+    }
+    std::partial_sort(v.begin(), v.begin() + k, v.end(), std::greater<>());
+    for (int j = 0; j < k; ++j) ++count[static_cast<size_t>(v[static_cast<size_t>(j)].second)];
+  }
+  std::sort(count.begin(), count.end(), std::greater<>());
+  const int top = std::max(1, static_cast<int>(std::lround(0.4 * n_expert)));
+  uint64_t hit = 0;
+  for (int e = 0; e < top; ++e) hit += count[static_cast<size_t>(e)];
+  return static_cast<double>(hit) / (static_cast<double>(tokens) * k);
+}
+
 struct Planner {
   const HfConfig& c;
   std::vector<SynthTensor> out;
@@ -42,6 +67,19 @@ struct Planner {
 };
 
 }  // namespace
+
+double realistic_skew_exponent(int n_expert, int k) {
+  if (n_expert < 1 || k < 1 || k > n_expert) fail("synth: invalid expert shape ", n_expert, " experts top-", k);
+  const double target = 0.70;
+  // Nothing to skew when top-k already takes the hot 40% (or more) every token.
+  if (simulated_top40_share(n_expert, k, 0.0) >= target) return 0.0;
+  double lo = 0.0, hi = 4.0;
+  for (int i = 0; i < 14; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (simulated_top40_share(n_expert, k, mid) < target ? lo : hi) = mid;
+  }
+  return std::round(hi * 1000.0) / 1000.0;
+}
 
 std::vector<SynthTensor> plan_synth_tensors(const HfConfig& c, double skew, uint64_t seed) {
   const bool q35 = c.arch == HfArch::Qwen35Moe;

@@ -33,6 +33,13 @@ struct SynthTensor {
 // (seed, layer)) of 1..n_expert. s = 0 gives all ones.
 std::vector<float> zipf_expert_scales(int n_expert, double s, uint64_t seed, int layer);
 
+// The Zipf exponent that makes random router rows route like a real model statically: on random
+// hidden states, the hottest 40% of experts take about 70% of picks (Qwen3-30B-A3B's held-out figure).
+// Found by bisection over a fixed-seed simulation of top-k over scaled Gaussian logits, so it depends
+// only on (n_expert, k). Temporal reuse is a property of real hidden states that random weights do
+// not have.
+double realistic_skew_exponent(int n_expert, int k);
+
 // Every tensor of the model in file order.
 std::vector<SynthTensor> plan_synth_tensors(const HfConfig& cfg, double skew, uint64_t seed);
 

@@ -44,15 +44,16 @@ std::string format_bench_table(const BenchReport& r) {
   out += "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: |\n";
   const std::string head = "| " + r.model_name + " | " + human_bytes(r.model_bytes) + " | " + human_params(r.n_params) +
                            " | " + r.backend + " | " + std::to_string(r.threads) + " | ";
+  const std::string routed = r.routing.empty() ? "" : " (routing: " + r.routing + ")";
   auto row = [&](const std::string& test, const Stats& s, double floor, const char* unitfmt) {
-    out += head + test + " | " + fmt(unitfmt, s.median, s.stddev) + " | " + fmt("%.2f..%.2f", s.min, s.max) + " | " +
+    out += head + test + routed + " | " + fmt(unitfmt, s.median, s.stddev) + " | " + fmt("%.2f..%.2f", s.min, s.max) + " | " +
            fmt("%.2f", floor) + " |\n";
   };
   row("pp" + std::to_string(r.params.n_prompt), summarize(r.run.prefill_tps), r.prefill_floor_tps(), "%.2f +- %.2f");
   if (!r.run.decode_tps.empty())
     row("tg" + std::to_string(r.params.n_gen), summarize(r.run.decode_tps), r.decode_floor_tps(), "%.2f +- %.2f");
   const Stats t = summarize(r.run.ttft_ms);
-  out += head + "ttft ms (p" + std::to_string(r.params.n_prompt) + ") | " + fmt("%.2f +- %.2f", t.median, t.stddev) +
+  out += head + "ttft ms (p" + std::to_string(r.params.n_prompt) + ")" + routed + " | " + fmt("%.2f +- %.2f", t.median, t.stddev) +
          " | " + fmt("%.2f..%.2f", t.min, t.max) + " | " + fmt("%.2f", r.ttft_floor_ms()) + " |\n";
   out += "\n";
   out += "floors: " + r.bandwidth.source + fmt(" %.1f GB/s", r.bandwidth.triad_gbs) + " (" + std::to_string(r.bandwidth.threads) +
@@ -100,6 +101,10 @@ std::string format_bench_json(const BenchReport& r) {
     j["results"]["decode"] = stats_json(summarize(r.run.decode_tps), "tok/s", r.decode_floor_tps());
   else
     j["results"]["decode"] = nullptr;
+  j["routing"] = r.routing.empty() ? "router" : r.routing;
+  if (!r.routing.empty())
+    for (const char* key : {"prefill", "ttft", "decode"})
+      if (!j["results"][key].is_null()) j["results"][key]["routing"] = r.routing;
   if (r.vram_by_tier.empty()) {
     j["vram_by_tier"] = nullptr;
     j["vram_note"] = r.backend + " backend: none";

@@ -27,6 +27,9 @@ struct BenchReport {
   ActiveBytes active;
   BenchRun run;
   std::vector<std::pair<std::string, size_t>> vram_by_tier;  // empty on the CPU
+  // bench --routing: what drove the expert picks ("replayed FILE", "generated NAME seed S"); "" when
+  // the router did. Every row and result that reports a speed under replayed routing carries it.
+  std::string routing;
 
   // Floors at the measured bandwidth.
   double decode_floor_tps() const;

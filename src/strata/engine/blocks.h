@@ -48,8 +48,11 @@ void deltanet_keep(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s
 // top-k (renormalised when c.norm_topk), SwiGLU experts run once per batch on the tokens that chose
 // them, their sum times c.expert_weights_scale, plus the shared expert (sigmoid-gated or not) when
 // present. picks (optional): receives the chosen expert ids, [n x k] (the forward counts routes from them).
+// forced (optional, [n x k]): replayed picks (bench --routing) that replace the router's top-k for the
+// rows whose first entry is >= 0; their weights are the router's probabilities of those ids
+// (renormalised over them when c.norm_topk).
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               std::vector<int>* picks = nullptr);
+               std::vector<int>* picks = nullptr, const int* forced = nullptr);
 
 // A dense SwiGLU feed-forward: out = down(silu(gate xn) * up xn) for n rows.
 void dense_ffn_block(const DenseFfnWeights& w, const float* xn, int n, float* out);

@@ -40,6 +40,22 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   const size_t width = static_cast<size_t>(n) * d;
   std::vector<float> x(width), xn(width), y(width);
   std::vector<int> picks;
+  const size_t k = static_cast<size_t>(c.n_expert_used);
+  const size_t token_stride = static_cast<size_t>(c.n_layer) * k;
+
+  // Replayed picks, [row x layer x k], -1 for rows the router picks for; asked for before anything
+  // changes so a failing source leaves the states as they were.
+  std::vector<int> replayed, forced;
+  for (int p = 0; p < n_parts; ++p) {
+    ForwardPart& part = parts[p];
+    if (!part.replay) continue;
+    if (replayed.empty()) replayed.assign(static_cast<size_t>(n) * token_stride, -1);
+    part.replay->next(part.n, replayed.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * token_stride);
+  }
+  // Each traced chain's picks, [token x layer x k], appended once the forward is done.
+  std::vector<std::vector<int>> traced(static_cast<size_t>(n_parts));
+  for (int p = 0; p < n_parts; ++p)
+    if (parts[p].trace && !parts[p].pending) traced[static_cast<size_t>(p)].resize(static_cast<size_t>(parts[p].n) * token_stride);
 
   embed_tokens(w.token_embd, tokens.data(), n, x.data());
   for (int il = 0; il < c.n_layer; ++il) {
@@ -62,20 +78,31 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
 
     rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
     switch (spec.ffn) {
-      case FfnKind::Moe: moe_block(c, L.moe, xn.data(), n, y.data(), &picks); break;
+      case FfnKind::Moe:
+        if (!replayed.empty()) {
+          forced.resize(static_cast<size_t>(n) * k);
+          for (size_t t = 0; t < static_cast<size_t>(n); ++t)
+            std::copy_n(replayed.data() + t * token_stride + static_cast<size_t>(il) * k, k, forced.data() + t * k);
+        }
+        moe_block(c, L.moe, xn.data(), n, y.data(), &picks, replayed.empty() ? nullptr : forced.data());
+        break;
       case FfnKind::Dense: dense_ffn_block(L.dense, xn.data(), n, y.data()); break;
     }
-    // Each part's picks: kept for keep_pending, or counted now. A dense layer routes nothing.
-    const size_t k = spec.ffn == FfnKind::Moe ? static_cast<size_t>(c.n_expert_used) : 0;
+    // Each part's picks: kept for keep_pending, or counted (and traced) now. A dense layer routes nothing
+    // (routing traces refuse models with dense layers: Session::set_routing_trace).
+    const size_t kl = spec.ffn == FfnKind::Moe ? k : 0;
     for (int p = 0; p < n_parts; ++p) {
       ForwardPart& part = parts[p];
-      const auto from = picks.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first[static_cast<size_t>(p)]) * k);
-      const auto to = from + static_cast<std::ptrdiff_t>(static_cast<size_t>(part.n) * k);
+      const auto from = picks.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first[static_cast<size_t>(p)]) * kl);
+      const auto to = from + static_cast<std::ptrdiff_t>(static_cast<size_t>(part.n) * kl);
       if (part.pending) {
         part.state->pending_picks.resize(static_cast<size_t>(c.n_layer));
         part.state->pending_picks[static_cast<size_t>(il)].assign(from, to);
-      } else if (part.counts && k > 0) {
-        count_picks(*part.counts, il, &*from, &*from + (to - from));
+      } else if (kl > 0) {
+        if (part.counts) count_picks(*part.counts, il, &*from, &*from + (to - from));
+        std::vector<int>& tr = traced[static_cast<size_t>(p)];
+        for (size_t t = 0; t < tr.size() / token_stride; ++t)
+          std::copy_n(from + static_cast<std::ptrdiff_t>(t * k), k, tr.data() + t * token_stride + static_cast<size_t>(il) * k);
       }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
@@ -90,31 +117,50 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
       part.state->has_pending = true;
     } else {
       part.state->n_past += part.n;
+      if (part.trace) part.trace->append(part.trace_stream, traced[static_cast<size_t>(p)].data(), part.n);
     }
+  }
+}
+
+void forward_part(const Model& model, ForwardPart part) {
+  // Plain tokens beyond what one forward may add (sliding-window rings) run in pieces; pending ones
+  // cannot be split (keep() chooses among them) and forward_batch refuses too many.
+  const int n = part.n;
+  const int piece = part.pending ? n : std::max(1, part.state->forward_limit);
+  const size_t vocab = static_cast<size_t>(model.config().n_vocab);
+  for (int at = 0; at < n; at += piece) {
+    const int len = std::min(piece, n - at);
+    ForwardPart p = part;
+    p.tokens = part.tokens + at, p.n = len;
+    p.logits = part.all_positions ? (part.logits ? part.logits + static_cast<size_t>(at) * vocab : nullptr)
+                                  : (at + len == n ? part.logits : nullptr);
+    forward_batch(model, &p, 1);
   }
 }
 
 void forward_model(const Model& model, SequenceState& state, const int32_t* tokens, int n, const TokenTree* pending,
                    float* logits, bool all_positions, RoutingCounts* counts) {
-  // Plain tokens beyond what one forward may add (sliding-window rings) run in pieces; pending ones
-  // cannot be split (keep() chooses among them) and forward_batch refuses too many.
-  const int piece = pending ? n : state.forward_limit;
-  const size_t vocab = static_cast<size_t>(model.config().n_vocab);
-  for (int at = 0; at < n; at += piece) {
-    const int len = std::min(piece, n - at);
-    const bool last = at + len == n;
-    ForwardPart part;
-    part.state = &state, part.tokens = tokens + at, part.n = len, part.pending = pending;
-    part.logits = all_positions ? (logits ? logits + static_cast<size_t>(at) * vocab : nullptr) : (last ? logits : nullptr);
-    part.all_positions = all_positions, part.counts = counts;
-    forward_batch(model, &part, 1);
-  }
+  ForwardPart part;
+  part.state = &state, part.tokens = tokens, part.n = n, part.pending = pending;
+  part.logits = logits, part.all_positions = all_positions, part.counts = counts;
+  forward_part(model, part);
 }
 
-void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts) {
+void keep_pending(const Model& model, SequenceState& state, const int* path, int m, RoutingCounts* counts,
+                  RoutingTraceWriter* trace, uint32_t stream) {
   if (!state.has_pending) fail("keep: no tokens are pending (run forward_pending first)");
   state.pending.check_path(path, m);
   const ModelConfig& c = model.config();
+  if (trace && m > 0) {
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    const size_t stride = static_cast<size_t>(c.n_layer) * k;
+    std::vector<int> kept(static_cast<size_t>(m) * stride);
+    for (size_t il = 0; il < state.pending_picks.size(); ++il)
+      for (int j = 0; j < m; ++j)
+        std::copy_n(state.pending_picks[il].data() + static_cast<size_t>(path[j]) * k, k,
+                    kept.data() + static_cast<size_t>(j) * stride + il * k);
+    trace->append(stream, kept.data(), m);
+  }
   if (counts) {
     const size_t k = static_cast<size_t>(c.n_expert_used);
     for (size_t il = 0; il < state.pending_picks.size(); ++il)

@@ -6,6 +6,7 @@
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "strata/cpu/ops.h"
@@ -28,7 +29,7 @@ void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMa
 }  // namespace
 
 void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               std::vector<int>* picks) {
+               std::vector<int>* picks, const int* forced) {
   const int d = c.n_embd;
   const int k = c.n_expert_used;
 
@@ -38,14 +39,31 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
   std::vector<int> chosen(static_cast<size_t>(n) * k);
   std::vector<float> weight(static_cast<size_t>(n) * k);
   for (int t = 0; t < n; ++t) {
-    float* logits = probs.data() + static_cast<int64_t>(t) * c.n_expert;
+    float* p = probs.data() + static_cast<int64_t>(t) * c.n_expert;
     int* ids = chosen.data() + static_cast<int64_t>(t) * k;
     float* wt = weight.data() + static_cast<int64_t>(t) * k;
+    const int* f = forced ? forced + static_cast<int64_t>(t) * k : nullptr;
+    if (!f || f[0] < 0) {
+      if (c.router == RouterKind::Softmax)
+        route_token(p, c.n_expert, k, c.norm_topk, ids, wt);
+      else
+        route_token_sigmoid(p, w.selection_bias.empty() ? nullptr : w.selection_bias.data(), c.n_expert, k,
+                            c.router_softcap, c.norm_topk, ids, wt);
+      continue;
+    }
+    // Replayed ids keep the router's own probabilities for them (softmax, or the soft-capped sigmoid),
+    // so the combine's magnitudes stay those of a routed token.
     if (c.router == RouterKind::Softmax) {
-      route_token(logits, c.n_expert, k, c.norm_topk, ids, wt);
+      softmax_inplace(p, c.n_expert);
     } else {
-      route_token_sigmoid(logits, w.selection_bias.empty() ? nullptr : w.selection_bias.data(), c.n_expert, k,
-                          c.router_softcap, c.norm_topk, ids, wt);
+      for (int e = 0; e < c.n_expert; ++e)
+        p[e] = sigmoidf(c.router_softcap > 0.0f ? c.router_softcap * std::tanh(p[e] / c.router_softcap) : p[e]);
+    }
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += p[f[j]];
+    for (int j = 0; j < k; ++j) {
+      ids[j] = f[j];
+      wt[j] = c.norm_topk && sum > 0.0 ? static_cast<float>(p[f[j]] / sum) : p[f[j]];
     }
   }
 

@@ -9,6 +9,7 @@
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
+#include "strata/engine/routing_trace.h"
 #include "strata/sample/sampler.h"
 
 namespace strata {
@@ -71,6 +72,19 @@ class Sequence {
     if (counts) fail("this backend does not count routes (routing statistics / --profile are not available on it)");
   }
   virtual void flush_routing_counts() {}
+  // Routing trace (--collect-routing): while set, every kept token's picks per layer are appended to
+  // *trace as records of `stream` (engine/routing_trace.h), pending tokens once kept. The caller owns
+  // the writer; calling again with another stream starts the next request's records. Backends that
+  // cannot record say so.
+  virtual void set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
+    (void)stream;
+    if (trace) fail("this backend does not record routing traces (--collect-routing is not available on it)");
+  }
+  // Replayed routing (bench --routing): while set, every token's expert picks come from *source instead
+  // of the router's top-k (weights: the router's probabilities of the replayed ids). The caller owns it.
+  virtual void set_routing_replay(RoutingSource* source) {
+    if (source) fail("this backend cannot replay routing (--routing is not available on it)");
+  }
 };
 
 }  // namespace strata

@@ -33,26 +33,75 @@ void forward_sessions(SessionStep* steps, int n_steps) {
     st.session->check_forward(st.tokens, st.n);
     ForwardPart& p = parts[static_cast<size_t>(i)];
     p.state = &st.session->state(), p.tokens = st.tokens, p.n = st.n;
-    p.logits = st.logits, p.all_positions = st.all_positions, p.counts = st.session->routing_counts();
+    p.logits = st.logits, p.all_positions = st.all_positions;
+    st.session->attach_routing(p);
   }
   forward_batch(model, parts.data(), n_steps);  // refuses a session given twice before it runs anything
   for (int i = 0; i < n_steps; ++i)
     if (RoutingCounts* rc = steps[i].session->routing_counts()) rc->n_tokens += static_cast<uint64_t>(steps[i].n);
 }
 
+void Session::attach_routing(ForwardPart& part) const {
+  part.counts = routing_counts_;
+  part.trace = trace_;
+  part.trace_stream = trace_stream_;
+  part.replay = replay_;
+}
+
 void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   check_tokens(model_.config(), state_, tokens, n);
-  forward_model(model_, state_, tokens, n, nullptr, logits_out, all_positions, routing_counts_);
+  ForwardPart part;
+  part.state = &state_, part.tokens = tokens, part.n = n;
+  part.logits = logits_out, part.all_positions = all_positions;
+  attach_routing(part);
+  forward_part(model_, part);
   if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
 }
 
 void Session::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
   check_tokens(model_.config(), state_, tokens, n);
   const TokenTree tree = TokenTree::from_parents(parents, n);
-  forward_model(model_, state_, tokens, n, &tree, logits_out, true, routing_counts_);
+  ForwardPart part;
+  part.state = &state_, part.tokens = tokens, part.n = n, part.pending = &tree;
+  part.logits = logits_out, part.all_positions = true;
+  attach_routing(part);
+  forward_part(model_, part);
 }
 
-void Session::keep(const int* path, int m) { keep_pending(model_, state_, path, m, routing_counts_); }
+void Session::keep(const int* path, int m) {
+  keep_pending(model_, state_, path, m, routing_counts_, trace_, trace_stream_);
+}
+
+namespace {
+
+// Routing traces hold k picks per token in every layer: a model with dense feed-forward layers (laguna's
+// first layers) has none there.
+void refuse_dense_layers(const ModelConfig& c, const char* flag) {
+  for (int il = 0; il < c.n_layer; ++il)
+    if (c.layer(il).ffn != FfnKind::Moe)
+      fail(flag, ": routing traces need every layer to be a mixture of experts; layer ", il, " of this ", c.arch_name,
+           " model is a dense feed-forward");
+}
+
+}  // namespace
+
+void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
+  const ModelConfig& c = model_.config();
+  if (trace) refuse_dense_layers(c, "--collect-routing");
+  if (trace) check_trace_shape(trace->header(), c.n_layer, c.n_expert, c.n_expert_used, "--collect-routing");
+  trace_ = trace;
+  trace_stream_ = stream;
+}
+
+void Session::set_routing_replay(RoutingSource* source) {
+  const ModelConfig& c = model_.config();
+  if (source) refuse_dense_layers(c, "--routing");
+  if (source && (source->n_layer() != c.n_layer || source->n_expert() != c.n_expert || source->k() != c.n_expert_used))
+    fail("--routing ", source->label(), ": routing of ", source->n_layer(), " layers x ", source->n_expert(),
+         " experts top-", source->k(), " does not fit the model (", c.n_layer, " layers x ", c.n_expert,
+         " experts top-", c.n_expert_used, ")");
+  replay_ = source;
+}
 
 void Session::set_routing_counts(RoutingCounts* counts) {
   const ModelConfig& c = model_.config();

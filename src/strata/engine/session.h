@@ -12,6 +12,8 @@
 
 namespace strata {
 
+struct ForwardPart;
+
 class Session : public Sequence {
  public:
   // max_ctx: the most tokens this sequence may hold (the KV cache is sized to it). kv_types: how the
@@ -44,6 +46,11 @@ class Session : public Sequence {
   // the model; a table of another shape is refused. The caller owns it and must keep it alive while set.
   void set_routing_counts(RoutingCounts* counts) override;
   RoutingCounts* routing_counts() const { return routing_counts_; }
+  // Both refuse a trace writer or source of another shape than the model's.
+  void set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) override;
+  void set_routing_replay(RoutingSource* source) override;
+  // The ForwardPart fields this session's routing options set (counts, trace, replay).
+  void attach_routing(ForwardPart& part) const;
   // Fails like forward() would on these tokens, changing nothing.
   void check_forward(const int32_t* tokens, int n) const;
 
@@ -51,6 +58,9 @@ class Session : public Sequence {
   const Model& model_;
   SequenceState state_;
   RoutingCounts* routing_counts_ = nullptr;
+  RoutingTraceWriter* trace_ = nullptr;
+  uint32_t trace_stream_ = 0;
+  RoutingSource* replay_ = nullptr;
 };
 
 // One session's tokens in forward_sessions.

@@ -4,6 +4,7 @@
 #include "strata/engine/model.h"
 #include "strata/moe/gpu_support.h"
 #include "strata/moe/profile_store.h"
+#include "strata/moe/routing_generator.h"
 #include "strata/moe/vram_budget.h"
 
 namespace strata {
@@ -17,6 +18,13 @@ void check_backend_options(const BackendOptions& o) {
   if (o.n_gpu_layers == 0 && o.gpu) fail("-ngl 0 asks for the CPU but --gpu was given; drop one");
   if (o.n_gpu_layers > 0 && !o.gpu) fail("-ngl ", o.n_gpu_layers, " means --gpu, but --gpu is off");
   const KvCacheTypes kv = kv_cache_types(o);
+  if (!o.routing.empty()) parse_routing_replay(o.routing);
+  if (!o.collect_routing.empty() && !o.routing.empty())
+    fail("--collect-routing records the router's own picks; it cannot be combined with --routing");
+  if (o.gpu && !o.collect_routing.empty())
+    fail("--collect-routing is not implemented for --gpu yet (record the trace on the CPU engine: leave out --gpu)");
+  if (o.gpu && !o.routing.empty())
+    fail("--routing (replayed expert picks) is not implemented for --gpu yet (it drives the CPU engine only)");
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");

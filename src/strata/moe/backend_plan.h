@@ -37,14 +37,21 @@ struct BackendOptions {
   // f16 (default), f32 (exact; what the reference-parity tests use) or q8_0 (CPU only).
   std::string cache_type_k = "f16";
   std::string cache_type_v = "f16";
+  // --collect-routing FILE (run, serve, calibrate): every kept token's picks per layer, written as a
+  // routing trace (engine/routing_trace.h). CPU engine only for now.
+  std::string collect_routing;
+  // --routing FILE|generate:NAME[:SEED] (bench): the expert picks replayed from a trace or the generator
+  // (moe/routing_generator.h) instead of the router's. CPU engine only for now.
+  std::string routing;
 };
 
 // The parsed cache types (fails like check_backend_options on a bad name).
 KvCacheTypes kv_cache_types(const BackendOptions& o);
 
 // Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
-// (sizes, percentages, the numerics mode, a negative thread count, KV cache types, q8_0 with --gpu),
-// before any model is loaded.
+// (sizes, percentages, the numerics mode, a negative thread count, KV cache types, q8_0 with --gpu,
+// a --routing spec), and the routing-trace options the GPU backends do not implement yet, before any
+// model is loaded.
 void check_backend_options(const BackendOptions& o);
 
 // What the options decided for `slots` sequences of max_ctx tokens each.

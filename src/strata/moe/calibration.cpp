@@ -53,7 +53,7 @@ CorpusSplit split_corpus(const std::vector<std::vector<int32_t>>& docs, const st
 }
 
 void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
-                  const std::function<void(uint64_t)>& progress) {
+                  const std::function<void(uint64_t)>& progress, ChunkTrace* trace) {
   if (chunk <= 0) fail("calibrate: chunk size must be positive, got ", chunk);
   if (session.max_ctx() < chunk) fail("calibrate: the session's context ", session.max_ctx(), " < chunk ", chunk);
   const int64_t n_vocab = session.model().config().n_vocab;
@@ -65,6 +65,7 @@ void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingC
       for (size_t at = 0; at < doc.size(); at += static_cast<size_t>(chunk)) {
         const int n = static_cast<int>(std::min(doc.size() - at, static_cast<size_t>(chunk)));
         session.reset();
+        if (trace && trace->writer) session.set_routing_trace(trace->writer, trace->next_stream++);
         session.forward(doc.data() + at, n, logits.data(), false);
         done += static_cast<uint64_t>(n);
         if (progress) progress(done);
@@ -72,9 +73,11 @@ void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingC
     }
   } catch (...) {
     session.set_routing_counts(nullptr);
+    if (trace && trace->writer) session.set_routing_trace(nullptr, 0);
     throw;
   }
   session.set_routing_counts(nullptr);  // detaching flushes what a device counted
+  if (trace && trace->writer) session.set_routing_trace(nullptr, 0);
 }
 
 std::vector<BudgetComparison> compare_placements(const std::vector<std::vector<uint64_t>>& expert_bytes,

@@ -35,8 +35,14 @@ CorpusSplit split_corpus(const std::vector<std::vector<int32_t>>& docs, const st
 // at most `chunk` tokens, each chunk from an empty state (reset()), counting routes into `counts` (sized
 // to the model when empty). progress(tokens done so far) is called after every chunk, counts complete
 // at return. The sequence's max_ctx must be >= chunk; it counts into nothing afterwards.
+// trace (optional, --collect-routing): every chunk's picks are appended to trace->writer, each chunk its
+// own stream (trace->next_stream, counting up across calls).
+struct ChunkTrace {
+  RoutingTraceWriter* writer = nullptr;
+  uint32_t next_stream = 0;
+};
 void count_routes(Sequence& session, const CorpusPart& part, int chunk, RoutingCounts& counts,
-                  const std::function<void(uint64_t)>& progress = {});
+                  const std::function<void(uint64_t)>& progress = {}, ChunkTrace* trace = nullptr);
 
 struct MethodResult {
   std::string name;                       // "profile", "uniform", "by-layer"

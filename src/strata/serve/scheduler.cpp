@@ -40,6 +40,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
                                       : std::unique_ptr<Sequence>(std::make_unique<Session>(model_, config_.ctx));
   if (config_.record_routes)
     for (Slot& s : slots_) s.session->set_routing_counts(&s.routes);  // fails on a backend that cannot count
+  if (config_.trace)
+    for (Slot& s : slots_) s.session->set_routing_trace(config_.trace.get(), 0);  // fails on a backend that cannot record
   for (int i = 0; i < config_.slots; ++i) workers_.emplace_back([this, i] { work(i); });
 }
 
@@ -187,6 +189,14 @@ void Scheduler::run(Slot& slot, Job& job) {
     slot.held.clear();
   }
   out.cached_tokens = static_cast<int>(reuse);
+  if (config_.trace) {
+    uint32_t stream = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stream = ++trace_streams_;
+    }
+    session.set_routing_trace(config_.trace.get(), stream);
+  }
   const std::vector<int32_t> suffix(job.prompt().begin() + static_cast<std::ptrdiff_t>(reuse), job.prompt().end());
   try {
     Sampler sampler(p.sampler);

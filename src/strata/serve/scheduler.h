@@ -16,6 +16,7 @@
 
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
+#include "strata/engine/routing_trace.h"
 #include "strata/engine/sequence.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
@@ -34,6 +35,9 @@ struct SchedulerConfig {
   // hands what that request counted to this function (from its own worker thread: concurrent calls
   // from several slots must be safe) before the client gets the end of its answer.
   std::function<void(const RoutingCounts&)> record_routes;
+  // --collect-routing: when set, every request's kept tokens are appended to this trace, the request's
+  // number (1, 2, ... in the order requests start running) as its stream.
+  std::shared_ptr<RoutingTraceWriter> trace;
   // When set, called with the slot's sequence after each request (in the worker thread, between
   // forwards); the text it returns (Prometheus lines about the backend the slots share, such as the
   // hybrid MoE's counters) replaces the previous one and is shown on /metrics (sequence_metrics()).
@@ -92,6 +96,7 @@ class Scheduler {
   bool accepting_ = true;
   bool exiting_ = false;
   std::vector<std::thread> workers_;
+  uint32_t trace_streams_ = 0;  // streams handed out (under mutex_)
 };
 
 }  // namespace strata::serve

@@ -231,6 +231,7 @@ void ApiServer::load() {
     sc.threads_per_slot = threads.per_slot;
     sc.make_sequence = opt_.make_sequence;
     if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
+    if (opt_.make_routing_trace) sc.trace = opt_.make_routing_trace(*model_);
     sc.sequence_metrics = opt_.sequence_metrics;
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, sc, metrics_);
     std::fprintf(stderr, "strata serve: model '%s' ready on %s (%d slots x %d tokens, queue %d, %d threads per slot)\n",

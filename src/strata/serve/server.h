@@ -35,6 +35,9 @@ struct ServeOptions {
   // --profile: called once with the loaded model (before the slots' sequences are made); returns what
   // each finished request's routing counts are handed to (SchedulerConfig::record_routes). Empty: off.
   std::function<std::function<void(const RoutingCounts&)>(const Model&)> make_route_recorder;
+  // --collect-routing: called once with the loaded model; every request's kept tokens are appended to
+  // the writer it returns as one stream per request (SchedulerConfig::trace). Empty: off.
+  std::function<std::shared_ptr<RoutingTraceWriter>(const Model&)> make_routing_trace;
   // Extra /metrics lines from a slot's sequence after each request (serve --gpu --telemetry: the
   // hybrid counters). Empty: none.
   std::function<std::string(const Sequence&)> sequence_metrics;
