@@ -291,9 +291,12 @@ struct LagunaDims {
   std::vector<std::string> mlp = {"dense", "sparse", "sparse", "sparse"};
   json gating = true;
   std::string full_rope_type = "default";
+  json full_rope_extra = json::object();  // merged into rope_parameters.full_attention (YaRN's fields)
 };
 
 json laguna_config(const LagunaDims& d) {
+  json full = {{"rope_type", d.full_rope_type}, {"rope_theta", 500000.0}, {"partial_rotary_factor", 0.5}};
+  full.update(d.full_rope_extra);
   return {{"architectures", {"LagunaForCausalLM"}},
           {"model_type", "laguna"},
           {"num_hidden_layers", d.layers},
@@ -317,7 +320,7 @@ json laguna_config(const LagunaDims& d) {
           {"layer_types", d.types},
           {"mlp_layer_types", d.mlp},
           {"rope_parameters",
-           {{"full_attention", {{"rope_type", d.full_rope_type}, {"rope_theta", 500000.0}, {"partial_rotary_factor", 0.5}}},
+           {{"full_attention", full},
             {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 1.0}}}}},
           {"tie_word_embeddings", false}};
 }
@@ -1132,11 +1135,35 @@ TEST(ConvertLaguna, PerElementGateAndLayoutsGgufCannotExpress) {
     EXPECT_NE(e.find("mlp_layer_types[2] is dense after a sparse layer"), std::string::npos) << e;
   }
   {
+    // YaRN on the full-attention layers: written with llama.cpp's keys, read back onto those layers only.
     LagunaDims d;
     d.full_rope_type = "yarn";
+    d.full_rope_extra = {{"factor", 8.0}, {"original_max_position_embeddings", 512}, {"beta_fast", 16.0},
+                         {"attention_factor", 1.5}};
     const std::string dir = make_laguna("laguna_yarn", d);
+    run_convert(dir, dir + "/o.gguf", "f32");
+    const ModelConfig c = Model::load(dir + "/o.gguf")->config();
+    EXPECT_EQ(c.layer(0).yarn.factor, 8.0f);
+    EXPECT_EQ(c.layer(0).yarn.orig_ctx, 512);
+    EXPECT_EQ(c.layer(0).yarn.beta_fast, 16.0f);
+    EXPECT_EQ(c.layer(0).yarn.beta_slow, 1.0f);
+    EXPECT_NEAR(c.layer(0).yarn.mscale, 1.5f, 1e-6);  // HF's attention_factor, as given
+    EXPECT_FALSE(c.layer(1).yarn.on());  // sliding layers keep plain rotary
+    EXPECT_TRUE(c.layer(3).yarn.on());
+  }
+  {
+    LagunaDims d;
+    d.full_rope_type = "yarn";  // no original_max_position_embeddings
+    const std::string dir = make_laguna("laguna_yarn_incomplete", d);
     const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
-    EXPECT_NE(e.find("rope_parameters.full_attention.rope_type 'yarn'"), std::string::npos) << e;
+    EXPECT_NE(e.find("yarn needs factor >= 1 and original_max_position_embeddings"), std::string::npos) << e;
+  }
+  {
+    LagunaDims d;
+    d.full_rope_type = "linear";
+    const std::string dir = make_laguna("laguna_linear", d);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find("rope_parameters.full_attention.rope_type 'linear'"), std::string::npos) << e;
   }
   {
     // Every layer sliding: no period with full attention first describes it; written as flags.

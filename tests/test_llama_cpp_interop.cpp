@@ -91,7 +91,8 @@ class LlamaCppInterop : public ::testing::Test {
 TEST_F(LlamaCppInterop, F32GreedyContinuationsEqualLlamaCpp) {
   // tiny-laguna: sliding-window layers (window 4, so the 48 positions slide), per-layer head counts, the
   // softplus gate, the sigmoid router and a dense first layer.
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-laguna"}) {
+  // tiny-laguna-yarn: the same with YaRN rotary scaling on the full-attention layers.
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-laguna", "tiny-laguna-yarn"}) {
     SCOPED_TRACE(preset);
     const std::string path = synth(preset, "f32", "");
     const int n = 32;

@@ -22,6 +22,14 @@ void write_laguna_metadata(const HfConfig& c, GgufWriter& w) {
   w.set(a + ".rope.dimension_count", u32(c.rope_dims));
   w.set(a + ".rope.freq_base_swa", GgufValue::f32(c.rope_theta_swa));
   w.set(a + ".rope.dimension_count_swa", u32(c.rope_dims_swa));
+  if (c.yarn_factor != 1.0f) {  // the full-attention layers' YaRN
+    w.set(a + ".rope.scaling.type", GgufValue::str("yarn"));
+    w.set(a + ".rope.scaling.factor", GgufValue::f32(c.yarn_factor));
+    w.set(a + ".rope.scaling.original_context_length", u32(c.yarn_orig_ctx));
+    w.set(a + ".rope.scaling.yarn_beta_fast", GgufValue::f32(c.yarn_beta_fast));
+    w.set(a + ".rope.scaling.yarn_beta_slow", GgufValue::f32(c.yarn_beta_slow));
+    w.set(a + ".rope.scaling.attn_factor", GgufValue::f32(c.yarn_attn_factor));
+  }
   bool any_sliding = false;
   for (bool s : c.is_sliding) any_sliding = any_sliding || s;
   if (any_sliding) {

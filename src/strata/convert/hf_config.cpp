@@ -52,19 +52,38 @@ std::vector<bool> layer_flags(const Fields& f, const char* key, int n_layer, con
   return out;
 }
 
-// One layer kind's rope parameters (laguna's rope_parameters.<kind>): theta and rotary dims; rotary
-// scaling (rope_type other than default) is refused.
+// One layer kind's rope parameters (laguna's rope_parameters.<kind>): theta and rotary dims, and with
+// yarn set (the full-attention kind) YaRN scaling; other rotary scaling is refused.
 void laguna_rope(const Fields& f, const json* rope, const char* kind, float def_theta, float def_factor, int head_dim,
-                 float& theta, int& dims) {
+                 float& theta, int& dims, HfConfig* yarn = nullptr) {
   theta = def_theta;
   float factor = def_factor;
   if (rope != nullptr && rope->contains(kind)) {
     const json& r = (*rope)[kind];
     if (!r.is_object()) fail(f.path, ": rope_parameters.", kind, " is not an object");
     const std::string type = r.value("rope_type", std::string("default"));
-    if (type != "default")
+    if (type == "yarn" && yarn) {
+      auto num = [&](const char* key, double def) {
+        if (!r.contains(key) || r[key].is_null()) return def;
+        if (!r[key].is_number()) fail(f.path, ": rope_parameters.", kind, ".", key, " is not a number");
+        return r[key].get<double>();
+      };
+      if (r.contains("mscale") || r.contains("mscale_all_dim"))
+        fail(f.path, ": rope_parameters.", kind, ": yarn with mscale / mscale_all_dim is not supported");
+      if (r.contains("truncate") && r["truncate"].is_boolean() && !r["truncate"].get<bool>())
+        fail(f.path, ": rope_parameters.", kind, ": yarn with truncate = false is not supported");
+      yarn->yarn_factor = static_cast<float>(num("factor", 1.0));
+      yarn->yarn_orig_ctx = static_cast<int>(num("original_max_position_embeddings", 0));
+      yarn->yarn_beta_fast = static_cast<float>(num("beta_fast", 32.0));
+      yarn->yarn_beta_slow = static_cast<float>(num("beta_slow", 1.0));
+      const double own = 0.1 * std::log(static_cast<double>(yarn->yarn_factor)) + 1.0;
+      yarn->yarn_attn_factor = static_cast<float>(num("attention_factor", own) / own);
+      if (yarn->yarn_factor < 1.0f || yarn->yarn_orig_ctx <= 0)
+        fail(f.path, ": rope_parameters.", kind, ": yarn needs factor >= 1 and original_max_position_embeddings");
+    } else if (type != "default") {
       fail(f.path, ": rope_parameters.", kind, ".rope_type '", type,
-           "' (rotary scaling) is not supported by strata yet (supported: default)");
+           "' (rotary scaling) is not supported by strata yet (supported: default", yarn ? ", yarn" : "", ")");
+    }
     if (r.contains("rope_theta")) {
       if (!r["rope_theta"].is_number()) fail(f.path, ": rope_parameters.", kind, ".rope_theta is not a number");
       theta = r["rope_theta"].get<float>();
@@ -132,7 +151,7 @@ void read_laguna(const Fields& f, const json* rope, HfConfig& c) {
   } else {
     fail(f.path, ": 'gating' must be true, false, \"per-head\" or \"per-element\"");
   }
-  laguna_rope(f, rope, "full_attention", 500000.0f, 0.5f, c.head_dim, c.rope_theta, c.rope_dims);
+  laguna_rope(f, rope, "full_attention", 500000.0f, 0.5f, c.head_dim, c.rope_theta, c.rope_dims, &c);
   laguna_rope(f, rope, "sliding_attention", 10000.0f, 1.0f, c.head_dim, c.rope_theta_swa, c.rope_dims_swa);
 }
 

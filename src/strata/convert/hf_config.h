@@ -56,6 +56,13 @@ struct HfConfig {
   int sliding_window = 0;
   float rope_theta_swa = 10000.0f;
   int rope_dims_swa = 0;
+  // laguna full-attention layers' YaRN (rope_parameters.full_attention with rope_type yarn): factor 1 =
+  // none; attn_factor as llama.cpp stores it (HF's attention_factor / (0.1 ln factor + 1)).
+  float yarn_factor = 1.0f;
+  int yarn_orig_ctx = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  float yarn_attn_factor = 1.0f;
   int n_dense_lead = 0;                  // mlp_layer_types: this many dense layers first, then sparse
   bool gate_per_head = true;             // gating: softplus output gate per head, else per element
   float router_softcap = 0.0f;           // moe_router_logit_softcapping

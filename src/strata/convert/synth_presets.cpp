@@ -97,6 +97,12 @@ struct LagunaShape {
   float scale, softcap;
 };
 
+HfConfig with_yarn(HfConfig c, float factor, int orig_ctx) {
+  c.yarn_factor = factor;
+  c.yarn_orig_ctx = orig_ctx;
+  return c;
+}
+
 // Full attention at layers 0, period, 2 * period, ...; sliding-window attention elsewhere.
 HfConfig laguna(const LagunaShape& s) {
   HfConfig c;
@@ -148,6 +154,9 @@ std::vector<SynthPreset> build() {
       // Every laguna feature at test size: sliding window 4, 2 / 4 q heads, soft-capping on.
       {"tiny-laguna", "test preset",
        laguna({4, 256, 512, 64, 2, 4, 2, 2, 4, 16, 4, 256, 256, 1, 512, 4096, 2.5f, 8.0f})},
+      // tiny-laguna with YaRN on its full-attention layers (factor 4 over an original context of 32).
+      {"tiny-laguna-yarn", "test preset",
+       with_yarn(laguna({4, 256, 512, 64, 2, 4, 2, 2, 4, 16, 4, 256, 256, 1, 512, 4096, 2.5f, 8.0f}), 4.0f, 32)},
       {"tiny-qwen3moe", "test preset", qwen3moe(4, 256, 768, 4, 2, 64, 16, 4, 256, 512, 4096, 1.0e6f)},
       {"tiny-qwen35moe", "test preset",
        qwen35moe(4, 256, 4, 2, 64, 16, 4, 256, 256, {2, 4, 64, 64, 4}, 512, 4096, 1.0e7f, {4, 2, 2})},

@@ -41,6 +41,31 @@ void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base) {
   }
 }
 
+void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base, const RopeYarn& y) {
+  const int half = rot_dims / 2;
+  auto corr_pair = [&](float rotations) {
+    return static_cast<double>(rot_dims) * std::log(y.orig_ctx / (rotations * 2.0 * M_PI)) /
+           (2.0 * std::log(static_cast<double>(freq_base)));
+  };
+  const double low = std::max(0.0, std::floor(corr_pair(y.beta_fast)));
+  const double high = std::min(static_cast<double>(half - 1), std::ceil(corr_pair(y.beta_slow)));
+  const double span = std::max(0.001, high - low);
+  for (int i = 0; i < half; ++i) {
+    // As rope_neox_inplace: the inverse frequency and the angle rounded to float32.
+    const float pos_freq = static_cast<float>(std::pow(static_cast<double>(freq_base), 2.0 * i / rot_dims));
+    const float extrapolated = 1.0f / pos_freq, interpolated = 1.0f / (y.factor * pos_freq);
+    const float keep = static_cast<float>(1.0 - std::clamp((i - low) / span, 0.0, 1.0));
+    const float inv_freq = interpolated * (1.0f - keep) + extrapolated * keep;
+    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+    const float c = static_cast<float>(std::cos(angle)) * y.mscale;
+    const float s = static_cast<float>(std::sin(angle)) * y.mscale;
+    const float a = x[i];
+    const float b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
 void softmax_inplace(float* x, int64_t n) {
   float mx = x[0];
   for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);

@@ -26,6 +26,21 @@ void l2norm_inplace(float* x, int64_t n, float eps);
 // Rotates the first `rot_dims` dims of one head vector x (head_dim long) for position `pos`, NEOX pairing.
 void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base);
 
+// YaRN rotary scaling (Peng et al. 2023, "YaRN: Efficient Context Window Extension"): pair i's inverse
+// frequency blends the interpolated 1 / (factor * base^(2i/d)) and the original 1 / base^(2i/d) by a
+// ramp that is 1 (original) for pairs below `low` and 0 (interpolated) above `high`, where low/high
+// are the pairs that turn beta_fast / beta_slow times within the original context (floor / ceil,
+// clamped to [0, d/2 - 1]); cos and sin are multiplied by mscale.
+struct RopeYarn {
+  float factor = 1.0f;  // 1: no scaling (rope_neox_inplace)
+  int orig_ctx = 0;     // the context the model was trained at before scaling
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  float mscale = 1.0f;  // 0.1 * ln(factor) + 1 unless the file says otherwise
+  bool on() const { return factor != 1.0f; }
+};
+void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base, const RopeYarn& y);
+
 // In-place softmax over n values.
 void softmax_inplace(float* x, int64_t n);
 

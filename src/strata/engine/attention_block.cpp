@@ -48,12 +48,18 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
     for (int h = 0; h < l.n_head; ++h) {
       float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
-      rope_neox_inplace(q, l.rope_dims, pos, l.rope_freq_base);
+      if (l.yarn.on())
+        rope_neox_yarn_inplace(q, l.rope_dims, pos, l.rope_freq_base, l.yarn);
+      else
+        rope_neox_inplace(q, l.rope_dims, pos, l.rope_freq_base);
     }
     for (int g = 0; g < l.n_head_kv; ++g) {
       const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
       rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
-      rope_neox_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base);
+      if (l.yarn.on())
+        rope_neox_yarn_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base, l.yarn);
+      else
+        rope_neox_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base);
     }
     quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
     quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width, s.v.data() + row * static_cast<int64_t>(s.v_row),

@@ -9,6 +9,7 @@
 // their sum times expert_weights_scale, plus an ungated shared expert.
 // GGUF keys and tensor names as llama.cpp's converter writes them for `laguna`; the sliding layout is
 // a period with full attention first (sliding_window_pattern, 4 when absent) or a per-layer array.
+#include <cmath>
 #include <memory>
 #include <variant>
 
@@ -42,12 +43,27 @@ std::vector<bool> sliding_layers(const GgufFile& f, const std::string& key, int 
   return sliding;
 }
 
+// The full-attention layers' rotary scaling (rope.scaling.*, llama.cpp's keys): none or YaRN. The
+// sliding layers keep plain rotary (their own base and dims).
+RopeYarn read_yarn(const GgufFile& f, const std::string& p) {
+  RopeYarn y;
+  if (!f.has(p + "rope.scaling.type")) return y;
+  const std::string t = f.get_string(p + "rope.scaling.type");
+  if (t == "none") return y;
+  if (t != "yarn") fail(f.path(), ": key ", p, "rope.scaling.type = '", t, "': only yarn (or none) is implemented");
+  y.factor = f.get_f32_or(p + "rope.scaling.factor", 1.0f);
+  y.orig_ctx = static_cast<int>(f.get_u32_or(p + "rope.scaling.original_context_length", 0));
+  y.beta_fast = f.get_f32_or(p + "rope.scaling.yarn_beta_fast", 32.0f);
+  y.beta_slow = f.get_f32_or(p + "rope.scaling.yarn_beta_slow", 1.0f);
+  require_config(y.factor >= 1.0f && y.orig_ctx > 0 && y.beta_fast > 0.0f && y.beta_slow > 0.0f, f,
+                 "yarn needs rope.scaling.factor >= 1, original_context_length > 0 and positive betas");
+  // llama.cpp's convention: the stored attention factor times YaRN's own 0.1 * ln(factor) + 1.
+  y.mscale = f.get_f32_or(p + "rope.scaling.attn_factor", 1.0f) * (0.1f * std::log(y.factor) + 1.0f);
+  return y;
+}
+
 void read_laguna(const GgufFile& f, const std::string& p, ModelConfig& c) {
-  if (f.has(p + "rope.scaling.type")) {
-    const std::string t = f.get_string(p + "rope.scaling.type");
-    if (t != "none")
-      fail(f.path(), ": key ", p, "rope.scaling.type = '", t, "': rotary scaling is not implemented (plain rotary only)");
-  }
+  const RopeYarn yarn = read_yarn(f, p);
   c.n_ff_shexp = gguf_positive(f, p + "expert_shared_feed_forward_length");
   require_config(f.get_u32_or(p + "expert_shared_count", 1) == 1, f, "expert_shared_count must be 1");
   c.shared_expert_gated = false;
@@ -75,6 +91,7 @@ void read_laguna(const GgufFile& f, const std::string& p, ModelConfig& c) {
     LayerSpec& l = c.layers[static_cast<size_t>(i)];
     l.ffn = i < n_dense ? FfnKind::Dense : FfnKind::Moe;
     if (l.ffn == FfnKind::Moe && first_moe < 0) first_moe = i;
+    if (!sliding[static_cast<size_t>(i)]) l.yarn = yarn;
     if (sliding[static_cast<size_t>(i)]) {
       l.mixer = LayerKind::SlidingAttention;
       l.window = window;

@@ -1,11 +1,13 @@
 // Model hyper-parameters read from a GGUF file's metadata, validated, as plain data that both the
-// CPU and a CUDA backend read. Key names: ../shared/design/model-spec.md ("Shared keys", "qwen35moe",
-// "laguna").
+// CPU and a CUDA backend read. Key names as llama.cpp's GGUF writer spells them, so each engine
+// loads the other's files.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "strata/cpu/ops.h"  // RopeYarn
 
 namespace strata {
 
@@ -40,6 +42,7 @@ struct LayerSpec {
   int rope_dims = 0;
   float rope_freq_base = 0.0f;
   int window = 0;  // SlidingAttention: positions attended, the token itself included
+  RopeYarn yarn{};  // rotary scaling of this layer (none by default)
 };
 
 // How the attention output is gated before attn_output, beyond qwen35moe's query-interleaved sigmoid
