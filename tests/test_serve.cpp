@@ -434,12 +434,26 @@ TEST(ServeAuth, ApiKeyOnEveryRouteButHealth) {
 const std::string kEndlessStream =
     R"({"messages":[{"role":"user","content":"Count."}],"stream":true,"max_tokens":100000,"logit_bias":{}})";
 
+// kEndlessStream with the model's end-of-turn tokens banned (asked of the server's /tokenize), so a
+// sampled stream cannot end by itself within a test.
+std::string endless_stream_body(int port) {
+  const HttpResult ids = http(port, "POST", "/tokenize", R"({"content":"<|im_end|><|endoftext|>"})");
+  const size_t a = ids.body.find('['), b = ids.body.find(']');
+  if (ids.status != 200 || a == std::string::npos || b == std::string::npos) return kEndlessStream;
+  std::string bias;
+  std::stringstream list(ids.body.substr(a + 1, b - a - 1));
+  for (std::string id; std::getline(list, id, ',');) bias += (bias.empty() ? "\"" : ",\"") + id + "\":-100";
+  return R"({"messages":[{"role":"user","content":"Count."}],"stream":true,"max_tokens":100000,"logit_bias":{)" + bias +
+         "}}";
+}
+
 // A streaming request that runs until cancelled; the socket, or -1.
 int open_endless_stream(int port) {
   const int s = connect_to(port);
   if (s < 0) return -1;
+  const std::string body = endless_stream_body(port);
   send_all(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-                  std::to_string(kEndlessStream.size()) + "\r\n\r\n" + kEndlessStream);
+                  std::to_string(body.size()) + "\r\n\r\n" + body);
   return s;
 }
 
@@ -659,7 +673,8 @@ TEST(ServeHardening, QueueWaitPastTheDeadlineIs503) {
   EXPECT_NE(read_all(s, std::chrono::milliseconds(500)).find("200 OK"), std::string::npos);
   // The slot is busy: this one waits its second, then gets 503 (a stream too: no 200 was sent yet).
   const auto t0 = Clock::now();
-  const HttpResult r = http(server.port(), "POST", "/v1/chat/completions", kEndlessStream, "", std::chrono::seconds(30));
+  const HttpResult r =
+      http(server.port(), "POST", "/v1/chat/completions", endless_stream_body(server.port()), "", std::chrono::seconds(30));
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_NE(r.body.find("queue_timeout"), std::string::npos) << r.body;
   EXPECT_GE(std::chrono::duration<double>(Clock::now() - t0).count(), 0.9);
