@@ -42,6 +42,8 @@ void setup_serve(CLI::App& sub) {
   sub.add_option("--api-key-file", o->api_key_file,
                  "read the API key from the first line of FILE (keeps it out of the process list)");
   sub.add_option("-a,--alias,--model-name", o->model_name, "model id clients use (default: the file name without .gguf)");
+  sub.add_option("--cors", o->cors_origin,
+                 "let web pages of ORIGIN (scheme://host[:port], or *) call the API: CORS headers, preflight answered");
   sub.add_option("--max-body", o->max_body_bytes, "largest request body in bytes, any transfer encoding (default 1048576)");
   sub.add_option("--timeout", o->timeout_s,
                  "seconds a client has to send a whole request (headers and body), and the most a write may stall "

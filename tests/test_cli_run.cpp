@@ -333,6 +333,12 @@ TEST(CliFamiliarFlags, ServeTakesLlamaCppSpellingsAndValidatesThePort) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--port must be 0..65535"), std::string::npos) << r.err;
   EXPECT_EQ(run_cli("serve --ctx-size 64 --threads 1 --parallel 1 --alias foo --port -1").exit_code, 1);
+  // --cors takes '*' or scheme://host[:port]: a path or a line break (header injection) is refused.
+  for (const char* bad : {"localhost", "http://x/path", "'http://x\r\nSet-Cookie: a=b'"}) {
+    const RunResult c = run_cli(std::string("serve -c 64 --cors ") + bad);
+    EXPECT_EQ(c.exit_code, 1) << bad;
+    EXPECT_NE(c.err.find("--cors must be"), std::string::npos) << bad << ": " << c.err;
+  }
 }
 
 TEST(CliFamiliarFlags, ConvertRefusesToOverwriteItsInput) {

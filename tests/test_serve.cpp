@@ -650,6 +650,30 @@ TEST(ServeHardening, ApiKeyFileAndTheWarningBeyondLoopback) {
   std::remove(err.c_str());
 }
 
+// --cors: every answer names the allowed origin, a preflight is answered without the key, the key still
+// guards the API; without --cors no CORS header at all.
+TEST(ServeHardening, CorsOriginHeadersAndPreflight) {
+  ServerProcess server({"--cors", "http://localhost:3000", "--api-key", "k"});
+  ASSERT_TRUE(server.wait_ready());
+  const HttpResult pre = http(server.port(), "OPTIONS", "/v1/chat/completions", "",
+                              "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n");
+  EXPECT_EQ(pre.status, 204) << pre.head;
+  EXPECT_NE(pre.head.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << pre.head;
+  EXPECT_NE(pre.head.find("Access-Control-Allow-Headers: Authorization, Content-Type"), std::string::npos) << pre.head;
+  const HttpResult denied = http(server.port(), "GET", "/v1/models", "", "Origin: http://localhost:3000\r\n");
+  EXPECT_EQ(denied.status, 401);
+  EXPECT_NE(denied.head.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << denied.head;
+  const HttpResult ok = http(server.port(), "GET", "/v1/models", "", "Authorization: Bearer k\r\n");
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_NE(ok.head.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << ok.head;
+  EXPECT_EQ(server.terminate(), 0);
+  ServerProcess plain({});
+  ASSERT_TRUE(plain.wait_ready());
+  const HttpResult none = http(plain.port(), "GET", "/v1/models");
+  EXPECT_EQ(none.status, 200);
+  EXPECT_EQ(none.head.find("Access-Control-Allow-Origin"), std::string::npos) << none.head;
+}
+
 TEST(ServeHardening, BurstOf16OnOneSlotAllSucceedWithDefaults) {
   ServerProcess server({});
   ASSERT_TRUE(server.wait_ready());

@@ -554,6 +554,17 @@ void ApiServer::install_routes() {
     // once they have read it (read_body).
     const bool has_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
     if (conn && !has_body) conn->request_read();
+    if (!opt_.cors_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", opt_.cors_origin);
+      res.set_header("Vary", "Origin");
+      if (req.method == "OPTIONS") {  // a browser's preflight: it carries no key
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (!opt_.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
@@ -710,6 +721,16 @@ void check_serve_options(const ServeOptions& o) {
   if (o.max_body_bytes < 1) fail("--max-body must be >= 1 byte");
   if (o.threads < 0) fail("--threads must be >= 0 (0: automatic), got ", o.threads);
   if (o.shutdown_grace_s < 0) fail("--shutdown-grace must be >= 0, got ", o.shutdown_grace_s);
+  if (!o.cors_origin.empty() && o.cors_origin != "*") {
+    // An origin is scheme://host[:port]: nothing that could end or add a header line, no path.
+    const std::string& c = o.cors_origin;
+    const size_t sep = c.find("://");
+    const std::string allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.:[]";
+    bool ok = sep != std::string::npos && sep > 0 && sep + 3 < c.size();
+    for (size_t i = 0; ok && i < c.size(); ++i)
+      ok = (i >= sep && i < sep + 3) || allowed.find(c[i]) != std::string::npos;
+    if (!ok) fail("--cors must be '*' or an origin such as http://localhost:3000, got '", c, "'");
+  }
   const ServeOptions d = with_defaults(o);
   if (d.max_connections < d.slots + d.queue + 1)
     fail("--max-connections ", d.max_connections, " leaves no room beside the ", d.slots, " slots and the queue of ",

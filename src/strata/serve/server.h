@@ -23,6 +23,9 @@ struct ServeOptions {
   bool threads_force = false;  // --threads beyond the usable cores
   std::string api_key;      // "": no key required
   std::string api_key_file; // the CLI reads it into api_key
+  // Browser pages of this origin ("*": any) may call the API: CORS headers on every answer and
+  // preflight (OPTIONS) answered without a key; "": no CORS headers, browsers keep other origins out.
+  std::string cors_origin;
   std::string model_name;   // "": the model file's name without directory and .gguf
   size_t max_body_bytes = 1 << 20;  // any transfer or content encoding, counted as the body arrives
   int timeout_s = 30;       // whole-request deadline (headers and body) and write timeout
