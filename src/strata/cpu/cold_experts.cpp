@@ -8,6 +8,7 @@
 #include "strata/base/error.h"
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cpu/ops.h"
+#include "strata/cpu/tile_rows.h"
 
 namespace strata {
 namespace {
@@ -120,16 +121,10 @@ template <class Scratch>
 void rows_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const I8Act& act, int64_t r0, int64_t r1,
              float* y, Scratch& s) {
   const int64_t n = w.n_cols;
-  const size_t un = static_cast<size_t>(n);
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
     I8Row rows[kMaxDotRows];
-    for (int i = 0; i < nr; ++i) {
-      const size_t ui = static_cast<size_t>(i);
-      rows[i] = {s.codes.data() + ui * un, s.scales8.data() + ui * un / 4, s.bias16.data() + ui * un / 16};
-      k.unpack_i8(w.type, w.data + static_cast<size_t>(r + i) * w.row_stride, n, s.codes.data() + ui * un,
-                  s.scales8.data() + ui * un / 4, s.bias16.data() + ui * un / 16);
-    }
+    i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
     float out[kMaxDotRows];
     k.dot_rows_i8(rows, nr, act, n, fmt, out);
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
@@ -143,16 +138,7 @@ void rows_float(const CpuKernels& k, const WeightMatrix& w, const float* x, int6
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
     const float* rows[kMaxDotRows];
-    for (int i = 0; i < nr; ++i) {
-      const uint8_t* src = w.data + static_cast<size_t>(r + i) * w.row_stride;
-      if (w.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-        rows[i] = reinterpret_cast<const float*>(src);
-      } else {
-        float* dst = s.fbuf.data() + static_cast<size_t>(i) * static_cast<size_t>(n);
-        k.decode_row(w.type, src, dst, n);
-        rows[i] = dst;
-      }
-    }
+    float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
     float out[kMaxDotRows];
     k.dot_rows(rows, nr, x, n, out);
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
@@ -287,18 +273,12 @@ template <class Scratch, class ActOf, class FloatOf, class OutOf>
 void rows_batch(const CpuKernels& k, bool i8, I8Format fmt, const WeightMatrix& w, int64_t r0, int64_t r1,
                 int64_t p0, int64_t p1, ActOf act_of, FloatOf x_of, OutOf out_of, Scratch& s) {
   const int64_t n = w.n_cols;
-  const size_t un = static_cast<size_t>(n);
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
     float out[kMaxDotRows];
     if (i8) {
       I8Row rows[kMaxDotRows];
-      for (int i = 0; i < nr; ++i) {
-        const size_t ui = static_cast<size_t>(i);
-        rows[i] = {s.codes.data() + ui * un, s.scales8.data() + ui * un / 4, s.bias16.data() + ui * un / 16};
-        k.unpack_i8(w.type, w.data + static_cast<size_t>(r + i) * w.row_stride, n, s.codes.data() + ui * un,
-                    s.scales8.data() + ui * un / 4, s.bias16.data() + ui * un / 16);
-      }
+      i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
       for (int64_t p = p0; p < p1; ++p) {
         k.dot_rows_i8(rows, nr, act_of(p), n, fmt, out);
         float* y = out_of(p);
@@ -306,16 +286,7 @@ void rows_batch(const CpuKernels& k, bool i8, I8Format fmt, const WeightMatrix& 
       }
     } else {
       const float* rows[kMaxDotRows];
-      for (int i = 0; i < nr; ++i) {
-        const uint8_t* src = w.data + static_cast<size_t>(r + i) * w.row_stride;
-        if (w.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-          rows[i] = reinterpret_cast<const float*>(src);
-        } else {
-          float* dst = s.fbuf.data() + static_cast<size_t>(i) * un;
-          k.decode_row(w.type, src, dst, n);
-          rows[i] = dst;
-        }
-      }
+      float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
       for (int64_t p = p0; p < p1; ++p) {
         k.dot_rows(rows, nr, x_of(p), n, out);
         float* y = out_of(p);
@@ -423,20 +394,10 @@ template <class Scratch, class FloatOf, class OutOf>
 void rows_batch_tiles(const CpuKernels& k, FloatTileFn tile, int tokens, const WeightMatrix& w, int64_t r0, int64_t r1,
                       int64_t p0, int64_t p1, FloatOf x_of, OutOf out_of, Scratch& s) {
   const int64_t n = w.n_cols;
-  const size_t un = static_cast<size_t>(n);
   for (int64_t r = r0; r < r1; r += kTileRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
     const float* rows[kTileRows];
-    for (int i = 0; i < nr; ++i) {
-      const uint8_t* src = w.data + static_cast<size_t>(r + i) * w.row_stride;
-      if (w.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-        rows[i] = reinterpret_cast<const float*>(src);
-      } else {
-        float* dst = s.fbuf.data() + static_cast<size_t>(i) * un;
-        k.decode_row(w.type, src, dst, n);
-        rows[i] = dst;
-      }
-    }
+    float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
     for (int i = nr; i < kTileRows; ++i) rows[i] = rows[0];  // padding rows: computed, not stored
     for (int64_t p = p0; p < p1; p += tokens) {
       const int nt = static_cast<int>(std::min<int64_t>(tokens, p1 - p));

@@ -15,6 +15,7 @@
 
 #include "strata/base/error.h"
 #include "strata/cpu/cpu_kernels.h"
+#include "strata/cpu/tile_rows.h"
 
 namespace strata {
 namespace {
@@ -45,12 +46,7 @@ void matmul_i8_unpacked(const CpuKernels& k, I8Format fmt, const WeightMatrix& w
       const int64_t r0 = tile * kMaxDotRows;
       const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
       I8Row rows[kMaxDotRows];
-      for (int i = 0; i < nr; ++i) {
-        const size_t ui = static_cast<size_t>(i);
-        rows[i] = {codes.data() + ui * un, scales8.data() + ui * un / 4, bias16.data() + ui * un / 16};
-        k.unpack_i8(w.type, w.data + static_cast<size_t>(r0 + i) * w.row_stride, n, codes.data() + ui * un,
-                    scales8.data() + ui * un / 4, bias16.data() + ui * un / 16);
-      }
+      i8_tile_rows(k, w, r0, nr, codes.data(), scales8.data(), bias16.data(), rows);
       float out[kMaxDotRows];
       for (int64_t t = t0; t < t1; ++t) {
         const I8Act act{xq + t * n, xd + t * n / 32, xs + t * n / 16};
@@ -146,16 +142,7 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
         const int64_t r0 = tile * kMaxDotRows;
         const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
         const float* rows[kMaxDotRows];
-        for (int i = 0; i < nr; ++i) {
-          const uint8_t* src = w.data + static_cast<size_t>(r0 + i) * w.row_stride;
-          if (w.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-            rows[i] = reinterpret_cast<const float*>(src);
-          } else {
-            float* dst = buf.data() + static_cast<size_t>(i) * static_cast<size_t>(n);
-            k.decode_row(w.type, src, dst, n);
-            rows[i] = dst;
-          }
-        }
+        float_tile_rows(k, w, r0, nr, buf.data(), rows);
         float out[kMaxDotRows];
         for (int64_t t = t0; t < t1; ++t) {
           k.dot_rows(rows, nr, X + t * n, n, out);
