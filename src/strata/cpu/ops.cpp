@@ -201,13 +201,17 @@ void route_token(float* logits, int n_expert, int k, bool norm_topk, int* ids, f
   chosen_weights(logits, ids, k, norm_topk, weights);
 }
 
-void route_token_sigmoid(float* logits, const float* bias, int n_expert, int k, float softcap, bool norm_topk, int* ids,
-                         float* weights) {
+void sigmoid_scores_inplace(float* logits, int n_expert, float softcap) {
   for (int e = 0; e < n_expert; ++e) {
     float l = logits[e];
     if (softcap > 0.0f) l = std::tanh(l / softcap) * softcap;
     logits[e] = sigmoidf(l);
   }
+}
+
+void route_token_sigmoid(float* logits, const float* bias, int n_expert, int k, float softcap, bool norm_topk, int* ids,
+                         float* weights) {
+  sigmoid_scores_inplace(logits, n_expert, softcap);
   if (bias) {
     std::vector<float> select(logits, logits + n_expert);
     for (int e = 0; e < n_expert; ++e) select[static_cast<size_t>(e)] += bias[e];

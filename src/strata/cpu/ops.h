@@ -96,10 +96,12 @@ void top_k(const float* x, int n, int k, int* idx);
 // when norm_topk.
 void route_token(float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights);
 
-// A sigmoid router's choice for one token (HF LagunaTopKRouter): logits soft-capped first when softcap > 0
-// (softcap * tanh(logit / softcap)), scores = sigmoid (in place: logits become the scores), the k best
-// of score + bias (bias may be null; ties: lower index first), weights = their scores, renormalised over
-// the k in double when norm_topk.
+// A sigmoid router's scores in place: sigmoid(softcap * tanh(logit / softcap)), or sigmoid(logit) when
+// softcap is 0.
+void sigmoid_scores_inplace(float* logits, int n_expert, float softcap);
+// A sigmoid router's choice for one token (HF LagunaTopKRouter): scores by sigmoid_scores_inplace (logits
+// become the scores), the k best of score + bias (bias may be null; ties: lower index first), weights =
+// their scores, renormalised over the k in double when norm_topk.
 void route_token_sigmoid(float* logits, const float* bias, int n_expert, int k, float softcap, bool norm_topk, int* ids,
                          float* weights);
 

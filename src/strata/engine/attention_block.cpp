@@ -70,18 +70,24 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
   // a sliding layer only the last `window` of them.
   const int64_t window = l.mixer == LayerKind::SlidingAttention ? l.window : 0;
   auto first_visible = [window](int64_t pos) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; };
-  std::vector<std::vector<int32_t>> rows;
-  if (!chain) {
-    rows.resize(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) {
-      std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
-      const std::vector<int> path = tree->path_to(t);
-      // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
-      const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
-      for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
-      for (size_t d = 0; d < path.size(); ++d)
-        if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
+  // The cache rows a token reads, listed where they are not one run: a tree token's (the kept rows, then
+  // its ancestors) and a chain token's whose window wraps around the ring. Empty: the chain token reads
+  // rows first_row .. first_row + pos - from, through the same code as rows 0..pos.
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
+    if (chain) {
+      const int64_t pos = n_past + t, from = first_visible(pos);
+      if (from % s.rows + (pos - from) >= s.rows)
+        for (int64_t p = from; p <= pos; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
+      continue;
     }
+    const std::vector<int> path = tree->path_to(t);
+    // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
+    const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
+    for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
+    for (size_t d = 0; d < path.size(); ++d)
+      if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
   }
   std::vector<float> G;  // softplus output gate (laguna)
   int gate_per_head = 0;  // gate values per head: 1 (per head) or hd (per element)
@@ -97,7 +103,6 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<size_t>(n_past + n));
-    std::vector<int32_t> ring;  // a chain token's rows when its window wraps around the ring
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < l.n_head; ++h) {
@@ -109,21 +114,13 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
                         static_cast<int64_t>(s.k_row), k_type};
         const KvHead vh{s.v.data() + kv_row_bytes(s.kv.v, static_cast<int64_t>(g) * hd),
                         static_cast<int64_t>(s.v_row), v_type};
-        if (chain) {
-          // Positions from..pos: contiguous rows through the same code as rows 0..pos (the head views moved
-          // to the first row), or, where they wrap around the ring, listed as a tree's are.
+        const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
+        if (r.empty()) {  // the head views moved to the run's first row
           const int64_t pos = n_past + t, from = first_visible(pos), first_row = from % s.rows;
-          if (first_row + (pos - from) < s.rows) {
-            const KvHead kw{kh.data + first_row * kh.row_bytes, kh.row_bytes, kh.type};
-            const KvHead vw{vh.data + first_row * vh.row_bytes, vh.row_bytes, vh.type};
-            attend_one_head(q, kw, vw, pos - from + 1, hd, scale, scores.data(), o);
-          } else {
-            ring.resize(static_cast<size_t>(pos - from + 1));
-            for (int64_t p = from; p <= pos; ++p) ring[static_cast<size_t>(p - from)] = static_cast<int32_t>(p % s.rows);
-            attend_one_head_rows(q, kh, vh, ring.data(), static_cast<int64_t>(ring.size()), hd, scale, scores.data(), o);
-          }
+          const KvHead kw{kh.data + first_row * kh.row_bytes, kh.row_bytes, kh.type};
+          const KvHead vw{vh.data + first_row * vh.row_bytes, vh.row_bytes, vh.type};
+          attend_one_head(q, kw, vw, pos - from + 1, hd, scale, scores.data(), o);
         } else {
-          const std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
           attend_one_head_rows(q, kh, vh, r.data(), static_cast<int64_t>(r.size()), hd, scale, scores.data(), o);
         }
         if (c.attn_output_gate) {

@@ -6,7 +6,6 @@
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "strata/cpu/ops.h"
@@ -53,12 +52,10 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
     }
     // Replayed ids keep the router's own probabilities for them (softmax, or the soft-capped sigmoid),
     // so the combine's magnitudes stay those of a routed token.
-    if (c.router == RouterKind::Softmax) {
+    if (c.router == RouterKind::Softmax)
       softmax_inplace(p, c.n_expert);
-    } else {
-      for (int e = 0; e < c.n_expert; ++e)
-        p[e] = sigmoidf(c.router_softcap > 0.0f ? c.router_softcap * std::tanh(p[e] / c.router_softcap) : p[e]);
-    }
+    else
+      sigmoid_scores_inplace(p, c.n_expert, c.router_softcap);
     double sum = 0.0;
     for (int j = 0; j < k; ++j) sum += p[f[j]];
     for (int j = 0; j < k; ++j) {
