@@ -91,7 +91,7 @@ struct GpuSession::Impl {
   // Decode lookahead (decode_lookahead.h): the next greedy step runs from the pick, launched before the
   // pick is read back, and is kept only when the caller feeds that pick back. Off with
   // GpuSessionOptions::lookahead = false, and where the step is not one graph (direct launches, the
-  // profiles) or the MoE is hybrid (its cold experts run on the host mid-step).
+  // profiles).
   bool lookahead = false;
   LookaheadLink link;
   bool ahead = false;               // a speculative step is launched, neither kept nor dropped yet
@@ -113,7 +113,7 @@ struct GpuSession::Impl {
       fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k);
       allocate();
       argmax_n = c.n_vocab;
-      lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on && !hybrid;
+      lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on;
       if (lookahead) {
         st.add_alternates();
         link.allocate();
@@ -345,7 +345,7 @@ struct GpuSession::Impl {
   // The MoE down projections where gemv_down_sum does not fit: the k routed
   // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
   // last block (when one launch holds them) or by moe_combine_add_norm.
-  void moe_down_jobs(int il, const DevLayer& D) {
+  void moe_down_jobs(int il, const DevLayer& D, const int* slot_of) {
     const DevMoe& w = D.moe;
     const int* ids_l = layer_ids(il);
     const int k = c.n_expert_used;
@@ -354,6 +354,7 @@ struct GpuSession::Impl {
     for (int j = 0; j < k; ++j) {
       GemvJob& e = down[j];
       e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids_l, e.slot = j;
+      e.slot_of_expert = slot_of;
     }
     if (w.has_shared) {
       GemvJob sd;
@@ -377,17 +378,22 @@ struct GpuSession::Impl {
 
   // The MoE FFN in separate launches: router (+ shared gate), routed gate+up+SwiGLU with the top-k
   // computed in every block (+ the shared expert's gate/up), routed + shared down + combine. The next
-  // layer's input norm is computed by its own launches.
+  // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
+  // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
+  // added into x at the end.
   void moe(int il, const DevLayer& D) {
-    if (hybrid) {  // issue 8: hot/cold experts read xn
-      rmsnorm_rows(x, D.ffn_norm, c.rms_eps, 1, c.n_embd, xn, stream);
-      prof.mark("rmsnorm", stream);
-      hybrid->enqueue_decode(il, xn, x, route_counts + static_cast<size_t>(il) * c.n_expert, stream);
-      prof.mark("hybrid moe", stream);
-      return;
-    }
     MoeJobs m = moe_jobs(il, D);
-    if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
+    const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
+    unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
+    if (hybrid) {
+      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
+      prof.mark("moe router+shared gate", stream);
+      hybrid->route_decode(il, router, layer_ids(il), wts, counts, x, D.ffn_norm, stream);
+      prof.mark("hybrid top-k+ring", stream);
+      for (GemvJob& j : m.up)
+        if (j.ids) j.slot_of_expert = slot_of;
+      gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up");
+    } else if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);
       gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt);
@@ -399,13 +405,18 @@ struct GpuSession::Impl {
     }
     GemvDownSum fused;
     fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
+    fused.slot_of_expert = slot_of;
     if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = sg;
     fused.x = x;
     if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
-      moe_down_jobs(il, D);
+      moe_down_jobs(il, D, slot_of);
+    }
+    if (hybrid) {
+      hybrid->cold_add(il, x, layer_ids(il), wts, stream);
+      prof.mark("hybrid cold wait+add", stream);
     }
   }
 
@@ -456,15 +467,17 @@ struct GpuSession::Impl {
   // Enqueues the step that reads the token and position in d_io and the current state (the graph of the
   // state's parity, captured on first use).
   void launch_step() {
+    if (hybrid) hybrid->order_after_last(stream);
     if (!opt.use_graph || prof.on) {
       enqueue_step();
-      return;
+    } else {
+      cudaGraphExec_t& g = graphs[st.parity()];
+      if (!g) g = capture();
+      prof.mark_graph(nullptr, stream);
+      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+      prof.mark_graph("decode step (graph)", stream);
     }
-    cudaGraphExec_t& g = graphs[st.parity()];
-    if (!g) g = capture();
-    prof.mark_graph(nullptr, stream);
-    check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
-    prof.mark_graph("decode step (graph)", stream);
+    if (hybrid) hybrid->record_last(stream);
   }
 
   void destroy_graphs() {
@@ -495,6 +508,7 @@ struct GpuSession::Impl {
   void drop() {
     if (!ahead) return;
     uncount_routes(ids, c.n_layer, c.n_expert_used, c.n_expert, route_counts, stream);
+    if (hybrid) hybrid->uncount_decode(ids, stream);
     ahead = false;
   }
 
@@ -569,7 +583,9 @@ struct GpuSession::Impl {
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
     if (n > 1 && opt.batched_prefill) {
       std::lock_guard<std::mutex> lock(gm->exclusive());
+      if (hybrid) hybrid->order_after_last(stream);
       gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts);
+      if (hybrid) hybrid->record_last(stream);
       return;
     }
     const auto lock = hold_hybrid();
@@ -786,6 +802,8 @@ bool GpuSession::hybrid() const { return impl_->hybrid != nullptr; }
 // The hybrid MoE belongs to the model: its counters are read and reset under the model's lock.
 HybridTelemetry GpuSession::hybrid_telemetry() const {
   if (!impl_->hybrid) fail("hybrid telemetry: this GPU session has every expert resident (no expert slot map)");
+  impl_->drop();  // a lookahead step counts only once it is kept
+  impl_->sync();
   std::lock_guard<std::mutex> lock(impl_->gm->exclusive());
   return impl_->hybrid->telemetry();
 }

@@ -1,4 +1,4 @@
-// Kernels of the hybrid hot/cold MoE step (see hybrid_kernels.h for each one's contract).
+// Kernels of the hybrid hot/cold MoE decode step (see hybrid_kernels.h for each one's contract).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_math.cuh"
 #include "strata/cuda/hybrid_kernels.h"
+#include "strata/cuda/route_warp.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -17,116 +18,151 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// ---- ring ------------------------------------------------------------------------------------------
-__global__ void ring_kernel(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
-                            float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq,
-                            unsigned long long* calls, unsigned long long* cold_picks,
-                            unsigned long long* expert_picks, unsigned long long* seq_picks) {
+// ---- route + ring ----------------------------------------------------------------------------------
+__global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids,
+                                  float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
+                                  const float* norm_w, float eps, int d, HybridRing r) {
+  __shared__ int chosen[kHybridMaxK];
+  __shared__ float chosen_p[kHybridMaxK];
+  __shared__ float p[1024];
   __shared__ int n_cold;
   __shared__ unsigned long long seq;
+  if (threadIdx.x < 32) {
+    warp_route(logits, n_expert, k, chosen, chosen_p, p);
+    warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, seq_picks);
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
     int n = 0;
-    for (int p = 0; p < k; ++p) {
-      n += slot_of[ids[p]] < 0 ? 1 : 0;
-      expert_picks[ids[p]] += 1;
-      if (seq_picks) seq_picks[ids[p]] += 1;
+    unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
+    for (int q = 0; q < k; ++q) {
+      n += slot_of[chosen[q]] < 0 ? 1 : 0;
+      atomicAdd(per_expert + chosen[q], 1ull);
     }
     n_cold = n;
-    calls[il] += 1;
-    cold_picks[il] += static_cast<unsigned long long>(n);
-    seq = 0;
-    if (n > 0) seq = ++ctr->seq;
-    wait_seq[il] = seq;
+    atomicAdd(r.calls + il, 1ull);
+    atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
+    seq = n > 0 ? atomicAdd(&r.ctr->seq, 1ull) + 1 : 0;
+    if (n > 0) atomicAdd(&r.ctr->jobs, 1ull);
+    r.wait_seq[il] = seq;
   }
   __syncthreads();
   if (n_cold == 0) return;  // fast path: nothing leaves the GPU
-  volatile float* xh = xn_host;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) xh[i] = xn[i];
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
+  ss = block_sum_d(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+  volatile float* xh = r.xn_host;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) xh[i] = x[i] * inv * norm_w[i];
   if (threadIdx.x == 0) {
-    volatile HostJob* j = job;
+    volatile HostJob* j = r.job;
     j->layer = il;
     j->k = k;
     j->n_cold = n_cold;
-    for (int p = 0; p < k; ++p) {
-      j->ids[p] = ids[p];
-      j->cold[p] = slot_of[ids[p]] < 0 ? 1 : 0;
+    for (int q = 0; q < k; ++q) {
+      j->ids[q] = chosen[q];
+      j->cold[q] = slot_of[chosen[q]] < 0 ? 1 : 0;
     }
   }
   // Every thread's writes reach host memory before the doorbell.
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile HostJob* j = job;
+    volatile HostJob* j = r.job;
     j->doorbell = seq;
     __threadfence_system();
   }
 }
 
-// ---- combine ---------------------------------------------------------------------------------------
-__global__ void combine_kernel(float* x, const float* ye_hot, const float* ye_cold, const int* ids, const int* slot_of,
-                               const float* weights, int k, int d, const float* ys, const float* shared_gate,
-                               const unsigned long long* wait_seq, const HostJob* job, HybridDevCounters* ctr,
-                               unsigned long long timeout_ns) {
+// ---- cold add --------------------------------------------------------------------------------------
+__global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
+                                HybridRing r, unsigned long long timeout_ns) {
+  const unsigned long long want = r.wait_seq[il];
+  if (want == 0) return;  // no cold pick in this layer
   __shared__ int order[kHybridMaxK];
-  __shared__ int is_cold[kHybridMaxK];
+  __shared__ int n_cold;
   if (threadIdx.x == 0) {
-    const unsigned long long want = *wait_seq;
-    if (want > 0) {
-      // __ldcv: fetch again every time (the line lives in host memory and the CPU rewrites it).
-      const unsigned long long* done = &job->done;
-      const unsigned long long t0 = global_ns();
-      while (__ldcv(done) < want) {
-        if (global_ns() - t0 > timeout_ns) {
-          if (blockIdx.x == 0) {
-            printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
-                   static_cast<double>(timeout_ns) * 1e-9);
-            atomicAdd(&ctr->timeouts, 1ull);
-          }
-          __trap();
+    // __ldcv: fetch again every time (the line lives in host memory and the CPU rewrites it).
+    const unsigned long long* done = &r.job->done;
+    const unsigned long long t0 = global_ns();
+    while (__ldcv(done) < want) {
+      if (global_ns() - t0 > timeout_ns) {
+        if (blockIdx.x == 0) {
+          printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
+                 static_cast<double>(timeout_ns) * 1e-9);
+          atomicAdd(&r.ctr->timeouts, 1ull);
         }
-        __nanosleep(200);
+        __trap();
       }
-      if (blockIdx.x == 0) atomicAdd(&ctr->wait_ns, global_ns() - t0);
+      __nanosleep(200);
     }
-    for (int p = 0; p < k; ++p) is_cold[p] = slot_of[ids[p]] < 0 ? 1 : 0;
-    slots_in_ascending_id(ids, k, order);  // the CPU engine sums experts in that order
+    if (blockIdx.x == 0) atomicAdd(&r.ctr->wait_ns, global_ns() - t0);
+    int all[kHybridMaxK];
+    slots_in_ascending_id(ids, k, all);  // the CPU engine sums experts in that order
+    int n = 0;
+    for (int q = 0; q < k; ++q)
+      if (slot_of[ids[all[q]]] < 0) order[n++] = all[q];
+    n_cold = n;
   }
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= d) return;
   float acc = 0.0f;
-  for (int p = 0; p < k; ++p) {
-    const int o = order[p];
-    const int64_t at = static_cast<int64_t>(o) * d + j;
-    const float v = is_cold[o] ? __ldcv(ye_cold + at) : ye_hot[at];
-    acc += weights[o] * v;
+  for (int q = 0; q < n_cold; ++q) {
+    const int o = order[q];
+    acc += weights[o] * __ldcv(r.ye_cold + static_cast<int64_t>(o) * d + j);
   }
-  if (ys) acc += sigmoid_dev(*shared_gate) * ys[j];
   x[j] += acc;
+}
+
+// ---- uncount ---------------------------------------------------------------------------------------
+__global__ void hybrid_uncount_kernel(const int* ids, int n_layer, int k, int n_expert, const int* slot_maps,
+                                      HybridRing r) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_layer * k) return;
+  const int il = i / k;
+  const int e = ids[i];
+  if (e < 0 || e >= n_expert) return;
+  constexpr unsigned long long kMinusOne = ~0ull;  // atomicAdd of -1 (mod 2^64)
+  atomicAdd(r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert) + e, kMinusOne);
+  if (slot_maps[static_cast<size_t>(il) * static_cast<size_t>(n_expert) + e] < 0) atomicAdd(r.cold_picks + il, kMinusOne);
+  if (i % k == 0) {
+    atomicAdd(r.calls + il, kMinusOne);
+    const int* layer = ids + static_cast<size_t>(il) * static_cast<size_t>(k);
+    const int* slots = slot_maps + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
+    bool cold = false;
+    for (int q = 0; q < k; ++q) cold = cold || (layer[q] >= 0 && layer[q] < n_expert && slots[layer[q]] < 0);
+    if (cold) atomicAdd(&r.ctr->jobs, kMinusOne);
+  }
 }
 
 }  // namespace
 
-void hybrid_ring(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
-                 float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq, unsigned long long* calls,
-                 unsigned long long* cold_picks, unsigned long long* expert_picks, unsigned long long* seq_picks,
-                 cudaStream_t s) {
-  check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_ring: 1 <= k <= 64");
-  ring_kernel<<<1, 256, 0, s>>>(il, ids, k, slot_of, xn, d, job, xn_host, ctr, wait_seq, calls, cold_picks, expert_picks,
-                                   seq_picks);
-  check_launch("hybrid_ring");
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
+                       unsigned long long* seq_picks, const int* slot_of, const float* x, const float* norm_w, float eps,
+                       int d, const HybridRing& ring, cudaStream_t s) {
+  check_arg(k >= 1 && k <= kHybridMaxK && k <= n_expert && n_expert <= 1024,
+            "hybrid_route_ring: 1 <= k <= 64 and n_expert <= 1024");
+  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, ids, weights, seq_picks, slot_of, x, norm_w, eps,
+                                      d, ring);
+  check_launch("hybrid_route_ring");
 }
 
-void hybrid_combine_add(float* x, const float* ye_hot, const float* ye_cold, const int* ids, const int* slot_of,
-                        const float* weights, int k, int d, const float* ys, const float* shared_gate,
-                        const unsigned long long* wait_seq, const HostJob* job, HybridDevCounters* ctr,
-                        double timeout_s, cudaStream_t s) {
-  check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_combine_add: 1 <= k <= 64");
+void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
+                     const HybridRing& ring, double timeout_s, cudaStream_t s) {
+  check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_cold_add: 1 <= k <= 64");
   const int threads = 256;
-  const int blocks = (d + threads - 1) / threads;
-  combine_kernel<<<blocks, threads, 0, s>>>(x, ye_hot, ye_cold, ids, slot_of, weights, k, d, ys, shared_gate, wait_seq,
-                                            job, ctr, static_cast<unsigned long long>(timeout_s * 1e9));
-  check_launch("hybrid_combine_add");
+  cold_add_kernel<<<(d + threads - 1) / threads, threads, 0, s>>>(il, x, ids, weights, slot_of, k, d, ring,
+                                                                 static_cast<unsigned long long>(timeout_s * 1e9));
+  check_launch("hybrid_cold_add");
+}
+
+void hybrid_uncount(const int* ids, int n_layer, int k, int n_expert, const int* slot_maps, const HybridRing& ring,
+                    cudaStream_t s) {
+  const int n = n_layer * k;
+  if (n == 0) return;
+  hybrid_uncount_kernel<<<(n + 255) / 256, 256, 0, s>>>(ids, n_layer, k, n_expert, slot_maps, ring);
+  check_launch("hybrid_uncount");
 }
 
 }  // namespace strata::cuda

@@ -1,8 +1,8 @@
-// CUDA kernels of the hybrid hot/cold MoE step (issue 8), as host launchers on a stream.
+// CUDA kernels of the hybrid hot/cold MoE decode step (issue 8), as host launchers on a stream.
 // The GPU and the CPU workers share one HostJob in mapped pinned host memory (cudaHostAlloc with
-// cudaHostAllocMapped): the ring kernel writes a layer's job into it, the CPU writes cold rows and a
-// done sequence number, the combine kernel reads them over PCIe. At most one job is in flight: a
-// layer's combine waits for its job before any later layer can ring.
+// cudaHostAllocMapped): the route-ring kernel writes a layer's job into it, the CPU writes cold rows and
+// a done sequence number, the cold-add kernel reads them over PCIe. At most one job is in flight: a
+// layer's cold add waits for its job before any later layer can ring.
 // Plain C++ header (no CUDA language features).
 #pragma once
 
@@ -31,28 +31,44 @@ struct HostJob {
 // Device-side counters of the hybrid step.
 struct HybridDevCounters {
   unsigned long long seq;           // last job sequence number handed out
+  unsigned long long jobs;          // decode layer passes with cold picks (less those of dropped steps)
   unsigned long long wait_ns;       // combine kernels' time waiting for the CPU
   unsigned long long timeouts;      // never > 0 unless the CPU side died (then the kernel traps)
 };
 
-// After route_topk: classifies layer il's k picks through slot_of (device, [n_expert]: slot or -1);
-// counts calls[il] += 1, cold_picks[il] += cold picks and expert_picks[ids[p]] += 1 (the layer's row of
-// the model's per-expert counts; also seq_picks[ids[p]] += 1 when seq_picks, the sequence's row); when
-// there are cold picks, takes the next sequence number, copies xn (d floats) to xn_host and the picks to *job (device pointers of mapped
-// memory), fences, and rings job->doorbell; wait_seq[il] = that seq, or 0 with no cold pick.
-void hybrid_ring(int il, const int* ids, int k, const int* slot_of, const float* xn, int d, HostJob* job,
-                 float* xn_host, HybridDevCounters* ctr, unsigned long long* wait_seq, unsigned long long* calls,
-                 unsigned long long* cold_picks, unsigned long long* expert_picks, unsigned long long* seq_picks,
-                 cudaStream_t s);
+// The model's side of the decode mailbox and its counters (device pointers; job and xn_host in mapped
+// pinned memory).
+struct HybridRing {
+  HostJob* job = nullptr;
+  float* xn_host = nullptr;                  // n_embd floats: the cold experts' input
+  const float* ye_cold = nullptr;            // [k x n_embd]: row p of a cold pick p, written by the CPU
+  HybridDevCounters* ctr = nullptr;
+  unsigned long long* wait_seq = nullptr;    // [n_layer]: the job each layer's cold add waits for (0: none)
+  unsigned long long* calls = nullptr;       // [n_layer] token passes
+  unsigned long long* cold_picks = nullptr;  // [n_layer]
+  unsigned long long* expert_picks = nullptr;  // [n_layer x n_expert]
+};
 
-// x[j] += sum over the k picks in ascending expert id of weights[p] * row_p[j] (+ sigmoid(*shared_gate)
-// * ys[j] when ys is not null), where row_p is ye_cold + p*d (mapped host memory, written by the CPU)
-// for a cold pick and ye_hot + p*d otherwise -- the arithmetic of moe_combine_add_norm. When *wait_seq > 0
-// it first waits until job->done >= *wait_seq (the CPU finished this layer), adding the wait to
-// ctr->wait_ns; after timeout_s seconds without an answer it reports and traps.
-void hybrid_combine_add(float* x, const float* ye_hot, const float* ye_cold, const int* ids, const int* slot_of,
-                        const float* weights, int k, int d, const float* ys, const float* shared_gate,
-                        const unsigned long long* wait_seq, const HostJob* job, HybridDevCounters* ctr,
-                        double timeout_s, cudaStream_t s);
+// Decode, after the router's launch: layer il's softmax + top-k of logits (warp_route, the routing of
+// every GPU path) into ids / weights (pick order) and seq_picks (the sequence's [n_expert] counts of
+// the layer, optional); the model's counters; the picks classified through slot_of (device, [n_expert]:
+// slot or -1). When some pick is cold it takes the next job number, writes xn = rmsnorm(x) * norm_w
+// (rmsnorm_rows' arithmetic) and the job to host memory, fences and rings the doorbell; wait_seq[il] =
+// that number, or 0 with no cold pick. One small launch.
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
+                       unsigned long long* seq_picks, const int* slot_of, const float* x, const float* norm_w, float eps,
+                       int d, const HybridRing& ring, cudaStream_t s);
+
+// After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
+// (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold
+// picks' weights[p] * ye_cold[p][j], summed in ascending expert id (the order of the CPU engine's
+// combine). Returns at once on the device when the layer had no cold pick.
+void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
+                     const HybridRing& ring, double timeout_s, cudaStream_t s);
+
+// Takes a dropped decode step's picks (ids: [n_layer x k], every layer's) back out of the model's
+// counters: calls, cold picks and per-expert picks.
+void hybrid_uncount(const int* ids, int n_layer, int k, int n_expert, const int* slot_maps, const HybridRing& ring,
+                    cudaStream_t s);
 
 }  // namespace strata::cuda

@@ -1,13 +1,15 @@
-// The hybrid hot/cold MoE step (issue 8; design: ../shared/design/architecture.md, "The hybrid decode
-// step"). Per MoE layer and token, on the session's stream:
-//   router matvec, top-k                                   (GPU)
-//   ring: classify the picks through the layer's slot map  (GPU; writes the job to mapped host memory
-//         and bumps the sequence number only when some pick is cold)
-//   hot experts + shared expert                            (GPU, overlapping the CPU's cold work)
-//   cold experts                                           (CPU pool, ColdExpertPool, from the mapped GGUF)
-//   combine in ascending expert id                         (GPU; waits for the CPU only with cold picks)
+// The hybrid hot/cold MoE (issue 8). Per MoE layer and decoded token, on the sequence's stream (the
+// session's step, gpu_session.cpp, runs the GPU launches; this file owns the mailbox and the CPU side):
+//   router matvec                                     (GPU, the all-GPU launch)
+//   route + ring: top-k, the picks classified through  (GPU, one small launch; writes the job and the
+//         the layer's slot map                          normed input to mapped host memory and rings
+//                                                       the doorbell only when some pick is cold)
+//   hot experts + shared expert                       (GPU, the all-GPU launches over the hot stack,
+//                                                       overlapping the CPU's cold work)
+//   cold experts                                      (CPU pool, ColdExpertPool, from the mapped GGUF)
+//   cold add in ascending expert id                   (GPU; waits for the CPU only with cold picks)
 // The CPU learns about a job from a listener thread spinning on the job's doorbell, so the stream never
-// stops for the host and the token stays one CUDA graph.
+// stops for the host and the token stays one CUDA graph (and the decode lookahead works as all-GPU).
 // Batched prefill (cold_batch_begin/finish, driven by GpuPrefill): the prefill routes the chunk and runs
 // the hot experts with its grouped GEMMs over this layer's slot map; here the ids and inputs are copied
 // to pinned memory, the CPU pool computes the cold pairs grouped by expert (each cold expert's weights
@@ -74,55 +76,27 @@ class HybridMoeImpl final : public HybridMoe {
     release();
   }
 
-  void enqueue_decode(int il, const float* xn, float* x, unsigned long long* seq_picks, cudaStream_t s) override {
-    const DevMoe& w = dm_.layers[static_cast<size_t>(il)].moe;
-    const int k = c_.n_expert_used, d = c_.n_embd, ne = c_.n_expert;
-    const int* slot_of = d_slot_ + static_cast<size_t>(il) * static_cast<size_t>(ne);
-    const int n_hot = n_hot_[static_cast<size_t>(il)];
-    // Router, plus the shared expert's gate and gate/up pair (they read the same xn).
-    GemvJob first[3];
-    int n_first = 1;
-    first[0].w = &w.router, first[0].x = xn, first[0].y = router_;
-    if (w.has_shared) {
-      first[1].w = &w.shared_gate_inp, first[1].x = xn, first[1].y = sg_;
-      first[2].w = &w.shared_gate, first[2].w2 = &w.shared_up, first[2].x = xn, first[2].y = gs_;
-      first[2].mode = GemvMode::SwigluPair;
-      n_first = 3;
-    }
-    gemv_batch(first, n_first, s);
-    route_topk(router_, ne, k, c_.norm_topk, ids_, wts_, s);
-    hybrid_ring(il, ids_, k, slot_of, xn, d, job_d_, xn_d_, ctr_, wait_seq_, calls_, cold_picks_,
-                expert_picks_ + static_cast<size_t>(il) * static_cast<size_t>(ne), seq_picks, s);
-    // Hot routed experts through the layer's slot map (a cold pick's rows are skipped: zeros), then
-    // the routed and shared down projections in one launch.
-    GemvJob up[kMaxGemvJobs], down[kMaxGemvJobs];
-    int n_up = 0, n_down = 0;
-    auto flush = [&](GemvJob* jobs, int& n) {
-      if (n > 0) gemv_batch(jobs, n, s);
-      n = 0;
-    };
-    if (n_hot > 0) {
-      for (int j = 0; j < k; ++j) {
-        GemvJob& a = up[n_up++];
-        a.w = &w.gate, a.w2 = &w.up, a.x = xn, a.y = g_ + static_cast<int64_t>(j) * c_.n_ff_exp;
-        a.mode = GemvMode::SwigluPair, a.ids = ids_, a.slot = j, a.slot_of_expert = slot_of;
-        if (n_up == kMaxGemvJobs) flush(up, n_up);
-      }
-      flush(up, n_up);
-      for (int j = 0; j < k; ++j) {
-        GemvJob& e = down[n_down++];
-        e.w = &w.down, e.x = g_ + static_cast<int64_t>(j) * c_.n_ff_exp, e.y = ye_ + static_cast<int64_t>(j) * d;
-        e.ids = ids_, e.slot = j, e.slot_of_expert = slot_of;
-        if (n_down == kMaxGemvJobs) flush(down, n_down);
-      }
-    }
-    if (w.has_shared) {
-      GemvJob& sd = down[n_down++];
-      sd.w = &w.shared_down, sd.x = gs_, sd.y = ys_;
-    }
-    flush(down, n_down);
-    hybrid_combine_add(x, ye_, yec_d_, ids_, slot_of, wts_, k, d, w.has_shared ? ys_ : nullptr, sg_, wait_seq_ + il,
-                       job_d_, ctr_, kCpuTimeoutS, s);
+  void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
+                    const float* x, const float* norm_w, cudaStream_t s) override {
+    hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, ids, weights, seq_picks,
+                      device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s);
+  }
+
+  void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s) override {
+    hybrid_cold_add(il, x, ids, weights, device_slot_map(il), c_.n_expert_used, c_.n_embd, ring_, kCpuTimeoutS, s);
+  }
+
+  void uncount_decode(const int* ids, cudaStream_t s) override {
+    hybrid_uncount(ids, c_.n_layer, c_.n_expert_used, c_.n_expert, d_slot_, ring_, s);
+  }
+
+  void order_after_last(cudaStream_t s) override {
+    if (last_stream_ && last_stream_ != s) check_cuda(cudaStreamWaitEvent(s, ev_last_, 0), "hybrid: order steps");
+  }
+
+  void record_last(cudaStream_t s) override {
+    check_cuda(cudaEventRecord(ev_last_, s), "hybrid: record step");
+    last_stream_ = s;
   }
 
   // ---- grouped batched prefill (hybrid_moe.h) ----------------------------------------------------------
@@ -133,7 +107,7 @@ class HybridMoeImpl final : public HybridMoe {
 
   void cold_batch_begin(int il, const int* ids, const int* counts, const float* xn, int n, cudaStream_t s) override {
     const size_t ne = static_cast<size_t>(c_.n_expert), uil = static_cast<size_t>(il);
-    prefill::add_counts(counts, c_.n_expert, expert_picks_ + uil * ne, s);
+    prefill::add_counts(counts, c_.n_expert, ring_.expert_picks + uil * ne, s);
     batch_calls_[uil] += static_cast<uint64_t>(n);
     pending_ = false;
     if (n_hot_[uil] == c_.n_expert) return;  // every expert of the layer is resident: no CPU work
@@ -190,10 +164,10 @@ class HybridMoeImpl final : public HybridMoe {
     const size_t nl = static_cast<size_t>(c_.n_layer);
     std::vector<unsigned long long> calls(nl), cold(nl);
     HybridDevCounters ctr{};
-    check_cuda(cudaMemcpy(calls.data(), calls_, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost), "telemetry");
-    check_cuda(cudaMemcpy(cold.data(), cold_picks_, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+    check_cuda(cudaMemcpy(calls.data(), ring_.calls, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost), "telemetry");
+    check_cuda(cudaMemcpy(cold.data(), ring_.cold_picks, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
                "telemetry");
-    check_cuda(cudaMemcpy(&ctr, ctr_, sizeof ctr, cudaMemcpyDeviceToHost), "telemetry");
+    check_cuda(cudaMemcpy(&ctr, ring_.ctr, sizeof ctr, cudaMemcpyDeviceToHost), "telemetry");
     // Token passes of the grouped batched prefill are counted on the host (batch_calls_, batch_cold_).
     for (size_t l = 0; l < nl; ++l) {
       calls[l] += batch_calls_[l];
@@ -202,7 +176,7 @@ class HybridMoeImpl final : public HybridMoe {
     t.tokens = nl > 0 ? calls[0] : 0;
     t.cold_picks_per_layer.assign(cold.begin(), cold.end());
     std::vector<unsigned long long> per_expert(nl * static_cast<size_t>(c_.n_expert));
-    check_cuda(cudaMemcpy(per_expert.data(), expert_picks_, per_expert.size() * sizeof(unsigned long long),
+    check_cuda(cudaMemcpy(per_expert.data(), ring_.expert_picks, per_expert.size() * sizeof(unsigned long long),
                           cudaMemcpyDeviceToHost),
                "telemetry");
     t.expert_picks.assign(per_expert.begin(), per_expert.end());
@@ -210,7 +184,8 @@ class HybridMoeImpl final : public HybridMoe {
       t.picks += calls[l] * static_cast<uint64_t>(c_.n_expert_used);
       t.cold_picks += cold[l];
     }
-    t.cpu_jobs = cpu_jobs_.load();
+    // Decode jobs are counted on the device (a dropped lookahead step takes its own back out).
+    t.cpu_jobs = cpu_jobs_.load() + (ctr.jobs - jobs_base_);
     t.cpu_cold_ms = static_cast<double>(cpu_ns_.load()) * 1e-6;
     t.gpu_wait_ms = static_cast<double>(ctr.wait_ns - wait_ns_base_) * 1e-6;
     return t;
@@ -218,13 +193,14 @@ class HybridMoeImpl final : public HybridMoe {
 
   void reset_telemetry() override {
     const size_t nl = static_cast<size_t>(c_.n_layer);
-    check_cuda(cudaMemset(calls_, 0, nl * sizeof(unsigned long long)), "telemetry reset");
-    check_cuda(cudaMemset(cold_picks_, 0, nl * sizeof(unsigned long long)), "telemetry reset");
-    check_cuda(cudaMemset(expert_picks_, 0, nl * static_cast<size_t>(c_.n_expert) * sizeof(unsigned long long)),
+    check_cuda(cudaMemset(ring_.calls, 0, nl * sizeof(unsigned long long)), "telemetry reset");
+    check_cuda(cudaMemset(ring_.cold_picks, 0, nl * sizeof(unsigned long long)), "telemetry reset");
+    check_cuda(cudaMemset(ring_.expert_picks, 0, nl * static_cast<size_t>(c_.n_expert) * sizeof(unsigned long long)),
                "telemetry reset");
     HybridDevCounters ctr{};
-    check_cuda(cudaMemcpy(&ctr, ctr_, sizeof ctr, cudaMemcpyDeviceToHost), "telemetry reset");
+    check_cuda(cudaMemcpy(&ctr, ring_.ctr, sizeof ctr, cudaMemcpyDeviceToHost), "telemetry reset");
     wait_ns_base_ = ctr.wait_ns;
+    jobs_base_ = ctr.jobs;
     cpu_jobs_.store(0);
     cpu_ns_.store(0);
     std::fill(batch_calls_.begin(), batch_calls_.end(), 0);
@@ -298,24 +274,19 @@ class HybridMoeImpl final : public HybridMoe {
     }
     d_slot_ = dalloc<int>(flat.size());
     check_cuda(cudaMemcpy(d_slot_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice), "hybrid: slot map");
-    router_ = dalloc<float>(ne);
-    ids_ = dalloc<int>(k);
-    wts_ = dalloc<float>(k);
-    g_ = dalloc<float>(k * static_cast<size_t>(c_.n_ff_exp));
-    ye_ = dalloc<float>(k * d);
-    if (c_.n_ff_shexp > 0) {
-      sg_ = dalloc<float>(1);
-      gs_ = dalloc<float>(static_cast<size_t>(c_.n_ff_shexp));
-      ys_ = dalloc<float>(d);
-    }
-    ctr_ = dalloc<HybridDevCounters>(1);
-    wait_seq_ = dalloc<unsigned long long>(nl);
-    calls_ = dalloc<unsigned long long>(nl);
-    cold_picks_ = dalloc<unsigned long long>(nl);
-    expert_picks_ = dalloc<unsigned long long>(nl * ne);
-    job_h_ = halloc_mapped<HostJob>(1, &job_d_);
-    xn_h_ = halloc_mapped<float>(d, &xn_d_);
-    yec_h_ = halloc_mapped<float>(k * d, &yec_d_);
+    ring_.ctr = dalloc<HybridDevCounters>(1);
+    ring_.wait_seq = dalloc<unsigned long long>(nl);
+    ring_.calls = dalloc<unsigned long long>(nl);
+    ring_.cold_picks = dalloc<unsigned long long>(nl);
+    ring_.expert_picks = dalloc<unsigned long long>(nl * ne);
+    float* xn_d = nullptr;
+    float* yec_d = nullptr;
+    job_h_ = halloc_mapped<HostJob>(1, &ring_.job);
+    xn_h_ = halloc_mapped<float>(d, &xn_d);
+    yec_h_ = halloc_mapped<float>(k * d, &yec_d);
+    ring_.xn_host = xn_d;
+    ring_.ye_cold = yec_d;
+    check_cuda(cudaEventCreateWithFlags(&ev_last_, cudaEventDisableTiming), "hybrid: event");
     check_cuda(cudaEventCreateWithFlags(&ev_copied_, cudaEventDisableTiming), "hybrid: event");
     batch_calls_.assign(nl, 0);
     batch_cold_.assign(nl, 0);
@@ -329,6 +300,8 @@ class HybridMoeImpl final : public HybridMoe {
     host_allocs_.clear();
     if (ev_copied_) cudaEventDestroy(ev_copied_);
     ev_copied_ = nullptr;
+    if (ev_last_) cudaEventDestroy(ev_last_);
+    ev_last_ = nullptr;
     free_batch();
   }
 
@@ -373,7 +346,6 @@ class HybridMoeImpl final : public HybridMoe {
     }
     cpu_ns_.fetch_add(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
-    cpu_jobs_.fetch_add(1);
     last_seq_ = seq;
     __atomic_store_n(&job_h_->done, seq, __ATOMIC_RELEASE);
   }
@@ -402,14 +374,12 @@ class HybridMoeImpl final : public HybridMoe {
   std::vector<int> n_hot_;
   std::vector<void*> allocs_, host_allocs_;
   int* d_slot_ = nullptr;
-  float *router_ = nullptr, *wts_ = nullptr, *g_ = nullptr, *ye_ = nullptr;
-  float *sg_ = nullptr, *gs_ = nullptr, *ys_ = nullptr;
-  int* ids_ = nullptr;
-  HybridDevCounters* ctr_ = nullptr;
-  unsigned long long *wait_seq_ = nullptr, *calls_ = nullptr, *cold_picks_ = nullptr, *expert_picks_ = nullptr;
+  HybridRing ring_;
   HostJob* job_h_ = nullptr;
-  HostJob* job_d_ = nullptr;
-  float *xn_h_ = nullptr, *xn_d_ = nullptr, *yec_h_ = nullptr, *yec_d_ = nullptr;
+  float *xn_h_ = nullptr, *yec_h_ = nullptr;
+  // The last hybrid step any sequence enqueued (order_after_last / record_last).
+  cudaEvent_t ev_last_ = nullptr;
+  cudaStream_t last_stream_ = nullptr;
   // Grouped batched prefill: pinned ids / inputs / cold outputs / cold pair indices for batch_cap_
   // tokens, the layer begun and not yet finished, host-side pass counters.
   cudaEvent_t ev_copied_ = nullptr;
@@ -422,9 +392,9 @@ class HybridMoeImpl final : public HybridMoe {
   std::vector<uint64_t> batch_calls_, batch_cold_;
   std::vector<ColdPick> picks_;
   unsigned long long last_seq_ = 0;  // touched only by the one thread that processes jobs
-  unsigned long long wait_ns_base_ = 0;
+  unsigned long long wait_ns_base_ = 0, jobs_base_ = 0;
   mutable volatile unsigned prefault_sink_ = 0;  // keeps the page-touching loop from being optimised away
-  std::atomic<uint64_t> cpu_ns_{0}, cpu_jobs_{0};
+  std::atomic<uint64_t> cpu_ns_{0}, cpu_jobs_{0};  // cpu_jobs_: the batched prefill's
   std::atomic<bool> stop_{false};
   std::thread listener_;
 };

@@ -1,7 +1,8 @@
 // The seam between the GPU forward passes and the hybrid hot/cold expert execution (issue 8).
-// When GpuSessionOptions::expert_slots is not empty, the decode step and the batched prefill hand each
-// layer's whole MoE FFN (router, hot experts on the GPU, cold experts on the CPU, shared expert, combine)
-// to a HybridMoe instead of running the all-GPU MoE kernels. The implementation lives in hybrid_*.cpp/.cu.
+// When GpuSessionOptions::expert_slots is not empty, the decode step runs each MoE layer through the
+// all-GPU launches over the layer's hot experts and asks a HybridMoe to route, post the cold picks to
+// the CPU and add their rows back; the batched prefill hands it the cold pairs of each chunk. The
+// implementation lives in hybrid_*.cpp/.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,11 +18,23 @@ namespace strata::cuda {
 class HybridMoe {
  public:
   virtual ~HybridMoe() = default;
-  // Decode: enqueues layer il's MoE FFN for one token: xn (device, n_embd floats, the FFN-normed
-  // hidden state) in, x (device, the residual stream) += the FFN output; seq_picks (device, the
-  // sequence's [n_expert] counts of layer il, optional) += the token's picks. Must be graph-capturable
-  // (the decode step is one CUDA graph per token).
-  virtual void enqueue_decode(int il, const float* xn, float* x, unsigned long long* seq_picks, cudaStream_t s) = 0;
+  // Decode (GpuSession's step, one token): the session runs the router launch and the hot and shared
+  // experts through the all-GPU launches, their routed jobs reading device_slot_map(il) (a cold pick
+  // gives zeros there), and calls, all graph-capturable:
+  //   route_decode after the router launch: softmax + top-k of logits into the sequence's ids / weights
+  //     (k each) and seq_picks (its [n_expert] counts of layer il, optional), the model's counters, and
+  //     the cold picks posted to the CPU with rmsnorm(x) * norm_w as their input;
+  //   cold_add once the hot experts are in x: waits for the CPU's cold rows and adds them into x.
+  virtual void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
+                            const float* x, const float* norm_w, cudaStream_t s) = 0;
+  virtual void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s) = 0;
+  // A dropped decode lookahead step: its picks (ids: [n_layer x k]) leave the model's counters.
+  virtual void uncount_decode(const int* ids, cudaStream_t s) = 0;
+  // Sequences share the mailbox and the CPU pool, and a lookahead step may still run after its sequence
+  // let go of the model: every hybrid step or prefill is ordered on the device after the last one any
+  // sequence enqueued (an event; no host wait). Call both with the model's exclusive() held.
+  virtual void order_after_last(cudaStream_t s) = 0;
+  virtual void record_last(cudaStream_t s) = 0;
 
   // Grouped batched prefill (GpuPrefill, prefill.cpp): the prefill routes a chunk of n tokens on the GPU,
   // groups the (token, slot) pairs by expert with this layer's slot map and runs the hot experts with

@@ -129,8 +129,11 @@ int64_t max_gemv_cols();
 // plus GemvCombine, up to the order of the float additions. Inside the decode graph the combine's
 // last-block step (fences, counter, one block reading k + 1 outputs) had cost ~9 us per layer.
 struct GemvDownSum {
-  const DevMatrix* down = nullptr;  // routed stack: n_rows = d, n_cols = ff, every expert resident
+  const DevMatrix* down = nullptr;  // routed stack: n_rows = d, n_cols = ff
   const int* ids = nullptr;         // k expert ids (device)
+  // Expert e's block in the stack is slot_of_expert[e] (device; nullptr: e itself); a pick of slot -1
+  // (not resident: the hybrid MoE adds its rows from the CPU) takes no part.
+  const int* slot_of_expert = nullptr;
   const float* weights = nullptr;   // k routing weights (device)
   int k = 0;
   const float* g = nullptr;          // k x ff inputs (device)

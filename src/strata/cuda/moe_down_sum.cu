@@ -28,6 +28,7 @@ struct DownSumArgs {
   GgmlType type;
   int ff;
   const int* ids;
+  const int* slot_of;  // null: expert e is slot e
   const float* weights;
   int k;
   const float* g;
@@ -96,15 +97,47 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   extern __shared__ float smem[];
   __shared__ const uint8_t* base[kMaxDownSlots];
   __shared__ float scale[kMaxDownSlots];
+  __shared__ int src[kMaxDownSlots];  // with a slot map: the pick whose input is staged j-th
+  __shared__ int n_hot_s;
   const int t = static_cast<int>(threadIdx.x);
-  if (t < a.k) {
-    base[t] = a.stack + static_cast<size_t>(__ldcg(a.ids + t)) * a.stride;
-    scale[t] = __ldcg(a.weights + t);
-  } else if (t == a.k && a.shared) {
-    base[t] = a.shared;
-    scale[t] = sigmoid_dev(__ldcg(a.shared_gate));
+  int n_hot = a.k;
+  if (!a.slot_of) {
+    if (t < a.k) {
+      base[t] = a.stack + static_cast<size_t>(__ldcg(a.ids + t)) * a.stride;
+      scale[t] = __ldcg(a.weights + t);
+    } else if (t == a.k && a.shared) {
+      base[t] = a.shared;
+      scale[t] = sigmoid_dev(__ldcg(a.shared_gate));
+    }
+  } else {
+    // Only the resident picks take part (a cold one's rows are added later from the CPU's result), in
+    // pick order, so with every pick resident the sum is the one without a slot map.
+    if (t < 32) {
+      int nh = 0;
+      for (int p0 = 0; p0 < a.k; p0 += 32) {
+        const int p = p0 + t;
+        const int slot = p < a.k ? __ldcg(a.slot_of + __ldcg(a.ids + p)) : -1;
+        const unsigned hot = __ballot_sync(0xffffffffu, slot >= 0);
+        if (slot >= 0) {
+          const int j = nh + __popc(hot & ((1u << t) - 1u));
+          base[j] = a.stack + static_cast<size_t>(slot) * a.stride;
+          scale[j] = __ldcg(a.weights + p);
+          src[j] = p;
+        }
+        nh += __popc(hot);
+      }
+      if (t == 0) {
+        n_hot_s = nh;
+        if (a.shared) {
+          base[nh] = a.shared;
+          scale[nh] = sigmoid_dev(__ldcg(a.shared_gate));
+        }
+      }
+    }
+    __syncthreads();
+    n_hot = n_hot_s;
   }
-  const int n_r = a.k * a.ff;
+  const int n_r = n_hot * a.ff;
   const int n = n_r + (a.shared ? a.shared_ff : 0);
   const StageLayout L = stage_layout(n);
   const bool i8r = a.i8 && rows::int8_path_type(a.type);
@@ -112,7 +145,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   // The float path's 16-sums are read by K-quant rows only.
   const bool sums = (!i8r && rows::int8_path_type(a.type)) || (a.shared && !i8s && rows::int8_path_type(a.shared_type));
   const Group g = whole_block();
-  stage_x<2>(a.g, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
+  if (!a.slot_of) {
+    stage_x<2>(a.g, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
+  } else {
+    for (int j = 0; j < n_hot; ++j)  // each input at column j * ff (ff % 64 == 0: the layouts line up)
+      stage_x<2>(a.g + static_cast<size_t>(src[j]) * a.ff, a.ff, smem + rows::xpad(j * a.ff), smem + L.s16 + j * a.ff / 16,
+                 nullptr, 0.0f, sums, g);
+  }
   if (a.shared) stage_x<2>(a.gs, a.shared_ff, smem + rows::xpad(n_r), smem + L.s16 + n_r / 16, nullptr, 0.0f, sums, g);
   if (i8r || i8s) {
     __syncthreads();
@@ -122,9 +161,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   const rows::XStage X = stage_view(smem, L);
   const int warp = t >> 5, lane = t & 31;
   for (int row = blockIdx.x * kRowsPerBlock + warp; row < a.d; row += gridDim.x * kRowsPerBlock) {
-    float acc = slots_dot(a.type, i8r, base, scale, a.k, static_cast<size_t>(row) * a.row_bytes, a.ff, X, lane);
+    float acc = slots_dot(a.type, i8r, base, scale, n_hot, static_cast<size_t>(row) * a.row_bytes, a.ff, X, lane);
     if (a.shared)
-      acc += slots_dot(a.shared_type, i8s, base + a.k, scale + a.k, 1, static_cast<size_t>(row) * a.shared_row_bytes,
+      acc += slots_dot(a.shared_type, i8s, base + n_hot, scale + n_hot, 1, static_cast<size_t>(row) * a.shared_row_bytes,
                        a.shared_ff, shifted(X, n_r), lane);
     acc = warp_sum(acc);
     if (lane == 0) a.x[row] = __ldcg(a.x + row) + acc;
@@ -166,7 +205,7 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   DownSumArgs d{};
   d.stack = w.data, d.row_bytes = w.row_bytes, d.stride = w.expert_stride, d.type = w.type;
   d.ff = static_cast<int>(w.n_cols);
-  d.ids = a.ids, d.weights = a.weights, d.k = a.k, d.g = a.g;
+  d.ids = a.ids, d.slot_of = a.slot_of_expert, d.weights = a.weights, d.k = a.k, d.g = a.g;
   if (a.shared) {
     d.shared = a.shared->data, d.shared_row_bytes = a.shared->row_bytes, d.shared_type = a.shared->type;
     d.shared_ff = static_cast<int>(a.shared->n_cols);
