@@ -39,7 +39,7 @@ struct ChatCliOptions {
   strata::cli::SamplingOptions sampling;
 };
 
-// On a terminal, shows the reasoning inside <think>...</think> dimmed instead of the raw tags.
+// On a terminal, shows the reasoning inside <think>...</think> dimmed and labelled instead of the raw tags.
 // Holds back a tail that may be the start of a tag so a tag split over pieces is still recognised.
 class ThinkStyler {
  public:
@@ -55,7 +55,7 @@ class ThinkStyler {
       if (at == std::string::npos) break;
       out += pending_.substr(0, at);
       const bool is_open = at == open;
-      out += is_open ? "\x1b[2m" : "\x1b[0m";
+      out += is_open ? kThinkStart : kThinkEnd;
       pending_.erase(0, at + (is_open ? kOpen.size() : kClose.size()));
     }
     size_t hold = 0;
@@ -80,9 +80,16 @@ class ThinkStyler {
 
  private:
   static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  static constexpr const char* kThinkStart = "\x1b[2m[thinking]";
+  static constexpr const char* kThinkEnd = "[/thinking]\x1b[0m";
   bool enabled_;
   std::string pending_;
 };
+
+// Turn markers on a terminal: the user's prompt and the line that opens each reply. Off a terminal
+// stdout carries the replies alone, one after another, for scripts.
+constexpr const char* kUserMarker = "\x1b[1;32m>\x1b[0m ";
+constexpr const char* kAssistantMarker = "\x1b[1;36massistant:\x1b[0m\n";
 
 enum class ReadResult { Line, Interrupted, End };
 
@@ -151,7 +158,7 @@ void run_chat(const ChatCliOptions& o) {
   int interrupts_at_prompt = 0;
   for (;;) {
     if (tty_in) {
-      std::fputs("> ", stdout);
+      std::fputs(tty_out ? kUserMarker : "> ", stdout);
       std::fflush(stdout);
     }
     std::string line;
@@ -209,6 +216,8 @@ void run_chat(const ChatCliOptions& o) {
     params.max_new_tokens = o.n_predict;
     params.cancel = &interrupted;
     ThinkStyler styler(tty_out);
+    // On a terminal each reply gets its own labelled block, so turns stay apart when scrolling back.
+    if (tty_out) std::fputs(kAssistantMarker, stdout);
     const strata::GenerationResult r =
         strata::generate(session, *tokenizer, sampler, fresh, params, [&](std::string_view piece) {
           const std::string shown = styler.push(piece);
@@ -218,7 +227,7 @@ void run_chat(const ChatCliOptions& o) {
         });
     const std::string rest = styler.finish();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
-    std::fputc('\n', stdout);
+    std::fputs(tty_out ? "\n\n" : "\n", stdout);
     std::fflush(stdout);
     if (r.stats.prompt_tokens > 0) in_session.insert(in_session.end(), fresh.begin(), fresh.end());
     in_session.insert(in_session.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);

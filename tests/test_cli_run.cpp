@@ -274,6 +274,33 @@ TEST(CliRunBundled, ChatRepliesAndReusesTheCache) {
   EXPECT_LT(stats[1].first, stats[0].first + stats[0].second) << r.err;
 }
 
+// On a terminal (a pseudo-terminal from script(1)) the turns are marked: the user's prompt, and a
+// labelled line opening each reply, which ends with a blank line. Off a terminal stdout holds the
+// replies alone (ChatAnswersEachLineAndExits).
+TEST(CliRunBundled, ChatMarksTurnsOnATerminal) {
+  if (!fs::exists(bundled_model())) GTEST_SKIP() << bundled_model() << " is not in the tree yet";
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) is not installed";
+  const RunResult r = strata::testing_cli::run_shell("printf 'hello\\nagain\\n/exit\\n' | script -qec '" + std::string(STRATA_CLI) +
+                                                     " chat --temp 0 -n 6 --no-stats' /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = r.out.find(what); at != std::string::npos; at = r.out.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string prompt = "\x1b[1;32m>\x1b[0m ", reply = "\x1b[1;36massistant:\x1b[0m";
+  EXPECT_EQ(count(prompt), 3) << r.out;  // before "hello", "again" and "/exit"
+  EXPECT_EQ(count(reply), 2) << r.out;
+  // prompt, reply, prompt, reply, prompt, in that order (the terminal's echo of the input may fall anywhere).
+  size_t at = 0;
+  for (const std::string& mark : {prompt, reply, prompt, reply, prompt}) {
+    at = r.out.find(mark, at);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    at += mark.size();
+  }
+  EXPECT_GE(count("\r\n\r\n"), 2) << r.out;  // a blank line ends each reply
+}
+
 }  // namespace
 
 // ---- llama.cpp spellings and the thread policy (bundled model) -----------------------------------

@@ -352,6 +352,59 @@ TEST_F(Serve, OpenAISdkToolCallRoundTrip) {
   EXPECT_EQ(code, 0) << out;
 }
 
+TEST_F(Serve, AnthropicSdkMessages) {
+  require_node();
+  ASSERT_TRUE(file_exists(kNodeModules + "/@anthropic-ai/sdk/package.json")) << "run scripts/fetch-test-node-deps";
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "anthropic_messages.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
+TEST_F(Serve, OpenAISdkResponses) {
+  require_node();
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "openai_responses.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
+// Anthropic's and the Responses API's routes refuse bad bodies with a 4xx in their own error shape,
+// and the server lives on.
+TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
+  const int port = server_->port();
+  const std::vector<std::string> bad_messages = {
+      "", "[]", "{", R"({"max_tokens":4})", R"({"messages":[],"max_tokens":4})",
+      R"({"messages":"hi","max_tokens":4})", R"({"messages":[{"role":"user","content":"hi"}]})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":0})",
+      R"({"messages":[{"role":"user","content":[{"type":"text"}]}],"max_tokens":4})",
+      R"({"messages":[{"role":"user","content":[{"type":"tool_result"}]}],"max_tokens":4})",
+      R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"pre"}],"max_tokens":4})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"tools":[{"name":"f"}]})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"tool_choice":{"type":"any"}})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"thinking":{"type":"sometimes"}})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stop_sequences":[""]})",
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"bogus":1})",
+  };
+  for (const std::string& body : bad_messages) {
+    const HttpResult r = http(port, "POST", "/v1/messages", body);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_NE(r.body.find(R"("type":"error","error":{"type":"invalid_request_error")"), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(http(port, "POST", "/v1/messages/count_tokens", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4})").status, 400);
+  const std::vector<std::string> bad_responses = {
+      "", "{}", R"({"input":[]})", R"({"input":5})", R"({"input":[{"role":"robot","content":"x"}]})",
+      R"({"input":[{"type":"function_call","name":"f"}]})", R"({"input":"hi","previous_response_id":"resp_1"})",
+      R"({"input":"hi","tools":[{"type":"function"}]})", R"({"input":"hi","tool_choice":"required"})",
+      R"({"input":"hi","text":{"format":{"type":"json_object"}}})", R"({"input":"hi","background":true})",
+      R"({"input":"hi","temperature":"hot"})",
+  };
+  for (const std::string& body : bad_responses) {
+    const HttpResult r = http(port, "POST", "/v1/responses", body);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_TRUE(has_error_shape(r.body)) << r.body;
+  }
+  expect_healthy();
+}
+
 TEST_F(Serve, LoadAndDisconnectsWithoutGrowth) {
   require_node();
   long rss[2] = {0, 0};
@@ -428,6 +481,13 @@ TEST(ServeAuth, ApiKeyOnEveryRouteButHealth) {
   EXPECT_EQ(http(server.port(), "POST", "/v1/chat/completions", kChat).status, 401);
   EXPECT_EQ(http(server.port(), "GET", "/v1/models", "", "Authorization: Bearer sekret\r\n").status, 200);
   EXPECT_EQ(http(server.port(), "POST", "/v1/chat/completions", kChat, "Authorization: Bearer sekret\r\n").status, 200);
+  // Anthropic's clients send the key as x-api-key, and read errors in Anthropic's shape.
+  const std::string msg = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2})";
+  EXPECT_EQ(http(server.port(), "POST", "/v1/messages", msg, "x-api-key: sekret\r\n").status, 200);
+  EXPECT_EQ(http(server.port(), "GET", "/v1/models", "", "x-api-key: sekret\r\n").status, 200);
+  const HttpResult wrong = http(server.port(), "POST", "/v1/messages", msg, "x-api-key: sekre\r\n");
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_NE(wrong.body.find(R"("type":"error","error":{"type":"authentication_error")"), std::string::npos) << wrong.body;
   EXPECT_EQ(server.terminate(), 0);
 }
 

@@ -1,5 +1,5 @@
-// Shared helpers for the server test clients. The openai SDK comes from build-data/node
-// (scripts/fetch-test-node-deps); STRATA_NODE_MODULES points at its node_modules.
+// Shared helpers for the server test clients. The openai and @anthropic-ai/sdk SDKs come from
+// build-data/node (scripts/fetch-test-node-deps); STRATA_NODE_MODULES points at its node_modules.
 import { createRequire } from 'node:module';
 
 const modules = process.env.STRATA_NODE_MODULES;
@@ -7,6 +7,12 @@ if (!modules) throw new Error('STRATA_NODE_MODULES is not set');
 const require = createRequire(modules.replace(/\/?$/, '/'));
 const mod = require('openai');
 export const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+
+export function anthropicClient({ baseURL, apiKey }) {
+  const a = require('@anthropic-ai/sdk');
+  const Anthropic = a.Anthropic ?? a.default ?? a;
+  return new Anthropic({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
+}
 
 export function parseArgs() {
   const [baseURL, model, apiKey] = process.argv.slice(2);
@@ -33,6 +39,19 @@ export async function postJson(baseURL, path, body, apiKey) {
   const json = await res.json();
   if (res.status !== 200) throw new Error(`${path}: HTTP ${res.status}: ${JSON.stringify(json)}`);
   return json;
+}
+
+// Awaits a request that must fail with HTTP `status`; returns the SDK's error (its parsed body in .error).
+export async function httpError(promise, status) {
+  let err = null;
+  try {
+    await promise;
+  } catch (e) {
+    err = e;
+  }
+  check(err !== null, `expected HTTP ${status}, the request succeeded`);
+  check(err.status === status, `expected HTTP ${status}, got ${err.status}: ${err.message}`);
+  return err;
 }
 
 export async function metric(baseURL, name) {

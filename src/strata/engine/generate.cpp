@@ -41,7 +41,13 @@ std::string StopStringFilter::push(std::string_view text) {
   pending_.append(text);
   // The earliest complete stop string ends generation; nothing from it on is emitted.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, first);
@@ -187,6 +193,7 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
     }
     if (filter.stopped()) {
       r.stop_reason = StopReason::StopString;
+      r.stop_string = filter.matched();
       break;
     }
   }
@@ -197,10 +204,12 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
   // character at the very end is passed through as its raw bytes).
   if (emitting && !filter.stopped()) {
     std::string tail = filter.push(drop_healed(detok.flush()));
-    if (filter.stopped())
+    if (filter.stopped()) {
       r.stop_reason = StopReason::StopString;
-    else
+      r.stop_string = filter.matched();
+    } else {
       tail += filter.flush();
+    }
     emit(tail);
   }
   return r;

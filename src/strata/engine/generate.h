@@ -59,6 +59,7 @@ struct GenerationStats {
 struct GenerationResult {
   GenerationStats stats;
   StopReason stop_reason = StopReason::MaxTokens;
+  std::string stop_string;      // StopString: which one (APIs that report it, e.g. Anthropic's stop_sequence)
   std::vector<int32_t> tokens;  // every sampled id, in order
   std::string text;             // everything emitted through the callback, concatenated
   // How many of `tokens` the session has processed: all but the last (a sampled token is only fed
@@ -89,11 +90,14 @@ class StopStringFilter {
   // The text still held back (at the end of generation it is safe to emit).
   std::string flush();
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string that ended it
+
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace strata

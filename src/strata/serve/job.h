@@ -25,6 +25,7 @@ struct JobOutcome {
   int cached_tokens = 0;      // prompt tokens the slot already held (prefix reuse)
   int completion_tokens = 0;  // tokens sampled, an end-of-turn token included
   std::string error;          // Failed / Rejected: why
+  std::string stop_string;    // StopString: the stop string that ended it
 };
 
 class Job {

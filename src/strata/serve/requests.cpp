@@ -5,9 +5,11 @@
 #include <set>
 
 #include "strata/serve/api_error.h"
+#include "strata/serve/request_fields.h"
 
 namespace strata::serve {
-namespace {
+// Shared with the other APIs' parsers (request_fields.h).
+namespace fields {
 
 const char* type_name(const OrderedJson& v) {
   if (v.is_null()) return "null";
@@ -269,7 +271,9 @@ void finish_generation_params(RequestParams& gen, std::optional<int> max_tokens,
   bad_request(key, "unrecognized request argument '", key, "'");
 }
 
-}  // namespace
+}  // namespace fields
+
+using namespace fields;
 
 OrderedJson parse_json_object(const std::string& body) {
   OrderedJson j;

@@ -50,7 +50,7 @@ Scheduler::~Scheduler() {
     std::lock_guard<std::mutex> lock(mutex_);
     exiting_ = true;
     accepting_ = false;
-    for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down"});
+    for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down", ""});
     queue_.clear();
     for (Slot& s : slots_)
       if (s.running) s.running->cancel();
@@ -65,7 +65,7 @@ void Scheduler::drop_cancelled_locked() {
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled()) {
       metrics_.count_cancelled();
-      (*it)->finish({JobOutcome::Kind::Cancelled, StopReason::Cancelled, static_cast<int>((*it)->prompt().size()), 0, 0, ""});
+      (*it)->finish({JobOutcome::Kind::Cancelled, StopReason::Cancelled, static_cast<int>((*it)->prompt().size()), 0, 0, "", ""});
       it = queue_.erase(it);
     } else {
       ++it;
@@ -110,7 +110,7 @@ bool Scheduler::wait_for_slot(const std::shared_ptr<Job>& job, std::chrono::stea
 void Scheduler::stop_accepting() {
   std::lock_guard<std::mutex> lock(mutex_);
   accepting_ = false;
-  for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down"});
+  for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down", ""});
   queue_.clear();
 }
 
@@ -212,6 +212,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     slot.held = job.prompt();
     slot.held.insert(slot.held.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);
     out.stop_reason = r.stop_reason;
+    out.stop_string = r.stop_string;
     out.completion_tokens = static_cast<int>(r.tokens.size());
     out.kind = r.stop_reason == StopReason::Cancelled ? JobOutcome::Kind::Cancelled : JobOutcome::Kind::Finished;
     if (out.kind == JobOutcome::Kind::Cancelled) metrics_.count_cancelled();

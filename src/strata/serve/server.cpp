@@ -19,10 +19,13 @@
 #include "strata/serve/http_guard.h"
 #include "strata/text/chat_template.h"
 #include "strata/serve/api_error.h"
+#include "strata/serve/anthropic.h"
 #include "strata/serve/assistant_stream.h"
+#include "strata/serve/chat_stream.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
 #include "strata/serve/omp_wait_policy.h"
+#include "strata/serve/openai_responses.h"
 #include "strata/serve/requests.h"
 #include "strata/serve/responses.h"
 #include "strata/serve/scheduler.h"
@@ -46,15 +49,11 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(error_body(status, error_type_for_status(status), message, param, code), kJson);
 }
 
-void send_busy(httplib::Response& res, const std::string& message) {
-  res.set_header("Retry-After", "1");
-  send_error(res, 503, message);
-}
-
 // Routes named in metrics (anything else counts as "other", so clients cannot grow the label set).
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-                                "/tokenize", "/detokenize"};
+                                "/tokenize", "/detokenize", "/v1/messages", "/v1/messages/count_tokens",
+                                "/v1/responses"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -128,20 +127,26 @@ std::string read_body(const httplib::Request& req, const httplib::ContentReader&
   return body;
 }
 
+// An error body in one API's shape (OpenAI's by default, Anthropic's on /v1/messages).
+using ErrorFormat = std::string (*)(const ApiError&);
+
 // Runs a handler: ApiError -> its status and body; strata::Error (a bad value that got past the
 // parser) -> 400; anything else -> 500. Never lets an exception reach the HTTP library.
 template <class F>
-void answer_errors(httplib::Response& res, F&& f) {
+void answer_errors(httplib::Response& res, F&& f, ErrorFormat format = error_body) {
+  const auto send = [&](const ApiError& e) {
+    if (e.status == 503) res.set_header("Retry-After", "1");
+    res.status = e.status;
+    res.set_content(format(e), kJson);
+  };
   try {
     f();
   } catch (const ApiError& e) {
-    if (e.status == 503) res.set_header("Retry-After", "1");
-    res.status = e.status;
-    res.set_content(error_body(e), kJson);
+    send(e);
   } catch (const Error& e) {
-    send_error(res, 400, e.what());
+    send(ApiError(400, error_type_for_status(400), "", "", e.what()));
   } catch (const std::exception& e) {
-    send_error(res, 500, cat("internal error: ", e.what()));
+    send(ApiError(500, error_type_for_status(500), "", "", cat("internal error: ", e.what())));
   }
 }
 
@@ -152,9 +157,9 @@ httplib::Server::Handler guarded(F f) {
 
 // A route with a JSON body: f(body, res).
 template <class F>
-httplib::Server::HandlerWithContentReader guarded_body(size_t limit, F f) {
-  return [f, limit](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-    answer_errors(res, [&] { f(read_body(req, reader, limit), res); });
+httplib::Server::HandlerWithContentReader guarded_body(size_t limit, F f, ErrorFormat format = error_body) {
+  return [f, limit, format](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    answer_errors(res, [&] { f(read_body(req, reader, limit), res); }, format);
   };
 }
 
@@ -171,6 +176,9 @@ class ApiServer {
   void watch_for_stop();
 
   void handle_chat(const std::string& body, httplib::Response& res);
+  void handle_messages(const std::string& body, httplib::Response& res);
+  void handle_count_tokens(const std::string& body, httplib::Response& res);
+  void handle_responses(const std::string& body, httplib::Response& res);
   void handle_completion(const std::string& body, httplib::Response& res);
   void handle_tokenize(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
@@ -182,6 +190,13 @@ class ApiServer {
   // template wrote them (all of them with --parse-special), then `suffix` as plain text.
   std::vector<int32_t> encode_chat(const RenderedChat& chat, const std::string& suffix) const;
   void check_context(size_t prompt_tokens) const;
+  // A chat request's prompt, as every chat API (chat completions, messages, responses) builds it.
+  struct ChatPrompt {
+    std::vector<int32_t> tokens;
+    std::string forced;  // what the prompt puts in the model's mouth (a forced tool call's start)
+    bool tools_on = false;
+  };
+  ChatPrompt chat_prompt(const ChatRequest& r) const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
   std::string collect(Job& job) const;
@@ -394,34 +409,42 @@ bool next_events(StreamState& st, std::string& out) {
   return true;
 }
 
-void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
+// An event stream for `job`: next(out) appends the next events and returns true once it is complete.
+template <class Next>
+void start_event_stream(httplib::Response& res, std::shared_ptr<Job> job, Next next) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st](size_t, httplib::DataSink& sink) {
+      [job, next](size_t, httplib::DataSink& sink) mutable {
         std::string out;
-        const bool done = next_events(*st, out);
+        const bool done = next(out);
         // Nothing new: an SSE comment, which clients ignore; a failed write is how a vanished client shows.
         if (out.empty()) out = ": keep-alive\n\n";
         if (!sink.write(out.data(), out.size())) {
-          st->job->cancel();
+          job->cancel();
           return false;
         }
         if (done) sink.done();
         return true;
       },
-      [st](bool success) {
-        if (!success) st->job->cancel();  // the client went away (or the write failed): free the slot
+      [job](bool success) {
+        if (!success) job->cancel();  // the client went away (or the write failed): free the slot
       });
+}
+
+void start_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
+  start_event_stream(res, st->job, [st](std::string& out) { return next_events(*st, out); });
+}
+
+void start_stream(httplib::Response& res, std::shared_ptr<ChatEventStream> st) {
+  start_event_stream(res, st->job(), [st](std::string& out) { return st->next(out); });
 }
 
 // ---- handlers --------------------------------------------------------------------------------
 
-void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
-  ChatRequest r = parse_chat_request(body, n_vocab_);
-  check_model(r.model);
+ApiServer::ChatPrompt ApiServer::chat_prompt(const ChatRequest& r) const {
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
   ChatOptions co;
@@ -440,9 +463,18 @@ void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
   } catch (const Error& e) {
     bad_request("messages", e.what());
   }
-  std::vector<int32_t> prompt = encode_chat(rendered, forced);
-  check_context(prompt.size());
-  auto job = admit(std::move(prompt), r.gen);
+  ChatPrompt p{encode_chat(rendered, forced), forced, tools_on};
+  check_context(p.tokens.size());
+  return p;
+}
+
+void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
+  ChatRequest r = parse_chat_request(body, n_vocab_);
+  check_model(r.model);
+  const ChatPrompt p = chat_prompt(r);
+  const bool tools_on = p.tools_on;
+  const std::string& forced = p.forced;
+  auto job = admit(p.tokens, r.gen);
   ResponseMeta meta{make_response_id("chatcmpl-"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
   if (r.gen.stream) {
     auto st = std::make_shared<StreamState>();
@@ -455,20 +487,47 @@ void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
     start_stream(res, st);
     return;
   }
-  const std::string text = collect(*job);
-  AssistantOutput answer;
-  if (tools_on) {
-    answer = parse_assistant_output(forced + text);
-  } else {
-    // Without tools, <tool_call> text is just text: split off the reasoning only.
-    AssistantStreamSplitter split(false);
-    AssistantDelta d = split.push(text);
-    AssistantStreamSplitter::Final f = split.finish();
-    answer.reasoning_content = d.reasoning + f.delta.reasoning;
-    answer.content = d.content + f.delta.content;
-  }
+  const AssistantOutput answer = split_answer(forced + collect(*job), tools_on);
   const JobOutcome& o = job->outcome();
   res.set_content(dump_json(chat_completion_json(meta, answer, finish_reason(o.stop_reason, !answer.tool_calls.empty()), o)), kJson);
+}
+
+void ApiServer::handle_messages(const std::string& body, httplib::Response& res) {
+  ChatRequest r = parse_anthropic_request(body, n_vocab_, false);
+  check_model(r.model);
+  const ChatPrompt p = chat_prompt(r);
+  const int prompt_tokens = static_cast<int>(p.tokens.size());
+  auto job = admit(p.tokens, r.gen);
+  const ResponseMeta meta{make_response_id("msg_"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
+  if (r.gen.stream) {
+    start_stream(res, std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, anthropic_stream_writer(meta, prompt_tokens)));
+    return;
+  }
+  const AssistantOutput answer = split_answer(p.forced + collect(*job), p.tools_on);
+  res.set_content(dump_json(anthropic_message_json(meta, answer, job->outcome())), kJson);
+}
+
+void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& res) {
+  const ChatRequest r = parse_anthropic_request(body, n_vocab_, true);
+  check_model(r.model);
+  // The prompt /v1/messages would run for the same request (a forced tool call's start included).
+  OrderedJson j;
+  j["input_tokens"] = chat_prompt(r).tokens.size();
+  res.set_content(dump_json(j), kJson);
+}
+
+void ApiServer::handle_responses(const std::string& body, httplib::Response& res) {
+  const ResponsesRequest r = parse_responses_request(body, n_vocab_);
+  check_model(r.chat.model);
+  const ChatPrompt p = chat_prompt(r.chat);
+  auto job = admit(p.tokens, r.chat.gen);
+  const ResponseMeta meta{make_response_id("resp_"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
+  if (r.chat.gen.stream) {
+    start_stream(res, std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, responses_stream_writer(r, meta)));
+    return;
+  }
+  const AssistantOutput answer = split_answer(p.forced + collect(*job), p.tools_on);
+  res.set_content(dump_json(response_json(r, meta, answer, job->outcome())), kJson);
 }
 
 void ApiServer::handle_completion(const std::string& body, httplib::Response& res) {
@@ -560,27 +619,35 @@ void ApiServer::install_routes() {
       if (req.method == "OPTIONS") {  // a browser's preflight: it carries no key
         res.status = 204;
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version");
         res.set_header("Access-Control-Max-Age", "600");
         return httplib::Server::HandlerResponse::Handled;
       }
     }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // Anthropic's routes answer errors in Anthropic's shape, which its SDK reads.
+    const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
+    const auto refuse = [&](int status, const std::string& message, const std::string& code) {
+      if (conn && has_body) conn->close_after_answer();  // its body is not read
+      if (status == 503) res.set_header("Retry-After", "1");
+      const ApiError e(status, error_type_for_status(status), "", code, message);
+      res.status = status;
+      res.set_content(anthropic ? anthropic_error_body(e) : error_body(e), kJson);
+      return httplib::Server::HandlerResponse::Handled;
+    };
     if (!opt_.api_key.empty()) {
+      // "Authorization: Bearer <key>" (OpenAI's clients) or "x-api-key: <key>" (Anthropic's).
       const std::string auth = req.get_header_value("Authorization");
       const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), opt_.api_key)) {
+      const bool bearer_ok = auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), opt_.api_key);
+      const bool header_ok = req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), opt_.api_key);
+      if (!bearer_ok && !header_ok) {
         res.set_header("WWW-Authenticate", "Bearer");
-        if (conn && has_body) conn->close_after_answer();  // its body is not read
-        send_error(res, 401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key");
-        return httplib::Server::HandlerResponse::Handled;
+        return refuse(401, "invalid or missing API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
+                      "invalid_api_key");
       }
     }
-    if (!ready_.load() && req.path != "/metrics") {
-      if (conn && has_body) conn->close_after_answer();
-      send_busy(res, "the model is loading");
-      return httplib::Server::HandlerResponse::Handled;
-    }
+    if (!ready_.load() && req.path != "/metrics") return refuse(503, "the model is loading", "");
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
@@ -603,6 +670,10 @@ void ApiServer::install_routes() {
   const size_t limit = opt_.max_body_bytes;
   http_.Post("/v1/chat/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_chat(body, res); }));
   http_.Post("/v1/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_completion(body, res); }));
+  http_.Post("/v1/messages", guarded_body(limit, [this](const auto& body, auto& res) { handle_messages(body, res); }, anthropic_error_body));
+  http_.Post("/v1/messages/count_tokens",
+             guarded_body(limit, [this](const auto& body, auto& res) { handle_count_tokens(body, res); }, anthropic_error_body));
+  http_.Post("/v1/responses", guarded_body(limit, [this](const auto& body, auto& res) { handle_responses(body, res); }));
   http_.Post("/tokenize", guarded_body(limit, [this](const auto& body, auto& res) { handle_tokenize(body, res); }));
   http_.Post("/detokenize", guarded_body(limit, [this](const auto& body, auto& res) { handle_detokenize(body, res); }));
   // Any other route with a body: 404 without reading the body (the library would read it whole,
