@@ -108,7 +108,7 @@ class SchemaGen {
 
   Json schema() {
     defs_ = Json::object();
-    Json s = node(0);
+    Json s = node(0, true);
     if (!defs_.empty()) {
       // One named definition and a recursive one (a tree whose children are optional).
       s = Json{{"type", "object"}, {"properties", {{"value", s}, {"ref", {{"$ref", "#/$defs/item"}}}}}, {"required", {"value"}}};
@@ -142,8 +142,9 @@ class SchemaGen {
     }
   }
 
-  Json node(int depth) {
-    const int kind = depth >= 3 ? 2 + pick(7) : pick(11);
+  // The top level is an object or an array, as response formats are.
+  Json node(int depth, bool top = false) {
+    const int kind = top ? pick(4) / 3 : depth >= 3 ? 2 + pick(7) : pick(11);
     switch (kind) {
       case 0: {  // object
         Json s = {{"type", "object"}, {"properties", Json::object()}};

@@ -208,5 +208,5 @@ TEST(JsonGrammar, RandomSchemasAcceptOnlyValidJson) {
       ASSERT_TRUE(schema_check::valid(v, schema, schema)) << "invalid: " << text << "\nschema " << schema.dump();
     }
   }
-  EXPECT_GT(finished, total * 9 / 10);  // the walks do reach whole values
+  EXPECT_GT(finished, total * 3 / 4);  // most walks reach whole values (nested free values may not)
 }

@@ -15,6 +15,8 @@ constexpr uint32_t kMaxIntDigits = 19;
 constexpr uint32_t kMaxFracDigits = 17;
 constexpr uint32_t kMaxExpDigits = 2;  // and a double never overflows
 constexpr int kMaxSchemaDepth = 64;
+// Longest name of a property the schema does not declare (a model must not spell one forever).
+constexpr uint32_t kMaxExtraKeyChars = 64;
 
 const std::set<std::string, std::less<>> kIgnored = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -145,7 +147,7 @@ struct JsonRules::Impl {
       std::vector<Sequence> free_alts = {{g.bytes(plain)}};
       for (Sequence& s : utf8_multi()) free_alts.push_back(std::move(s));
       const uint32_t free_char = g.rule("key-char", free_alts);
-      const uint32_t free_rest = g.rule("key-rest", {{Grammar::repeat(free_char, 0, kUnbounded), g.byte('"')}});
+      const uint32_t free_rest = g.rule("key-rest", {{Grammar::repeat(free_char, 0, kMaxExtraKeyChars), g.byte('"')}});
       // A trie of the names: at a character boundary the key may leave the trie by a byte no name
       // continues with, and is then free; inside a multi-byte character it follows the trie only.
       struct Node {
@@ -292,7 +294,7 @@ struct JsonRules::Impl {
 
   uint32_t any_object_with(uint32_t value) {
     return shared(cat("any-object:", value), [&] {
-      Sequence kv{Grammar::call(string_rule(0, kUnbounded))};
+      Sequence kv{Grammar::call(string_rule(0, kMaxExtraKeyChars))};
       ws(kv);
       kv.push_back(g.byte(':'));
       ws(kv);
@@ -404,7 +406,7 @@ struct JsonRules::Impl {
     }
     std::optional<uint32_t> extra;
     if (extra_value) {
-      Sequence kv{Grammar::call(names.empty() ? string_rule(0, kUnbounded) : key_excluding(names))};
+      Sequence kv{Grammar::call(names.empty() ? string_rule(0, kMaxExtraKeyChars) : key_excluding(names))};
       ws(kv);
       kv.push_back(g.byte(':'));
       ws(kv);

@@ -1,7 +1,9 @@
 // JSON schema -> grammar (grammar/grammar.h): the grammar matches JSON text whose value is valid
 // against the schema. It is a subset of the valid texts, chosen so a model cannot run forever on
 // filler: at most `max_ws` whitespace bytes between two tokens, no whitespace before or after the
-// value, numbers of bounded length, and the declared properties in the schema's order.
+// value, numbers of bounded length (19 integer digits, 17 fraction digits, 2 exponent digits),
+// property names the schema does not declare of at most 64 characters, and the declared properties
+// in the schema's order.
 //
 // Supported: type (one or an array), enum, const, properties, required, additionalProperties
 // (absent = no other properties when `properties` is given, any when not), items, prefixItems,
