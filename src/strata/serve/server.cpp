@@ -26,6 +26,7 @@
 #include "strata/serve/requests.h"
 #include "strata/serve/responses.h"
 #include "strata/serve/scheduler.h"
+#include "strata/serve/structured_output.h"
 #include "strata/text/tokenizer.h"
 #include "strata/text/vocab.h"
 
@@ -433,7 +434,12 @@ void ApiServer::handle_chat(const std::string& body, httplib::Response& res) {
   if (tools_on && r.tool_choice == ToolChoice::Named) {
     forced = "<tool_call>\n{\"name\": " + python_json_dumps(OrderedJson(r.tool_choice_name)) + ", \"arguments\": ";
   }
-  if (!forced.empty()) co.enable_thinking = false;
+  if (tools_on && (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named)) {
+    if (r.gen.grammar) bad_request("response_format", "'response_format' cannot be combined with a required or named tool call");
+    r.gen.grammar = tool_call_grammar(r.tools, r.tool_choice == ToolChoice::Named ? r.tool_choice_name : "");
+  }
+  // Constrained output starts with the answer itself: no think block to write first.
+  if (!forced.empty() || r.gen.grammar) co.enable_thinking = false;
   RenderedChat rendered;
   try {
     rendered = render_chat_marked(r.messages, tools_on ? r.tools : OrderedJson(), co);
