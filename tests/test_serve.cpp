@@ -405,6 +405,13 @@ TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
   expect_healthy();
 }
 
+TEST_F(Serve, StructuredOutputJsonSchemaJsonObjectAndRequiredTools) {
+  require_node();
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "structured.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
 TEST_F(Serve, LoadAndDisconnectsWithoutGrowth) {
   require_node();
   long rss[2] = {0, 0};

@@ -732,7 +732,7 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                                     int32_t n_allowed, std::vector<float>& scratch) {
   Impl& m = *impl_;
   const SamplerParams& p = sampler.params();
-  const bool plain = p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+  const bool plain = !sampler.constrained() && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();

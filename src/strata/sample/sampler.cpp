@@ -57,6 +57,14 @@ double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * (1.0 / 90
 
 int32_t Sampler::sample(float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
   if (n_vocab <= 0) fail("sampler: empty vocabulary");
+  if (!constraint_) return pick(logits, n_vocab, history);
+  constraint_->mask(logits, n_vocab);
+  const int32_t id = pick(logits, n_vocab, history);
+  constraint_->accept(id);
+  return id;
+}
+
+int32_t Sampler::pick(float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
   for (const auto& [id, bias] : params_.logit_bias) {
     if (id >= n_vocab) fail("sampler: logit_bias names token ", id, " outside the vocabulary of ", n_vocab);
     logits[id] += bias;

@@ -28,16 +28,32 @@ struct SamplerParams {
 // Throws strata::Error naming the parameter when a value is out of range.
 void validate_sampler_params(const SamplerParams& params);
 
+// A rule on which tokens may come next (a grammar: grammar/token_mask.h). The sampler asks it to ban
+// the tokens it does not allow (their logits become -inf, the others are untouched, so the model's
+// relative probabilities among the allowed tokens stay as they were) and tells it the token picked.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual void mask(float* logits, int32_t n_vocab) = 0;
+  virtual void accept(int32_t id) = 0;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplerParams params);
 
-  // Picks the next token. `logits` (n_vocab values) is modified in place (bias and penalties applied).
-  // `history`: the tokens the penalties look at (prompt and/or generated, the caller's choice).
-  // Throws when a logit_bias id is outside the vocabulary or no token has a finite logit.
+  // Picks the next token. `logits` (n_vocab values) is modified in place (constraint, bias and
+  // penalties applied). `history`: the tokens the penalties look at (prompt and/or generated, the
+  // caller's choice). Throws when a logit_bias id is outside the vocabulary or no token has a finite
+  // logit.
   int32_t sample(float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
 
   const SamplerParams& params() const { return params_; }
+
+  // While set, every sample() masks the logits with *constraint first and tells it the pick. The
+  // caller owns it. A backend that picks on its device must not do so while constrained().
+  void set_constraint(TokenConstraint* constraint) { constraint_ = constraint; }
+  bool constrained() const { return constraint_ != nullptr; }
 
   // The uniform draw in [0, 1) that sample() takes from the seeded stream for a non-greedy pick, for a
   // backend that picks on its own device (cuda/sample_kernels.h) and keeps the stream's order.
@@ -45,6 +61,9 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1) from 53 random bits: the same sequence everywhere for a given seed
+  int32_t pick(float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
+
+  TokenConstraint* constraint_ = nullptr;
 
   SamplerParams params_;
   std::mt19937_64 rng_;

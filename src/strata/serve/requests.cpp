@@ -6,6 +6,7 @@
 
 #include "strata/serve/api_error.h"
 #include "strata/serve/request_fields.h"
+#include "strata/serve/structured_output.h"
 
 namespace strata::serve {
 // Shared with the other APIs' parsers (request_fields.h).
@@ -312,10 +313,7 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
         else bad_request(key, "unknown field 'chat_template_kwargs.", k, "' (supported: enable_thinking)");
       }
     } else if (key == "response_format") {
-      const OrderedJson& rf = get_object(value, key);
-      if (!rf.contains("type") || !rf["type"].is_string() || rf["type"].get<std::string>() != "text") {
-        bad_request(key, "'response_format' other than {\"type\": \"text\"} is not supported");
-      }
+      r.gen.grammar = response_format_grammar(get_object(value, key));
     } else if (key == "top_logprobs") {
       bad_request(key, "'top_logprobs' is not supported");
     } else if (key == "modalities") {

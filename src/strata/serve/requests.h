@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "strata/grammar/grammar.h"
 #include "strata/sample/sampler.h"
 #include "strata/text/chat_template.h"
 
@@ -21,6 +23,7 @@ struct RequestParams {
   std::vector<std::string> stop;   // up to 4 non-empty strings; generation ends before the match
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage
+  std::shared_ptr<const grammar::Grammar> grammar;  // structured output: the answer is decoded under it
 };
 
 enum class ToolChoice { None, Auto, Required, Named };

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "strata/base/error.h"
 
@@ -200,6 +201,12 @@ void Scheduler::run(Slot& slot, Job& job) {
   const std::vector<int32_t> suffix(job.prompt().begin() + static_cast<std::ptrdiff_t>(reuse), job.prompt().end());
   try {
     Sampler sampler(p.sampler);
+    std::optional<grammar::GrammarConstraint> constraint;
+    if (p.grammar) {
+      std::call_once(trie_once_, [&] { trie_ = std::make_shared<const grammar::TokenTrie>(tokenizer_); });
+      constraint.emplace(p.grammar, trie_);
+      sampler.set_constraint(&*constraint);
+    }
     GenerationParams gp;
     gp.max_new_tokens = p.max_tokens ? *p.max_tokens : std::numeric_limits<int>::max();
     gp.stop_strings = p.stop;

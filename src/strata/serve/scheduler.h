@@ -18,6 +18,7 @@
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/routing_trace.h"
 #include "strata/engine/sequence.h"
+#include "strata/grammar/token_mask.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
 #include "strata/text/tokenizer.h"
@@ -84,6 +85,9 @@ class Scheduler {
 
   const Model& model_;
   const Tokenizer& tokenizer_;
+  // The vocabulary's trie for structured output, built by the first request that needs it.
+  std::once_flag trie_once_;
+  std::shared_ptr<const grammar::TokenTrie> trie_;
   const SchedulerConfig config_;
   Metrics& metrics_;
 

@@ -29,6 +29,7 @@
 #include "strata/serve/requests.h"
 #include "strata/serve/responses.h"
 #include "strata/serve/scheduler.h"
+#include "strata/serve/structured_output.h"
 #include "strata/text/tokenizer.h"
 #include "strata/text/vocab.h"
 
@@ -196,7 +197,8 @@ class ApiServer {
     std::string forced;  // what the prompt puts in the model's mouth (a forced tool call's start)
     bool tools_on = false;
   };
-  ChatPrompt chat_prompt(const ChatRequest& r) const;
+  // Also sets r.gen.grammar for a required or named tool call.
+  ChatPrompt chat_prompt(ChatRequest& r) const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
   std::string collect(Job& job) const;
@@ -444,7 +446,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<ChatEventStream> st) {
 
 // ---- handlers --------------------------------------------------------------------------------
 
-ApiServer::ChatPrompt ApiServer::chat_prompt(const ChatRequest& r) const {
+ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
   ChatOptions co;
@@ -456,7 +458,12 @@ ApiServer::ChatPrompt ApiServer::chat_prompt(const ChatRequest& r) const {
   if (tools_on && r.tool_choice == ToolChoice::Named) {
     forced = "<tool_call>\n{\"name\": " + python_json_dumps(OrderedJson(r.tool_choice_name)) + ", \"arguments\": ";
   }
-  if (!forced.empty()) co.enable_thinking = false;
+  if (tools_on && (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named)) {
+    if (r.gen.grammar) bad_request("response_format", "'response_format' cannot be combined with a required or named tool call");
+    r.gen.grammar = tool_call_grammar(r.tools, r.tool_choice == ToolChoice::Named ? r.tool_choice_name : "");
+  }
+  // Constrained output starts with the answer itself: no think block to write first.
+  if (!forced.empty() || r.gen.grammar) co.enable_thinking = false;
   RenderedChat rendered;
   try {
     rendered = render_chat_marked(r.messages, tools_on ? r.tools : OrderedJson(), co);
@@ -508,7 +515,7 @@ void ApiServer::handle_messages(const std::string& body, httplib::Response& res)
 }
 
 void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& res) {
-  const ChatRequest r = parse_anthropic_request(body, n_vocab_, true);
+  ChatRequest r = parse_anthropic_request(body, n_vocab_, true);
   check_model(r.model);
   // The prompt /v1/messages would run for the same request (a forced tool call's start included).
   OrderedJson j;
@@ -517,7 +524,7 @@ void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& 
 }
 
 void ApiServer::handle_responses(const std::string& body, httplib::Response& res) {
-  const ResponsesRequest r = parse_responses_request(body, n_vocab_);
+  ResponsesRequest r = parse_responses_request(body, n_vocab_);
   check_model(r.chat.model);
   const ChatPrompt p = chat_prompt(r.chat);
   auto job = admit(p.tokens, r.chat.gen);
