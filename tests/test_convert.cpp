@@ -1,6 +1,6 @@
 // Tests of `strata convert` on synthetic Hugging Face checkpoints written here: a tiny safetensors
 // writer (independent of the reader under test) plus config.json. Expected GGUF names, shapes and
-// transforms come from /work/notes/gguf-naming.md, restated in the test as explicit small cases.
+// transforms are those of llama.cpp's GGUF files, restated in the test as explicit small cases.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -94,7 +94,7 @@ void run_a_few_tokens(const std::string& path) {
 
 }  // namespace
 
-// Names, shapes and types written from /work/notes/gguf-naming.md sections 1, 3 and 6 (q4_k_m mix:
+// Names, shapes and types as llama.cpp's GGUF files have them (q4_k_m mix:
 // n_layer 4 -> "more bits" layers are i >= 7*4/8 = 3 and (i - 0) % 3 == 2 -> layers 2 and 3).
 TEST(Synth, Qwen35MoeTinyFollowsNamingContract) {
   const std::string path = synth("tiny-qwen35moe", "q4_k_m", "zipf:1", 7, 0, "t35.gguf");

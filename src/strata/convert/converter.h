@@ -1,6 +1,5 @@
 // `strata convert`: a Hugging Face checkpoint directory (config.json + *.safetensors [+ tokenizer])
-// of qwen3_moe / qwen3_5_moe(_text) to a GGUF file that follows the naming GGUF files in the wild use
-// (/work/notes/gguf-naming.md).
+// of qwen3_moe / qwen3_5_moe(_text) to a GGUF file that follows the naming GGUF files in the wild use.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The model metadata keys `strata convert` writes (names and value types: /work/notes/gguf-naming.md).
+// The model metadata keys `strata convert` writes (names and value types as llama.cpp reads them).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The DeltaNet value-head order of GGUF files (facts: /work/notes/gguf-naming.md section 4).
+// The DeltaNet value-head order of GGUF files (as llama.cpp's converter writes them).
 // HF groups value heads by key head (head g*r + j is value head j of key head g, r = Hv / Hk);
 // GGUF files tile them (position j*Hk + g), so value head p uses key head p % Hk.
 #pragma once

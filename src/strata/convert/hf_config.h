@@ -1,7 +1,7 @@
 // Hugging Face config.json of the model families strata converts, reduced to the fields the GGUF
 // metadata and the tensor mapping need. Field meanings: transformers' qwen3_moe / qwen3_5_moe / laguna
 // configs;
-// how they become GGUF keys: /work/notes/gguf-naming.md.
+// how they become GGUF keys (the keys llama.cpp's GGUF files use).
 #pragma once
 
 #include <string>

@@ -1,5 +1,4 @@
-// The preset table. Sources (Hugging Face config.json of each checkpoint, read 2026-11-22, plus
-// /work/shared/design/model-spec.md for Qwen3.6):
+// The preset table. Sources: the Hugging Face config.json of each checkpoint:
 //   qwen3-30b-a3b     Qwen/Qwen3-30B-A3B/config.json: 48 layers, hidden 2048, intermediate 6144,
 //                     32 q / 4 kv heads of 128, 128 experts (8 used) of 768, vocab 151936,
 //                     max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, untied.

@@ -1,4 +1,4 @@
-// The tensors of a synthetic model: names, shapes and roles from /work/notes/gguf-naming.md (the same
+// The tensors of a synthetic model: names, shapes and roles as in llama.cpp's GGUF files (the same
 // contract `strata convert` follows), and how each row's random values are drawn so activations stay
 // O(1): matrices uniform with standard deviation 1/sqrt(row length), norm weights near 1 (the stored,
 // multiplier form for both architectures), DeltaNet decay ssm_a negative, dt bias small, router rows

@@ -1,6 +1,6 @@
 // What `strata convert` writes: every GGUF tensor with its name, shape (ne, ne[0] contiguous), and
 // how each of its rows is made from HF checkpoint rows (which tensor, which row, column order, value
-// transform). Names, shapes and transforms follow /work/notes/gguf-naming.md.
+// transform). Names, shapes and transforms follow the GGUF files llama.cpp writes.
 #pragma once
 
 #include <cstdint>

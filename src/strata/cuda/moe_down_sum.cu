@@ -91,6 +91,9 @@ __device__ __forceinline__ float slots_dot(GgmlType t, bool i8, const uint8_t* c
   return acc;
 }
 
+// kSlotMap: the picks go through a.slot_of (the hybrid MoE's hot stack); a separate instantiation, so
+// the all-GPU kernel stays as it is without one.
+template <bool kSlotMap>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(const __grid_constant__ DownSumArgs a) {
   pdl_launch_dependents();
   pdl_wait();
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   __shared__ int n_hot_s;
   const int t = static_cast<int>(threadIdx.x);
   int n_hot = a.k;
-  if (!a.slot_of) {
+  if constexpr (!kSlotMap) {
     if (t < a.k) {
       base[t] = a.stack + static_cast<size_t>(__ldcg(a.ids + t)) * a.stride;
       scale[t] = __ldcg(a.weights + t);
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   // The float path's 16-sums are read by K-quant rows only.
   const bool sums = (!i8r && rows::int8_path_type(a.type)) || (a.shared && !i8s && rows::int8_path_type(a.shared_type));
   const Group g = whole_block();
-  if (!a.slot_of) {
+  if constexpr (!kSlotMap) {
     stage_x<2>(a.g, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
   } else {
     for (int j = 0; j < n_hot; ++j)  // each input at column j * ff (ff % 64 == 0: the layouts line up)
@@ -173,7 +176,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
 // The kernel's shared-memory opt-in for the widest staged input (once).
 void allow_down_sum_smem() {
   static const bool done = [] {
-    allow_dynamic_smem(down_sum_kernel, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel<false>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel<true>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
     return true;
   }();
   (void)done;
@@ -218,7 +222,10 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   const int n = d.k * d.ff + (a.shared ? d.shared_ff : 0);
   const size_t smem = static_cast<size_t>(stage_layout(n).total) * sizeof(float);
   const int grid = (d.d + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_pdl("gemv_down_sum", down_sum_kernel, dim3(grid), dim3(kThreads), smem, s, d);
+  if (d.slot_of)
+    launch_pdl("gemv_down_sum", down_sum_kernel<true>, dim3(grid), dim3(kThreads), smem, s, d);
+  else
+    launch_pdl("gemv_down_sum", down_sum_kernel<false>, dim3(grid), dim3(kThreads), smem, s, d);
 }
 
 }  // namespace strata::cuda

@@ -1,5 +1,5 @@
 // Bytes a forward pass must read, from the model file, for the bandwidth floors `strata bench` prints
-// beside each measurement (see /work/shared/design/performance.md, "Floors").
+// beside each measurement.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // GGUF files: reading (memory-mapped, validated before use) and the value model shared with the writer.
-// Format facts: ../shared/design/model-spec.md ("GGUF container").
+// Format facts: the public GGUF specification.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,7 @@
 // before touching memory; every size computation uses overflow-checked arithmetic; counts are
 // bounded by what the remaining bytes could possibly hold, so a corrupt count fails at once instead
 // of allocating. Every error reads "<path>: offset <n>: <problem>" where n is where the bad field
-// starts. Format facts: shared/design/model-spec.md ("GGUF container").
+// starts. Format facts: the public GGUF specification.
 #include <algorithm>
 #include <bit>
 #include <cstring>

@@ -2,7 +2,7 @@
 // WeightMatrix view into the mapping (zero-copy, any quant type); small vectors (norm weights,
 // DeltaNet gates, conv taps) are decoded to float32 once at load. Plain data, backend-neutral:
 // a CUDA backend uploads from the same description.
-// Tensor names and shapes: /work/notes/gguf-naming.md (the converter's contract).
+// Tensor names and shapes: those llama.cpp's GGUF files use (the converter's contract).
 #pragma once
 
 #include <cstdint>

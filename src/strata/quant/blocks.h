@@ -1,5 +1,5 @@
-// Byte layouts of the ggml block formats (facts from the public GGUF spec and ggml's
-// ggml-common.h block definitions; see /work/shared/design/model-spec.md). The structs document
+// Byte layouts of the ggml block formats (facts from the public GGUF specification's block
+// definitions). The structs document
 // the layout and give sizes; code never dereferences a struct pointer into file data (rows may be
 // unaligned), it copies a block into a local struct with load_block() instead.
 #pragma once

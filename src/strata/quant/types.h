@@ -1,5 +1,5 @@
 // ggml tensor element types as GGUF files number them, with their block geometry.
-// Facts: ../shared/design/model-spec.md; ids and block sizes follow the public GGUF spec.
+// Ids and block sizes follow the public GGUF specification.
 #pragma once
 
 #include <cstddef>
