@@ -261,7 +261,9 @@ void Planner::add_laguna_layer(int il) {
   if (!ck_.has(bias)) bias = hf(il, "mlp.experts.e_score_correction_bias");
   const int64_t X = cfg_.n_expert;
   direct(blk(il, "exp_probs_b.bias"), bias, {X}, {X}, TensorRole::ExpertBias, il);
-  add_shared_expert(il, /*gated=*/false, "shared_experts");
+  // transformers' module is `shared_expert`; `shared_experts` is accepted too.
+  add_shared_expert(il, /*gated=*/false,
+                    ck_.has(hf(il, "mlp.shared_experts.gate_proj.weight")) ? "shared_experts" : "shared_expert");
 }
 
 void Planner::check_leftovers() {
