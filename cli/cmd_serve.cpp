@@ -53,6 +53,9 @@ void setup_serve(CLI::App& sub) {
   sub.add_flag("--parse-special", o->parse_special,
                "read special-token text inside chat messages as control tokens (default: as plain text, so a client "
                "cannot forge turns)");
+  sub.add_option("--cache-ram", o->cache_ram_mib,
+                 "MiB of memory the prompt cache may hold (snapshots of prompts' state, shared by the slots, least "
+                 "recently used dropped first); 0 turns it off (default 2048 on the CPU; not available with --gpu)");
   sub.add_option("--shutdown-grace", o->shutdown_grace_s,
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
   auto backend = std::make_shared<strata::cli::BackendOptions>();
@@ -60,6 +63,7 @@ void setup_serve(CLI::App& sub) {
   strata::cli::add_collect_routing_option(sub, *backend);
   sub.callback([o, backend] {
     strata::cli::check_backend_options(*backend);
+    if (backend->gpu) o->backend = "gpu";
     if (!o->api_key_file.empty()) {
       if (!o->api_key.empty()) strata::fail("give either --api-key or --api-key-file, not both");
       o->api_key = read_api_key_file(o->api_key_file);
@@ -93,7 +97,6 @@ void setup_serve(CLI::App& sub) {
     {
       // Every slot's sequence comes from one plan (cache types, and with --gpu one receipt, placement and
       // GpuModel shared by the slots).
-      if (backend->gpu) o->backend = "gpu";
       auto factory = std::make_shared<std::unique_ptr<strata::cli::SequenceFactory>>();
       const int slots = o->slots;
       // The scheduler makes its slots one after another on one thread: the first call plans.

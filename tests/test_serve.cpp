@@ -369,6 +369,13 @@ TEST_F(Serve, OpenAISdkResponses) {
 
 // Anthropic's and the Responses API's routes refuse bad bodies with a 4xx in their own error shape,
 // and the server lives on.
+TEST_F(Serve, PromptCacheCachedTokensThroughTheSdk) {
+  require_node();
+  int code = 0;
+  const std::string out = run_capture(node_script(*server_, "prompt_cache.mjs", "tiny"), code);
+  EXPECT_EQ(code, 0) << out;
+}
+
 TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
   const int port = server_->port();
   const std::vector<std::string> bad_messages = {
@@ -781,5 +788,37 @@ TEST(ServeHardening, DefaultThreadsDoNotOversubscribe) {
   std::remove(err.c_str());
 }
 
-}  // namespace
+// --cache-ram 0 turns the cache off (an identical prompt runs again, the start-up line says so); bad
+// values and --gpu with a cache size are refused before anything loads.
+TEST(ServeCache, CacheRamZeroAndRefusedValues) {
+  const std::string err = temp_path("cache0.err");
+  ServerProcess server({"--cache-ram", "0"}, err);
+  ASSERT_TRUE(server.wait_ready());
+  const std::string body = R"({"messages":[{"role":"user","content":"The same question twice."}],"max_tokens":2})";
+  for (int i = 0; i < 2; ++i) {
+    const HttpResult r = http(server.port(), "POST", "/v1/chat/completions", body, "", std::chrono::seconds(60));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.body.find("\"cached_tokens\":0"), std::string::npos) << r.body;
+  }
+  EXPECT_NE(slurp(err).find("prompt cache off (--cache-ram 0)"), std::string::npos) << slurp(err);
+  std::remove(err.c_str());
+  const std::string cli = STRATA_CLI;
+  int code = 0;
+  std::string out = run_capture(cli + " serve -m '" + kModel + "' --port 0 --cache-ram -2", code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--cache-ram must be 0 (off) or a size in MiB"), std::string::npos) << out;
+  out = run_capture(cli + " serve -m '" + kModel + "' --port 0 --gpu --cache-ram 64", code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("the prompt cache is not available with --gpu"), std::string::npos) << out;
+}
 
+// With the default bound the start-up line names the cache.
+TEST(ServeCache, OnByDefaultOnTheCpu) {
+  const std::string err = temp_path("cache_default.err");
+  ServerProcess server({}, err);
+  ASSERT_TRUE(server.wait_ready());
+  EXPECT_NE(slurp(err).find("prompt cache up to 2048 MiB"), std::string::npos) << slurp(err);
+  std::remove(err.c_str());
+}
+
+}  // namespace

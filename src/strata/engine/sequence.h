@@ -10,6 +10,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/routing_trace.h"
+#include "strata/engine/state_span.h"
 #include "strata/sample/sampler.h"
 
 namespace strata {
@@ -58,6 +59,18 @@ class Sequence {
     std::vector<int> path(static_cast<size_t>(m > 0 ? m : 0));
     for (int j = 0; j < m; ++j) path[static_cast<size_t>(j)] = j;
     keep(path.data(), m);
+  }
+  // Prompt cache (engine/prompt_cache.h): save_span copies the state from position `begin` to n_past()
+  // to host memory, restore_spans replaces the state by a chain of spans from position 0 (checked
+  // before anything changes). Backends that cannot copy their state say so in can_save_state().
+  virtual bool can_save_state() const { return false; }
+  virtual void save_span(int begin, StateSpan& out) const {
+    (void)begin, (void)out;
+    fail("this backend cannot save its sequence state (the prompt cache is not available on it)");
+  }
+  virtual void restore_spans(const StateSpan* const* spans, int n) {
+    (void)spans, (void)n;
+    fail("this backend cannot restore a sequence state (the prompt cache is not available on it)");
   }
   virtual void reset() = 0;
   virtual int n_past() const = 0;

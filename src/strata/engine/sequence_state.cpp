@@ -46,4 +46,76 @@ void SequenceState::reset() {
   }
 }
 
+namespace {
+// A layer whose ring is shorter than the context: its rows are reused, so a span keeps the whole ring.
+bool is_ring(const LayerState& s, int max_ctx) { return s.rows > 0 && s.rows < max_ctx; }
+}  // namespace
+
+void SequenceState::save_span(int begin, StateSpan& out) const {
+  if (has_pending) fail("cannot save a sequence's state while tokens are pending");
+  if (begin < 0 || begin > n_past) fail("a saved span must begin within 0..", n_past, ", got ", begin);
+  out.begin = begin;
+  out.end = n_past;
+  out.layers.assign(layers.size(), {});
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const LayerState& s = layers[il];
+    StateSpan::Layer& o = out.layers[il];
+    if (s.rows > 0) {
+      o.first = is_ring(s, max_ctx) ? static_cast<int>(std::max<int64_t>(0, n_past - s.rows)) : begin;
+      for (int pos = o.first; pos < n_past; ++pos) {
+        const size_t row = static_cast<size_t>(pos % s.rows);
+        o.k.insert(o.k.end(), s.k.begin() + row * s.k_row, s.k.begin() + (row + 1) * s.k_row);
+        o.v.insert(o.v.end(), s.v.begin() + row * s.v_row, s.v.begin() + (row + 1) * s.v_row);
+      }
+    } else {
+      o.conv = s.conv;
+      o.ssm = s.ssm;
+    }
+  }
+}
+
+void SequenceState::restore(const StateSpan* const* spans, int n) {
+  if (has_pending) fail("cannot restore a sequence's state while tokens are pending");
+  if (n < 1) fail("restoring a sequence needs at least one span");
+  int at = 0;
+  for (int i = 0; i < n; ++i) {
+    const StateSpan& sp = *spans[i];
+    if (sp.begin != at || sp.end < sp.begin) fail("restored spans must follow each other from position 0");
+    if (sp.layers.size() != layers.size()) fail("a restored span has ", sp.layers.size(), " layers, the sequence ", layers.size());
+    for (size_t il = 0; il < layers.size(); ++il) {
+      const LayerState& s = layers[il];
+      const StateSpan::Layer& o = sp.layers[il];
+      const size_t rows = static_cast<size_t>(sp.end - o.first);
+      const bool shaped = s.rows > 0 ? (o.first >= 0 && o.first <= sp.end && o.k.size() == rows * s.k_row &&
+                                        o.v.size() == rows * s.v_row)
+                                     : (o.conv.size() == s.conv.size() && o.ssm.size() == s.ssm.size());
+      if (!shaped) fail("a restored span does not fit layer ", il, " of this sequence");
+    }
+    at = sp.end;
+  }
+  if (at > max_ctx) fail("restored spans hold ", at, " tokens, more than the context of ", max_ctx);
+  for (int i = 0; i < n; ++i) {
+    const StateSpan& sp = *spans[i];
+    const bool last = i == n - 1;
+    for (size_t il = 0; il < layers.size(); ++il) {
+      LayerState& s = layers[il];
+      const StateSpan::Layer& o = sp.layers[il];
+      if (s.rows > 0) {
+        // A ring's rows all come from the last span (it holds the whole ring as of the end).
+        if (is_ring(s, max_ctx) && !last) continue;
+        for (int pos = o.first; pos < sp.end; ++pos) {
+          const size_t row = static_cast<size_t>(pos % s.rows), j = static_cast<size_t>(pos - o.first);
+          std::copy_n(o.k.begin() + j * s.k_row, s.k_row, s.k.begin() + row * s.k_row);
+          std::copy_n(o.v.begin() + j * s.v_row, s.v_row, s.v.begin() + row * s.v_row);
+        }
+      } else if (last) {
+        s.conv = o.conv;
+        s.ssm = o.ssm;
+      }
+    }
+  }
+  for (LayerState& s : layers) s.last = -1;
+  n_past = at;
+}
+
 }  // namespace strata

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/engine/state_span.h"
 #include "strata/engine/token_tree.h"
 #include "strata/model/config.h"
 #include "strata/model/kv_type.h"
@@ -60,6 +61,13 @@ struct SequenceState {
                 int sliding_forward = kSlidingForwardTokens);
   // Back to an empty sequence (caches zeroed, position 0, nothing pending).
   void reset();
+  // Prompt cache (engine/prompt_cache.h): copies the state from position `begin` to n_past into `out`
+  // (0 <= begin <= n_past, nothing pending).
+  void save_span(int begin, StateSpan& out) const;
+  // Replaces the state by a chain of spans (the first begins at 0, each begins where the one before
+  // ended, all saved from sequences of this shape); n_past becomes the last one's end. Checks
+  // everything before changing anything.
+  void restore(const StateSpan* const* spans, int n);
 };
 
 }  // namespace strata

@@ -36,6 +36,9 @@ class Session : public Sequence {
   bool has_pending() const override { return state_.has_pending; }
 
   void reset() override { state_.reset(); }
+  bool can_save_state() const override { return true; }
+  void save_span(int begin, StateSpan& out) const override { state_.save_span(begin, out); }
+  void restore_spans(const StateSpan* const* spans, int n) override { state_.restore(spans, n); }
   int n_past() const override { return state_.n_past; }
   int max_ctx() const override { return state_.max_ctx; }
   const Model& model() const override { return model_; }

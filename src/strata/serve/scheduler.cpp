@@ -39,6 +39,12 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
   for (Slot& s : slots_)
     s.session = config_.make_sequence ? config_.make_sequence(model_, config_.ctx)
                                       : std::unique_ptr<Sequence>(std::make_unique<Session>(model_, config_.ctx));
+  if (config_.cache_bytes > 0) {
+    if (!slots_.front().session->can_save_state())
+      fail("the prompt cache (--cache-ram) needs sequences that can save their state, which this backend's cannot; "
+           "pass --cache-ram 0");
+    cache_ = std::make_unique<PromptCache>(config_.cache_bytes, config_.cache_block);
+  }
   if (config_.record_routes)
     for (Slot& s : slots_) s.session->set_routing_counts(&s.routes);  // fails on a backend that cannot count
   if (config_.trace)
@@ -183,13 +189,12 @@ void Scheduler::run(Slot& slot, Job& job) {
   }
   const RequestParams& p = job.params();
   Sequence& session = *slot.session;
-  size_t reuse = uses_penalties(p.sampler) ? 0 : reusable_prefix(slot.held, job.prompt());
-  if (reuse == 0 || static_cast<size_t>(session.n_past()) != slot.held.size()) {
-    reuse = 0;
-    session.reset();
-    slot.held.clear();
-  }
-  out.cached_tokens = static_cast<int>(reuse);
+  const std::vector<int32_t>& prompt = job.prompt();
+  const int n = static_cast<int>(prompt.size());
+  // Penalties look at the tokens passed to generate(): such requests run their whole prompt.
+  const bool penalties = uses_penalties(p.sampler);
+  size_t reuse = penalties ? 0 : reusable_prefix(slot.held, prompt);
+  if (static_cast<size_t>(session.n_past()) != slot.held.size()) reuse = 0;
   if (config_.trace) {
     uint32_t stream = 0;
     {
@@ -198,8 +203,40 @@ void Scheduler::run(Slot& slot, Job& job) {
     }
     session.set_routing_trace(config_.trace.get(), stream);
   }
-  const std::vector<int32_t> suffix(job.prompt().begin() + static_cast<std::ptrdiff_t>(reuse), job.prompt().end());
   try {
+    // The longest start: what the slot holds, or a snapshot in the prompt cache (from any slot) when
+    // longer; the prompt's last token always runs, for the first token's logits.
+    if (cache_ && !penalties && cache_->match(prompt, n - 1) > static_cast<int>(reuse)) {
+      session.reset();
+      slot.held.clear();
+      reuse = static_cast<size_t>(cache_->restore(session, prompt, n - 1));
+    } else if (reuse == 0) {
+      session.reset();
+      slot.held.clear();
+    }
+    out.cached_tokens = static_cast<int>(reuse);
+    // With the cache on, the prompt but its last token runs here, leaving snapshots on the way.
+    int prefilled = 0;
+    double prefill_seconds = 0;
+    std::vector<int32_t> suffix(prompt.begin() + static_cast<std::ptrdiff_t>(reuse), prompt.end());
+    if (cache_ && !penalties) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<float> scratch;
+      const bool whole = cache_->prefill(session, prompt, n - 1, scratch, &job.cancel_flag());
+      prefilled = session.n_past() - static_cast<int>(reuse);
+      prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      suffix.assign(prompt.begin() + session.n_past(), prompt.end());
+      if (!whole) {  // the client left during the prompt: the slot keeps what did run
+        slot.held.assign(prompt.begin(), prompt.begin() + session.n_past());
+        out.kind = JobOutcome::Kind::Cancelled;
+        out.stop_reason = StopReason::Cancelled;
+        metrics_.count_cancelled();
+        metrics_.add_generation(prefilled, prefill_seconds, out.cached_tokens, 0, 0, 0);
+        record_routes(slot);
+        job.finish(std::move(out));
+        return;
+      }
+    }
     Sampler sampler(p.sampler);
     std::optional<grammar::GrammarConstraint> constraint;
     if (p.grammar) {
@@ -216,14 +253,17 @@ void Scheduler::run(Slot& slot, Job& job) {
       job.push_text(piece);
       return !job.cancelled();
     });
-    slot.held = job.prompt();
+    slot.held = prompt;
     slot.held.insert(slot.held.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);
+    // The end of the request too: the next turn of this conversation may land on another slot.
+    if (cache_) cache_->store(session, slot.held);
     out.stop_reason = r.stop_reason;
     out.stop_string = r.stop_string;
     out.completion_tokens = static_cast<int>(r.tokens.size());
     out.kind = r.stop_reason == StopReason::Cancelled ? JobOutcome::Kind::Cancelled : JobOutcome::Kind::Finished;
     if (out.kind == JobOutcome::Kind::Cancelled) metrics_.count_cancelled();
-    metrics_.add_generation(r.stats.prompt_tokens, r.stats.prefill_seconds, out.cached_tokens, out.completion_tokens,
+    metrics_.add_generation(r.stats.prompt_tokens + prefilled, r.stats.prefill_seconds + prefill_seconds,
+                            out.cached_tokens, out.completion_tokens,
                             r.stats.decode_steps, r.stats.decode_seconds);
   } catch (const std::exception& e) {
     // The session may be half-updated: start the slot over.

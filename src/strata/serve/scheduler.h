@@ -1,7 +1,8 @@
 // A fixed number of sequence slots, each a worker thread owning one Sequence (CPU Session or GPU session) (its KV cache and
 // recurrent state) over the shared read-only Model, and a bounded queue of jobs waiting for a slot.
 // A slot keeps the tokens of its last sequence, so a request that extends it (the next turn of a
-// chat) only runs the new tokens.
+// chat) only runs the new tokens; with the prompt cache on, a request also starts from the longest
+// prefix any slot stored there, when that is longer than what its own slot holds.
 #pragma once
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "strata/engine/model.h"
+#include "strata/engine/prompt_cache.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/routing_trace.h"
 #include "strata/engine/sequence.h"
@@ -30,6 +32,10 @@ struct SchedulerConfig {
   int queue_limit = 4;       // jobs that may wait beyond the busy slots
   int ctx = 4096;            // tokens per slot
   int threads_per_slot = 1;  // OpenMP threads each slot's forward passes use
+  // --cache-ram: the most bytes the prompt cache shared by the slots may hold (engine/prompt_cache.h);
+  // 0 turns it off. Needs sequences that can save their state (refused otherwise).
+  size_t cache_bytes = 0;
+  int cache_block = PromptCache::kDefaultBlock;  // tokens between a prefill's snapshots
   // Makes each slot's sequence (default: a CPU Session); serve --gpu passes a GPU one.
   std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
   // --profile: when set, every slot's sequence counts its routes, and after each request the slot
@@ -70,6 +76,7 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   // The latest SchedulerConfig::sequence_metrics text ("" when not set or before the first request).
   std::string sequence_metrics() const;
+  const PromptCache* prompt_cache() const { return cache_.get(); }  // null when off
 
  private:
   struct Slot {
@@ -90,6 +97,7 @@ class Scheduler {
   std::shared_ptr<const grammar::TokenTrie> trie_;
   const SchedulerConfig config_;
   Metrics& metrics_;
+  std::unique_ptr<PromptCache> cache_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

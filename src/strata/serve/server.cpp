@@ -246,6 +246,8 @@ void ApiServer::load() {
     sc.queue_limit = opt_.queue;
     sc.ctx = ctx_;
     sc.threads_per_slot = threads.per_slot;
+    const int64_t cache_mib = opt_.cache_ram_mib >= 0 ? opt_.cache_ram_mib : opt_.backend == "gpu" ? 0 : kDefaultCacheRamMiB;
+    sc.cache_bytes = static_cast<size_t>(cache_mib) << 20;
     sc.make_sequence = opt_.make_sequence;
     if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
     if (opt_.make_routing_trace) sc.trace = opt_.make_routing_trace(*model_);
@@ -253,6 +255,12 @@ void ApiServer::load() {
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, sc, metrics_);
     std::fprintf(stderr, "strata serve: model '%s' ready on %s (%d slots x %d tokens, queue %d, %d threads per slot)\n",
                  opt_.model_name.c_str(), opt_.backend.c_str(), sc.slots, sc.ctx, sc.queue_limit, sc.threads_per_slot);
+    if (cache_mib > 0)
+      std::fprintf(stderr, "strata serve: prompt cache up to %lld MiB (snapshots every %d tokens, shared by the slots)\n",
+                   static_cast<long long>(cache_mib), sc.cache_block);
+    else
+      std::fprintf(stderr, "strata serve: prompt cache off (%s)\n",
+                   opt_.cache_ram_mib == 0 ? "--cache-ram 0" : "the GPU backend cannot save sequence state");
     ready_.store(true);
   } catch (const std::exception& e) {
     load_error_ = e.what();
@@ -799,6 +807,11 @@ void check_serve_options(const ServeOptions& o) {
   if (o.max_body_bytes < 1) fail("--max-body must be >= 1 byte");
   if (o.threads < 0) fail("--threads must be >= 0 (0: automatic), got ", o.threads);
   if (o.shutdown_grace_s < 0) fail("--shutdown-grace must be >= 0, got ", o.shutdown_grace_s);
+  if (o.cache_ram_mib < -1 || o.cache_ram_mib > (int64_t(1) << 30))
+    fail("--cache-ram must be 0 (off) or a size in MiB up to ", int64_t(1) << 30, ", got ", o.cache_ram_mib);
+  if (o.cache_ram_mib > 0 && o.backend == "gpu")
+    fail("--cache-ram: the prompt cache is not available with --gpu (GPU sequences cannot save their state); "
+         "leave --cache-ram out or pass 0");
   if (!o.cors_origin.empty() && o.cors_origin != "*") {
     // An origin is scheme://host[:port]: nothing that could end or add a header line, no path.
     const std::string& c = o.cors_origin;

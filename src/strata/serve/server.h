@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,6 +11,8 @@
 #include "strata/engine/sequence.h"
 
 namespace strata::serve {
+
+constexpr int64_t kDefaultCacheRamMiB = 2048;
 
 struct ServeOptions {
   std::string model_path;
@@ -32,6 +35,9 @@ struct ServeOptions {
   int max_connections = -1;  // connections served at once (< 0: slots + queue + 64); beyond it only /health is answered
   bool parse_special = false;  // special-token text inside chat messages becomes control tokens
   int shutdown_grace_s = 10;  // on SIGINT/SIGTERM, how long running requests may finish before being cancelled
+  // --cache-ram: MiB the prompt cache may hold (engine/prompt_cache.h); 0: off; < 0: the default
+  // (kDefaultCacheRamMiB on the CPU, off on the GPU, whose sequences cannot save their state).
+  int64_t cache_ram_mib = -1;
   // Makes each slot's sequence; empty: the CPU engine. backend names it in the start-up line.
   std::function<std::unique_ptr<Sequence>(const Model&, int ctx)> make_sequence;
   std::string backend = "cpu";
