@@ -401,7 +401,7 @@ TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
       "", "{}", R"({"input":[]})", R"({"input":5})", R"({"input":[{"role":"robot","content":"x"}]})",
       R"({"input":[{"type":"function_call","name":"f"}]})", R"({"input":"hi","previous_response_id":"resp_1"})",
       R"({"input":"hi","tools":[{"type":"function"}]})", R"({"input":"hi","tool_choice":"required"})",
-      R"({"input":"hi","text":{"format":{"type":"json_object"}}})", R"({"input":"hi","background":true})",
+      R"({"input":"hi","text":{"format":{"type":"json_schema"}}})", R"({"input":"hi","background":true})",
       R"({"input":"hi","temperature":"hot"})",
   };
   for (const std::string& body : bad_responses) {

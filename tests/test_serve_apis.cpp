@@ -316,6 +316,27 @@ TEST(ResponsesRequest, TranslatesItemsToTheChatRequest) {
   EXPECT_FALSE(s.chat.gen.max_tokens.has_value());
 }
 
+// text.format becomes the grammar the answer decodes under, as the chat API's response_format.
+TEST(ResponsesRequest, TextFormatSetsTheGrammar) {
+  EXPECT_EQ(parse_responses_request(R"({"input": "x"})", kVocab).chat.gen.grammar, nullptr);
+  EXPECT_EQ(parse_responses_request(R"({"input": "x", "text": {"format": {"type": "text"}}})", kVocab).chat.gen.grammar,
+            nullptr);
+  EXPECT_NE(parse_responses_request(R"({"input": "x", "text": {"format": {"type": "json_object"}}})", kVocab).chat.gen.grammar,
+            nullptr);
+  EXPECT_NE(parse_responses_request(
+                R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "strict": true,
+                    "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}})",
+                kVocab)
+                .chat.gen.grammar,
+            nullptr);
+  const auto [status, message] = error_of([&] {
+    parse_responses_request(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "integer", "minimum": 1}}}})",
+                            kVocab);
+  });
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(message.find("minimum"), std::string::npos) << message;
+}
+
 TEST(ResponsesRequest, RefusesBadInputWithA400) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{}", "'input' is required"},
@@ -336,6 +357,7 @@ TEST(ResponsesRequest, RefusesBadInputWithA400) {
       {R"({"input": "x", "max_output_tokens": 0})", "max_output_tokens"},
       {R"({"input": "x", "reasoning": {"effort": "max"}})", "effort"},
       {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format"},
+      {R"({"input": "x", "text": {"format": {"type": "yaml"}}})", "yaml"},
       {R"({"input": "x", "truncation": "auto"})", "truncation"},
       {R"({"input": "x", "top_logprobs": 2})", "unrecognized"},
   };

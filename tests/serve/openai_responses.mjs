@@ -127,11 +127,22 @@ run(async () => {
   const chatTokens = await postJson(args.baseURL, '/tokenize', { messages: chatForm, tools: chatTools }, args.apiKey);
   checkUsage(followUp, chatTokens.tokens.length, 16);
 
+  // Structured output: text.format json_schema decodes under the schema's grammar.
+  const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, days: { type: 'integer' } },
+                   required: ['city', 'days'], additionalProperties: false };
+  const structured = await openai.responses.create({ model: args.model, input: 'Plan a trip.', max_output_tokens: 256,
+    temperature: 0, text: { format: { type: 'json_schema', name: 'trip', schema, strict: true } } });
+  const trip = JSON.parse(structured.output_text);
+  check(typeof trip.city === 'string' && trip.city.length <= 12 && Number.isInteger(trip.days) && Object.keys(trip).length === 2,
+        'schema-valid JSON: ' + structured.output_text);
+  check(structured.text.format.type === 'json_schema', 'text.format echoed');
+
   // Refused, with OpenAI's error shape.
   await expectError(openai.responses.create({ ...base, previous_response_id: resp.id }), 400, 'previous_response_id');
   await expectError(openai.responses.create({ model: args.model, max_output_tokens: 4 }), 400, 'input');
   await expectError(openai.responses.create({ ...base, tools: [{ type: 'web_search_preview' }] }), 400, 'web_search_preview');
   await expectError(openai.responses.create({ ...base, input: [{ type: 'item_reference', id: 'x' }] }), 400, 'item_reference');
   await expectError(openai.responses.create({ ...base, max_output_tokens: 0 }), 400, 'max_output_tokens');
+  await expectError(openai.responses.create({ ...base, text: { format: { type: 'json_schema', name: 'n', schema: { type: 'integer', minimum: 3 } } } }), 400, 'minimum');
   console.log('openai_responses: ok');
 });

@@ -5,6 +5,7 @@
 
 #include "strata/serve/api_error.h"
 #include "strata/serve/request_fields.h"
+#include "strata/serve/structured_output.h"
 
 namespace strata::serve {
 namespace {
@@ -93,6 +94,30 @@ OrderedJson translate_tools(const OrderedJson& v) {
     check_keys(t, name, {"type", "name", "description", "parameters", "strict"});
     if (t.contains("strict") && !t["strict"].is_null()) get_bool(t["strict"], name + ".strict");
   });
+}
+
+// The Responses API's text.format ({"type": "text" | "json_object"} or {"type": "json_schema", "name",
+// "schema", "strict", "description"} flat) as the chat API's response_format, so both decode under the
+// same grammar.
+std::shared_ptr<const grammar::Grammar> text_format_grammar(const OrderedJson& f) {
+  if (!f.contains("type") || !f["type"].is_string()) bad_request("text.format.type", "'text.format.type' must be a string");
+  const std::string type = f["type"].get<std::string>();
+  OrderedJson rf;
+  rf["type"] = type;
+  if (type == "json_schema") {
+    if (!f.contains("schema")) bad_request("text.format.schema", "'text.format.schema' is required with type 'json_schema'");
+    OrderedJson js = OrderedJson::object();
+    for (const auto& [key, v] : f.items()) {
+      if (key == "type") continue;
+      if (key != "name" && key != "schema" && key != "strict" && key != "description")
+        bad_request("text.format." + key, "unknown field 'text.format.", key, "'");
+      js[key] = v;
+    }
+    rf["json_schema"] = js;
+  } else {
+    check_keys(f, "text.format", {"type"});
+  }
+  return response_format_grammar(rf);
 }
 
 void apply_tool_choice(const OrderedJson& c, ChatRequest& r) {
@@ -311,11 +336,7 @@ ResponsesRequest parse_responses_request(const std::string& body, int64_t n_voca
       bad_request(key, "'", key, "' is not supported: this server stores no responses; send the whole conversation in 'input'");
     } else if (key == "text") {
       check_keys(get_object(value, key), key, {"format", "verbosity"});
-      if (value.contains("format")) {
-        const OrderedJson& f = get_object(value["format"], "text.format");
-        if (!f.contains("type") || !f["type"].is_string() || f["type"].get<std::string>() != "text")
-          bad_request("text.format", "'text.format' other than {\"type\": \"text\"} is not supported");
-      }
+      if (value.contains("format")) r.gen.grammar = text_format_grammar(get_object(value["format"], "text.format"));
     } else if (key == "truncation") {
       if (get_string(value, key) != "disabled") bad_request(key, "only 'truncation': 'disabled' is supported");
     } else if (key == "include") {
@@ -349,6 +370,7 @@ ResponsesRequest parse_responses_request(const std::string& body, int64_t n_voca
   e["store"] = false;
   e["temperature"] = r.gen.sampler.temperature;
   e["text"] = {{"format", {{"type", "text"}}}};
+  if (j.contains("text") && j["text"].contains("format")) e["text"]["format"] = j["text"]["format"];
   e["tool_choice"] = tool_choice.is_null() ? OrderedJson("auto") : tool_choice;
   e["tools"] = j.contains("tools") && j["tools"].is_array() ? j["tools"] : OrderedJson::array();
   e["top_p"] = r.gen.sampler.top_p;
