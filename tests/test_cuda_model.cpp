@@ -106,6 +106,27 @@ TEST(CudaModel, Qwen35MoeFixtureMatchesCpu) {
     compare_with_cpu(convert_fixture("qwen3_5_moe", type), std::string("qwen3_5_moe ") + type, 12, 16);
 }
 
+// laguna's full-attention fixture: dense first layer, per-element softplus output gate, sigmoid router
+// with its selection bias, ungated shared expert, partial rotary. Prompts run token by token (the
+// batched prefill lacks these).
+TEST(CudaModel, LagunaFixtureMatchesCpu) {
+  REQUIRE_GPU();
+  for (const char* type : {"f32", "bf16", "q8_0"})
+    compare_with_cpu(convert_fixture("laguna", type), std::string("laguna ") + type, 12, 16);
+}
+
+// What the GPU does not implement yet is refused by name, before anything is uploaded.
+TEST(CudaModel, LagunaSlidingWindowIsRefused) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(convert_fixture("laguna_swa", "f32"));
+  try {
+    sc::GpuSession gpu(*model, 64);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window"), std::string::npos) << e.what();
+  }
+}
+
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();
 
 TEST(CudaModel, TinyModelMatchesCpu) {
@@ -355,6 +376,11 @@ TEST(CudaModel, PendingKeepEqualsRunQwen3MoeFixture) {
 TEST(CudaModel, PendingKeepEqualsRunQwen35MoeFixture) {
   REQUIRE_GPU();
   expect_gpu_pending_property(convert_fixture("qwen3_5_moe", "f32"), 402);
+}
+
+TEST(CudaModel, PendingKeepEqualsRunLagunaFixture) {
+  REQUIRE_GPU();
+  expect_gpu_pending_property(convert_fixture("laguna", "f32"), 405);
 }
 
 TEST(CudaModel, PendingKeepEqualsRunTinyModel) {

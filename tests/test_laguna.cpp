@@ -296,7 +296,8 @@ TEST(LagunaModel, RingCachesEqualWholeContextCaches) {
 
 TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
   auto model = Model::load(synth_tiny_laguna("tiny_laguna_gpu.gguf"));
-  EXPECT_EQ(gpu_unsupported_feature(model->config()), "layer 0 has a dense SwiGLU feed-forward");
+  EXPECT_EQ(gpu_unsupported_feature(model->config()), "layer 1 runs sliding-window attention");
+  EXPECT_EQ(gpu_prefill_unsupported_feature(model->config()), "layer 0 has a dense SwiGLU feed-forward");
   try {
     require_gpu_support(model->config());
     ADD_FAILURE() << "expected a refusal";
@@ -304,7 +305,14 @@ TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
     EXPECT_NE(std::string(e.what()).find("the GPU backend does not implement"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("laguna"), std::string::npos) << e.what();
   }
+  // Full attention everywhere: the decode step takes the rest (dense layers, the softplus gate, the
+  // sigmoid router, per-layer heads); the batched prefill does not.
   ModelConfig c = model->config();
+  for (LayerSpec& l : c.layers) l.mixer = LayerKind::FullAttention, l.yarn = RopeYarn{};
+  EXPECT_EQ(gpu_unsupported_feature(c), "");
+  EXPECT_EQ(gpu_prefill_unsupported_feature(c), "layer 0 has a dense SwiGLU feed-forward");
   for (LayerSpec& l : c.layers) l.ffn = FfnKind::Moe;
-  EXPECT_EQ(gpu_unsupported_feature(c), "layer 1 runs sliding-window attention");
+  EXPECT_NE(gpu_prefill_unsupported_feature(c), "");
+  c.layers[1].yarn.factor = 4.0f;
+  EXPECT_EQ(gpu_unsupported_feature(c), "YaRN rotary scaling (layer 1)");
 }

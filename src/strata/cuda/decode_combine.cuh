@@ -2,7 +2,7 @@
 // standalone kernel (kernels.cu: moe_combine_add_norm) and the epilogue of the down-projection launch
 // (matvec_kernels.cu: GemvCombine), so both compute exactly the same thing:
 //   x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
-//           (+ sigmoid(*shared_gate) * ys[j] when ys is not null),
+//           (+ sigmoid(*shared_gate) * ys[j] when ys is not null; 1 * ys[j] when shared_gate is null),
 //   then, when norm_w is not null, xn = rmsnorm(x) * norm_w (mean of squares accumulated in double).
 // Everything but norm_w is read through L2 (__ldcg): in an epilogue other blocks of the same launch wrote ye
 // and ys (the rest comes from earlier launches; reading it the same way costs nothing).
@@ -34,7 +34,7 @@ __device__ __forceinline__ void moe_combine_norm_block(float* x, const float* ye
     sw[r] = __ldcg(weights + t);
   }
   __syncthreads();
-  const float sg = ys ? 1.0f / (1.0f + expf(-__ldcg(shared_gate))) : 0.0f;
+  const float sg = ys ? (shared_gate ? 1.0f / (1.0f + expf(-__ldcg(shared_gate))) : 1.0f) : 0.0f;
   double ss = 0.0;
   // kCols columns per thread at a time (j0 + i * blockDim.x, ascending j as a plain loop would take
   // them) and kSlots slots' loads for them in flight together: one block does this for the whole

@@ -112,11 +112,12 @@ DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>
       D.kind = L.kind;
       D.attn_norm = upload(L.attn_norm);
       D.ffn_norm = upload(L.ffn_norm);
-      if (L.kind == LayerKind::FullAttention) {
+      if (is_attention(L.kind)) {
         D.attn.q = upload(L.attn.q, "attn_q.weight", l);
         D.attn.k = upload(L.attn.k, "attn_k.weight", l);
         D.attn.v = upload(L.attn.v, "attn_v.weight", l);
         D.attn.o = upload(L.attn.o, "attn_output.weight", l);
+        if (config_.attn_gate != AttnGate::None) D.attn.gate = upload(L.attn.gate, "attn_gate.weight", l);
         D.attn.q_norm = upload(L.attn.q_norm);
         D.attn.k_norm = upload(L.attn.k_norm);
       } else {
@@ -130,14 +131,23 @@ DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>
         D.deltanet.dt_bias = upload(L.deltanet.dt_bias);
         D.deltanet.norm = upload(L.deltanet.norm);
       }
+      D.ffn = config_.layer(l).ffn;
+      if (D.ffn == FfnKind::Dense) {
+        D.dense.gate = upload(L.dense.gate, "ffn_gate.weight", l);
+        D.dense.up = upload(L.dense.up, "ffn_up.weight", l);
+        D.dense.down = upload(L.dense.down, "ffn_down.weight", l);
+        continue;
+      }
       D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
+      if (!L.moe.selection_bias.empty()) D.moe.selection_bias = upload(L.moe.selection_bias);
       const std::vector<int>* slots = expert_slots_.empty() ? nullptr : &expert_slots_[il];
       D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots);
       D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots);
       D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots);
       D.moe.has_shared = L.moe.has_shared;
+      D.moe.shared_gated = L.moe.shared_gated;
       if (L.moe.has_shared) {
-        D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);
+        if (L.moe.shared_gated) D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);
         D.moe.shared_gate = upload(L.moe.shared_gate, "ffn_gate_shexp.weight", l);
         D.moe.shared_up = upload(L.moe.shared_up, "ffn_up_shexp.weight", l);
         D.moe.shared_down = upload(L.moe.shared_down, "ffn_down_shexp.weight", l);

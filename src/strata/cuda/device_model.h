@@ -11,8 +11,9 @@
 
 namespace strata::cuda {
 
-struct DevAttention {
+struct DevAttention {  // full and sliding-window attention
   DevMatrix q, k, v, o;
+  DevMatrix gate;  // attn_gate (ModelConfig::attn_gate != None): softplus output gate rows
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
 };
@@ -24,18 +25,36 @@ struct DevDeltaNet {
 
 struct DevMoe {
   DevMatrix router, gate, up, down;
+  const float* selection_bias = nullptr;  // exp_probs_b (sigmoid routers), or null
   bool has_shared = false;
+  bool shared_gated = false;  // shared_gate_inp is uploaded only then
   DevMatrix shared_gate_inp, shared_gate, shared_up, shared_down;
+};
+
+struct DevDenseFfn {  // FfnKind::Dense: a SwiGLU of n_ff
+  DevMatrix gate, up, down;
 };
 
 struct DevLayer {
   LayerKind kind = LayerKind::FullAttention;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
+  FfnKind ffn = FfnKind::Moe;
   DevAttention attn;
   DevDeltaNet deltanet;
   DevMoe moe;
+  DevDenseFfn dense;
 };
+
+// The router rule of a model's MoE layers (kernels.h RouteRule) with a layer's selection bias.
+inline RouteRule route_rule(const ModelConfig& c, const float* selection_bias) {
+  RouteRule r;
+  r.sigmoid = c.router == RouterKind::Sigmoid;
+  r.softcap = c.router_softcap;
+  r.bias = selection_bias;
+  r.scale = c.expert_weights_scale;
+  return r;
+}
 
 class DeviceModel {
  public:

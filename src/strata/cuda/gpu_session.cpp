@@ -24,6 +24,7 @@
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
 #include "strata/cuda/sample_kernels.h"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 
@@ -79,6 +80,7 @@ struct GpuSession::Impl {
   unsigned int* argmax_counter = nullptr;
   unsigned long long* route_counts = nullptr;  // [n_layer x n_expert] router selections (decode steps)
   unsigned long long* route_counts_saved = nullptr;  // route_counts before the pending tokens
+  float* ag = nullptr;                         // laguna's attention output gate, before softplus
   float* attn_scratch = nullptr;               // attention_decode_split partials
   unsigned int* attn_counters = nullptr;
   unsigned int* norm_counter = nullptr;        // GemvNorm epilogues (one launch at a time on the stream)
@@ -111,6 +113,8 @@ struct GpuSession::Impl {
         hybrid(gm->hybrid()) {
     try {
       fuse_conv = c.n_deltanet_layers() > 0 && deltanet_step_fuses_qk_norm(c.ssm_head_k);
+      // What the batched prefill lacks runs through the decode step, token by token (the plan says so).
+      if (!gpu_prefill_unsupported_feature(c).empty()) opt.batched_prefill = false;
       allocate();
       argmax_n = c.n_vocab;
       lookahead = opt.lookahead && opt.use_graph && !prof.on && !prof.graph_on;
@@ -141,6 +145,12 @@ struct GpuSession::Impl {
 
   int q_stride_head() const { return c.attn_output_gate ? 2 * c.head_dim : c.head_dim; }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
+  // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
+  int max_heads() const {
+    int h = c.n_head;
+    for (const LayerSpec& l : c.layers) h = std::max(h, l.n_head);
+    return h;
+  }
 
   void allocate() {
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -150,13 +160,15 @@ struct GpuSession::Impl {
     const size_t d = static_cast<size_t>(c.n_embd);
     x = dalloc<float>(d);
     xn = dalloc<float>(d);
-    if (c.n_full_attention_layers() > 0) {
-      q = dalloc<float>(static_cast<size_t>(c.n_head) * q_stride_head());
+    if (c.n_attention_layers() > 0) {
+      const int H = max_heads();
+      q = dalloc<float>(static_cast<size_t>(H) * q_stride_head());
       kk = dalloc<float>(kv_width());
       vv = dalloc<float>(kv_width());
-      o = dalloc<float>(static_cast<size_t>(c.n_head) * c.head_dim);
-      attn_scratch = dalloc<float>(attention_scratch_floats(c.n_head, c.head_dim, max_ctx));
-      attn_counters = dalloc<unsigned int>(static_cast<size_t>(c.n_head));
+      o = dalloc<float>(static_cast<size_t>(H) * c.head_dim);
+      if (c.attn_gate != AttnGate::None) ag = dalloc<float>(static_cast<size_t>(H) * c.head_dim);
+      attn_scratch = dalloc<float>(attention_scratch_floats(H, c.head_dim, max_ctx));
+      attn_counters = dalloc<unsigned int>(static_cast<size_t>(H));
     }
     if (c.n_deltanet_layers() > 0) {
       const size_t ch = static_cast<size_t>(c.ssm_conv_channels());
@@ -182,7 +194,7 @@ struct GpuSession::Impl {
     router = dalloc<float>(c.n_expert);
     ids = dalloc<int>(static_cast<size_t>(c.n_layer) * k);  // each layer routes into its own k ids
     wts = dalloc<float>(k);
-    g = dalloc<float>(k * c.n_ff_exp);
+    g = dalloc<float>(std::max(k * c.n_ff_exp, static_cast<size_t>(c.n_ff)));  // routed experts' or a dense layer's
     ye = dalloc<float>(k * d);
     if (c.n_ff_shexp > 0) {
       sg = dalloc<float>(1);
@@ -218,13 +230,15 @@ struct GpuSession::Impl {
   // A layer's mixer input projections, each reading rmsnorm(x) * attn_norm: attention q/k/v, or
   // DeltaNet qkv (with the conv1d + SiLU fused in when fuse_conv) / z / beta / alpha. Returns the count.
   int mixer_in_jobs(const DevLayer& D, DeviceLayerState& L, GemvJob* jobs) const {
-    if (D.kind == LayerKind::FullAttention) {
+    if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
       jobs[0] = GemvJob{}, jobs[0].w = &w.q, jobs[0].y = q;
       jobs[1] = GemvJob{}, jobs[1].w = &w.k, jobs[1].y = kk;
       jobs[2] = GemvJob{}, jobs[2].w = &w.v, jobs[2].y = vv;
-      for (int i = 0; i < 3; ++i) normed_input(jobs[i], D.attn_norm);
-      return 3;
+      int n = 3;
+      if (c.attn_gate != AttnGate::None) jobs[n] = GemvJob{}, jobs[n].w = &w.gate, jobs[n].y = ag, ++n;
+      for (int i = 0; i < n; ++i) normed_input(jobs[i], D.attn_norm);
+      return n;
     }
     const DevDeltaNet& w = D.deltanet;
     jobs[0] = GemvJob{}, jobs[0].w = &w.qkv, jobs[0].y = qkv;
@@ -243,18 +257,23 @@ struct GpuSession::Impl {
 
   // What runs between a mixer's input and output projections: attention's q/k norm + rope + KV store and
   // the split-K attention; DeltaNet's conv (when not fused into the projection) and recurrent step.
-  void mixer_core(const DevLayer& D, DeviceLayerState& L) {
-    if (D.kind == LayerKind::FullAttention) {
+  void mixer_core(int il, const DevLayer& D, DeviceLayerState& L) {
+    if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
+      const LayerSpec& ls = c.layer(il);
       const int hd = c.head_dim;
       const int* pos = d_io + 1;
-      attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-                c.rms_eps, c.rope_dims, c.rope_freq_base, pos, stream, L.kv);
+      attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
+                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), c.n_head, c.n_head_kv, hd, scale,
+      attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale,
                              c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv);
       prof.mark("attn decode", stream);
+      if (c.attn_gate != AttnGate::None) {
+        attn_gate_mul(o, ag, ls.n_head, hd, c.attn_gate == AttnGate::SoftplusPerHead, stream);
+        prof.mark("attn softplus gate", stream);
+      }
       return;
     }
     const DevDeltaNet& w = D.deltanet;
@@ -272,7 +291,7 @@ struct GpuSession::Impl {
   // The mixer's output projection, added into the residual stream x.
   GemvJob mixer_out_job(const DevLayer& D) const {
     GemvJob out;
-    const bool attn = D.kind == LayerKind::FullAttention;
+    const bool attn = is_attention(D.kind);
     out.w = attn ? &D.attn.o : &D.deltanet.out;
     out.x = attn ? o : o2;
     out.y = x;
@@ -281,13 +300,13 @@ struct GpuSession::Impl {
   }
 
   // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))).
-  void mixer(const DevLayer& D, DeviceLayerState& L) {
-    const bool attn = D.kind == LayerKind::FullAttention;
+  void mixer(int il, const DevLayer& D, DeviceLayerState& L) {
+    const bool attn = is_attention(D.kind);
     GemvJob in[4];
     const int n = mixer_in_jobs(D, L, in);
     gemv_batch(in, n, stream);
     prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv ? "dn in gemv+conv" : "dn in gemv"), stream);
-    mixer_core(D, L);
+    mixer_core(il, D, L);
     const GemvJob out = mixer_out_job(D);
     gemv_batch(&out, 1, stream);
     prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
@@ -318,9 +337,10 @@ struct GpuSession::Impl {
     GemvRoute& rt = m.rt;
     rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
     rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    rt.rule = route_rule(c, w.selection_bias);
     m.first.resize(1);
     m.first[0].w = &w.router, m.first[0].y = router;
-    if (w.has_shared) {
+    if (w.has_shared && w.shared_gated) {
       GemvJob gate_inp;
       gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
       m.first.push_back(gate_inp);
@@ -362,16 +382,17 @@ struct GpuSession::Impl {
       down.push_back(sd);
     }
     const float* shared_rows = w.has_shared ? ys : nullptr;
+    const float* shared_gate = w.shared_gated ? sg : nullptr;
     if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
       cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
-      cb.ys = shared_rows, cb.shared_gate = sg, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
+      cb.ys = shared_rows, cb.shared_gate = shared_gate, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
       cb.counter = norm_counter;
       gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids_l, wts, k, c.n_embd, shared_rows, sg, nullptr, c.rms_eps, xn, stream);
+      moe_combine_add_norm(x, ye, ids_l, wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn, stream);
       prof.mark("moe combine", stream);
     }
   }
@@ -406,7 +427,7 @@ struct GpuSession::Impl {
     GemvDownSum fused;
     fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
     fused.slot_of_expert = slot_of;
-    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = sg;
+    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = D.moe.shared_gated ? sg : nullptr;
     fused.x = x;
     if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
@@ -418,6 +439,19 @@ struct GpuSession::Impl {
       hybrid->cold_add(il, x, layer_ids(il), wts, stream);
       prof.mark("hybrid cold wait+add", stream);
     }
+  }
+
+  // A dense SwiGLU layer: x += down(silu(gate . xn) * (up . xn)), xn = rmsnorm(x) * ffn_norm.
+  void dense_ffn(const DevLayer& D) {
+    GemvJob pair;
+    pair.w = &D.dense.gate, pair.w2 = &D.dense.up, pair.y = g, pair.mode = GemvMode::SwigluPair;
+    normed_input(pair, D.ffn_norm);
+    gemv_batch(&pair, 1, stream);
+    prof.mark("dense ffn gate+up", stream);
+    GemvJob down;
+    down.w = &D.dense.down, down.x = g, down.y = x, down.mode = GemvMode::Accumulate;
+    gemv_batch(&down, 1, stream);
+    prof.mark("dense ffn down", stream);
   }
 
   // Runs jobs in launches of at most kMaxGemvJobs.
@@ -434,10 +468,10 @@ struct GpuSession::Impl {
     prof.mark("embed", stream);
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
-      mixer(D, st.layers[il]);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
+      mixer(il, D, st.layers[il]);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
       switch (c.layers[static_cast<size_t>(il)].ffn) {
         case FfnKind::Moe: moe(il, D); break;
-        case FfnKind::Dense: fail("CUDA decode: dense feed-forward layers are not implemented");  // refused at load
+        case FfnKind::Dense: dense_ffn(D); break;
       }
     }
     const GemvJob head = head_job();

@@ -19,17 +19,17 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // ---- route + ring ----------------------------------------------------------------------------------
-__global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids,
-                                  float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                                  const float* norm_w, float eps, int d, HybridRing r) {
+__global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, RouteRule rule,
+                                  int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of,
+                                  const float* x, const float* norm_w, float eps, int d, HybridRing r) {
   __shared__ int chosen[kHybridMaxK];
   __shared__ float chosen_p[kHybridMaxK];
   __shared__ float p[1024];
   __shared__ int n_cold;
   __shared__ unsigned long long seq;
   if (threadIdx.x < 32) {
-    warp_route(logits, n_expert, k, chosen, chosen_p, p);
-    warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, seq_picks);
+    warp_route(logits, n_expert, k, chosen, chosen_p, p, &rule);
+    warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, seq_picks, rule.scale);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -138,13 +138,13 @@ __global__ void hybrid_uncount_kernel(const int* ids, int n_layer, int k, int n_
 
 }  // namespace
 
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
-                       unsigned long long* seq_picks, const int* slot_of, const float* x, const float* norm_w, float eps,
-                       int d, const HybridRing& ring, cudaStream_t s) {
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
+                       float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
+                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s) {
   check_arg(k >= 1 && k <= kHybridMaxK && k <= n_expert && n_expert <= 1024,
             "hybrid_route_ring: 1 <= k <= 64 and n_expert <= 1024");
-  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, ids, weights, seq_picks, slot_of, x, norm_w, eps,
-                                      d, ring);
+  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, rule, ids, weights, seq_picks, slot_of, x,
+                                      norm_w, eps, d, ring);
   check_launch("hybrid_route_ring");
 }
 

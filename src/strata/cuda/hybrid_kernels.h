@@ -49,15 +49,15 @@ struct HybridRing {
   unsigned long long* expert_picks = nullptr;  // [n_layer x n_expert]
 };
 
-// Decode, after the router's launch: layer il's softmax + top-k of logits (warp_route, the routing of
+// Decode, after the router's launch: layer il's top-k of logits under rule (warp_route, the routing of
 // every GPU path) into ids / weights (pick order) and seq_picks (the sequence's [n_expert] counts of
 // the layer, optional); the model's counters; the picks classified through slot_of (device, [n_expert]:
 // slot or -1). When some pick is cold it takes the next job number, writes xn = rmsnorm(x) * norm_w
 // (rmsnorm_rows' arithmetic) and the job to host memory, fences and rings the doorbell; wait_seq[il] =
 // that number, or 0 with no cold pick. One small launch.
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, int* ids, float* weights,
-                       unsigned long long* seq_picks, const int* slot_of, const float* x, const float* norm_w, float eps,
-                       int d, const HybridRing& ring, cudaStream_t s);
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
+                       float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
+                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s);
 
 // After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
 // (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold

@@ -58,6 +58,10 @@ class HybridMoeImpl final : public HybridMoe {
         c_(model.config()),
         pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()) {
     if (!dm.hybrid()) fail("hybrid MoE: the device model was built without an expert slot map");
+    for (int il = 0; il < c_.n_layer; ++il)
+      if (c_.layer(il).ffn != FfnKind::Moe)
+        fail("hybrid hot/cold experts are not implemented for models with dense feed-forward layers (model ",
+             c_.arch_name, ", layer ", il, "): give the GPU room for every expert, or run on the CPU");
     if (c_.n_expert_used < 1 || c_.n_expert_used > kHybridMaxK)
       fail("hybrid MoE: ", c_.n_expert_used, " experts per token (supported: 1..", kHybridMaxK, ")");
     try {
@@ -78,7 +82,8 @@ class HybridMoeImpl final : public HybridMoe {
 
   void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
                     const float* x, const float* norm_w, cudaStream_t s) override {
-    hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, ids, weights, seq_picks,
+    const RouteRule rule = route_rule(c_, dm_.layers[static_cast<size_t>(il)].moe.selection_bias);
+    hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, rule, ids, weights, seq_picks,
                       device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s);
   }
 

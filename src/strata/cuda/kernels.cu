@@ -533,6 +533,19 @@ bool supported_type(GgmlType type) {
 
 const char* supported_type_names() { return "f32, f16, bf16, q8_0, q4_k, q5_k, q6_k"; }
 
+namespace {
+__global__ void attn_gate_mul_kernel(float* o, const float* gate, int n, int head_dim, bool per_head) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) o[i] *= softplus_dev(gate[per_head ? i / head_dim : i]);
+}
+}  // namespace
+
+void attn_gate_mul(float* o, const float* gate, int n_head, int head_dim, bool per_head, cudaStream_t s) {
+  const int n = n_head * head_dim;
+  attn_gate_mul_kernel<<<(n + 255) / 256, 256, 0, s>>>(o, gate, n, head_dim, per_head);
+  check_launch("attn_gate_mul");
+}
+
 void matvec(const DevMatrix& w, const float* x, float* y, cudaStream_t s) {
   GemvJob j;
   j.w = &w;

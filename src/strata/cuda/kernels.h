@@ -47,6 +47,17 @@ void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, 
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
 
+// How a router's logits become choice keys and weights (ModelConfig::router). Softmax (the default, and
+// a null rule): probabilities, the k largest. Sigmoid: scores sigmoid(softcap * tanh(l / softcap)) (or
+// sigmoid(l) when softcap is 0), the k largest of score + bias[e] (bias null: the scores), the weights
+// the chosen scores; either way the stored weights are multiplied by scale (expert_weights_scale).
+struct RouteRule {
+  bool sigmoid = false;
+  float softcap = 0.0f;
+  const float* bias = nullptr;  // [n_expert] (device): selection only
+  float scale = 1.0f;
+};
+
 // Router: softmax over n_expert logits, the k largest (ties: lower id), weights renormalised to sum 1
 // when norm_topk. ids[k], weights[k] in descending probability order. n_expert <= 1024.
 // counts (device, n_expert entries, may be null): counts[id] += 1 for every chosen expert.
@@ -100,6 +111,10 @@ bool deltanet_step_fuses_qk_norm(int dk);
 void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float* weights, int k, int d,
                           const float* ys, const float* shared_gate, const float* norm_w, float eps, float* xn,
                           cudaStream_t s);
+
+// Laguna's attention output gate: o[h * head_dim + d] *= softplus(gate[h]) (per_head) or
+// softplus(gate[h * head_dim + d]), for n_head heads (softplusf's arithmetic).
+void attn_gate_mul(float* o, const float* gate, int n_head, int head_dim, bool per_head, cudaStream_t s);
 
 // argmax over many blocks: the largest logit, the lowest index among equals; NaN and -inf never win (as
 // the host's argmax_logit), nor +inf with finite_only (the sampler's maximum); *out = -1 when no element

@@ -68,8 +68,8 @@ struct DJob {
 static __device__ __forceinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
-  warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p);
-  if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts);
+  warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p, &r.rule);
+  if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts, r.rule.scale);
 }
 
 // route_warp0 while the other warps wait; chosen[] is visible to every thread on return.

@@ -160,7 +160,7 @@ void check_route(const GemvRoute& r, bool needs_counter, const char* what) {
 
 void check_combine(const GemvCombine& c, bool needs_counter) {
   check_arg((!needs_counter || c.counter) && c.x && c.ye && c.ids && c.weights && c.k >= 1 && c.k <= 64 && c.d > 0 &&
-                (!c.ys || c.shared_gate) && (!c.norm_w || c.xn),
+                (!c.norm_w || c.xn),
             "gemv_batch: incomplete GemvCombine (k must be 1..64)");
 }
 

@@ -89,6 +89,7 @@ struct GemvRoute {
   float* weights = nullptr;
   unsigned long long* counts = nullptr;
   unsigned int* counter = nullptr;
+  RouteRule rule;  // softmax by default
 };
 
 // The MoE combine (moe_combine_add_norm of kernels.h, the same arithmetic) run by the last block to
@@ -139,7 +140,7 @@ struct GemvDownSum {
   const float* g = nullptr;          // k x ff inputs (device)
   const DevMatrix* shared = nullptr;  // the shared expert's down (n_rows = d), or null
   const float* gs = nullptr;          // its input
-  const float* shared_gate = nullptr;  // its gate logit (device, one float)
+  const float* shared_gate = nullptr;  // its gate logit (device, one float); null: ungated (weight 1)
   float* x = nullptr;                  // d floats, accumulated into
 };
 // Whether gemv_down_sum takes this shape (ff a multiple of 64, k + 1 <= 64, every input within max_gemv_cols

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
       scale[t] = __ldcg(a.weights + t);
     } else if (t == a.k && a.shared) {
       base[t] = a.shared;
-      scale[t] = sigmoid_dev(__ldcg(a.shared_gate));
+      scale[t] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate)) : 1.0f;
     }
   } else {
     // Only the resident picks take part (a cold one's rows are added later from the CPU's result), in
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
         n_hot_s = nh;
         if (a.shared) {
           base[nh] = a.shared;
-          scale[nh] = sigmoid_dev(__ldcg(a.shared_gate));
+          scale[nh] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate)) : 1.0f;
         }
       }
     }
@@ -194,7 +194,7 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
   int64_t n = static_cast<int64_t>(a.k) * w.n_cols;
   if (a.shared) {
     const DevMatrix& s = *a.shared;
-    if (!a.gs || !a.shared_gate || !supported_type(s.type) || s.n_rows != w.n_rows || s.expert_stride != 0) return false;
+    if (!a.gs || !supported_type(s.type) || s.n_rows != w.n_rows || s.expert_stride != 0) return false;
     if (s.n_cols % type_traits(s.type).block_elems != 0) return false;
     n += s.n_cols;
   }

@@ -21,6 +21,7 @@
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/prefill_kernels.h"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 namespace {
@@ -499,7 +500,11 @@ struct GpuPrefill::Impl {
   }
 };
 
-GpuPrefill::GpuPrefill(const DeviceModel& dm, PrefillOptions opt) : impl_(std::make_unique<Impl>(dm, opt)) {}
+GpuPrefill::GpuPrefill(const DeviceModel& dm, PrefillOptions opt) {
+  const std::string what = gpu_prefill_unsupported_feature(dm.config());
+  if (!what.empty()) fail("the batched GPU prefill does not implement ", what, " (model ", dm.config().arch_name, ")");
+  impl_ = std::make_unique<Impl>(dm, opt);
+}
 GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "strata/cuda/device_math.cuh"
+#include "strata/cuda/kernels.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "route_warp.cuh uses __reduce_max_sync / __reduce_min_sync (sm_80 or newer): set CMAKE_CUDA_ARCHITECTURES >= 80"
@@ -18,6 +19,85 @@
 namespace strata::cuda {
 
 constexpr int kRouteRegs = 8;  // experts per lane held in registers: up to 256 experts
+
+// RouteRule (kernels.h): softmax (null or !sigmoid) or the sigmoid rule below.
+// The sigmoid rule of warp_route (same lane layout and tie rule: the lower id among equal keys).
+static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int n_expert, int k, int* chosen,
+                                                       float* chosen_p, float* p, const RouteRule& rule) {
+  const int lane = threadIdx.x & 31;
+  auto score = [&](int i) {
+    float l = __ldcg(logits + i);
+    if (rule.softcap > 0.0f) l = tanhf(l / rule.softcap) * rule.softcap;
+    return 1.0f / (1.0f + expf(-l));
+  };
+  if (n_expert <= 32 * kRouteRegs) {
+    float sc[kRouteRegs], key[kRouteRegs];
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m) {
+      const int i = lane + 32 * m;
+      sc[m] = i < n_expert ? score(i) : 0.0f;
+      key[m] = i < n_expert ? (rule.bias ? sc[m] + __ldg(rule.bias + i) : sc[m]) : -INFINITY;
+    }
+    for (int j = 0; j < k; ++j) {
+      float best = key[0], best_sc = sc[0];
+      int bi = lane;
+#pragma unroll
+      for (int m = 1; m < kRouteRegs; ++m)  // ascending ids: '>' keeps the lowest among equals
+        if (key[m] > best) {
+          best = key[m];
+          best_sc = sc[m];
+          bi = lane + 32 * m;
+        }
+      const unsigned int top = __reduce_max_sync(0xffffffffu, float_order_key(best));
+      const int win = static_cast<int>(__reduce_min_sync(
+          0xffffffffu, float_order_key(best) == top ? static_cast<unsigned int>(bi) : 0xffffffffu));
+      const float win_sc = __shfl_sync(0xffffffffu, best_sc, win & 31);
+      if (lane == (win & 31)) {
+#pragma unroll
+        for (int m = 0; m < kRouteRegs; ++m)
+          if (win == lane + 32 * m) key[m] = -INFINITY;  // taken
+      }
+      if (lane == 0) {
+        chosen[j] = win;
+        chosen_p[j] = win_sc;
+      }
+    }
+  } else {
+    for (int i = lane; i < n_expert; i += 32) p[i] = score(i);
+    __syncwarp();
+    for (int j = 0; j < k; ++j) {
+      float best = -INFINITY;
+      int bi = 0x7fffffff;
+      for (int i = lane; i < n_expert; i += 32) {
+        const float key = p[i] + (rule.bias ? __ldg(rule.bias + i) : 0.0f);
+        if (key > best) {
+          best = key;
+          bi = i;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+          best = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        if (bi >= n_expert) {  // no key above -inf (NaN logits): the lowest id not yet taken
+          bi = 0;
+          while (bi < n_expert - 1 && p[bi] == -INFINITY) ++bi;
+        }
+        chosen[j] = bi;
+        chosen_p[j] = p[bi];
+        p[bi] = -INFINITY;  // taken: its key is -inf from now on
+      }
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+}
 
 // Every lane of one warp calls it. Leaves the k picks in chosen[] / chosen_p[] (written by lane 0;
 // visible to the warp on return). p: n_expert floats of shared memory, used only past 256 experts.
@@ -28,7 +108,11 @@ constexpr int kRouteRegs = 8;  // experts per lane held in registers: up to 256 
 // in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
 // (an earlier kernel or another block wrote them).
 static __device__ __noinline__ void warp_route(const float* logits, int n_expert, int k, int* chosen, float* chosen_p,
-                                        float* p) {
+                                        float* p, const RouteRule* rule = nullptr) {
+  if (rule && rule->sigmoid) {
+    warp_route_sigmoid(logits, n_expert, k, chosen, chosen_p, p, *rule);
+    return;
+  }
   const int lane = threadIdx.x & 31;
   if (n_expert <= 32 * kRouteRegs) {
     float v[kRouteRegs];
@@ -128,9 +212,10 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
 }
 
 // The routing outputs of warp_route's picks, by the same warp: ids and weights (renormalised in double
-// when norm_topk) in pick order, and counts[id] += 1 per pick when counts is not null.
+// when norm_topk, then times scale) in pick order, and counts[id] += 1 per pick when counts is not null.
 __device__ __forceinline__ void warp_route_store(const int* chosen, const float* chosen_p, int k, bool norm_topk,
-                                                 int* ids, float* weights, unsigned long long* counts) {
+                                                 int* ids, float* weights, unsigned long long* counts,
+                                                 float scale = 1.0f) {
   const int lane = threadIdx.x & 31;
   double s = 0.0;  // the picks' sum in pick order (the CPU's order), by lane 0, then shared
   if (lane == 0 && norm_topk)
@@ -138,7 +223,7 @@ __device__ __forceinline__ void warp_route_store(const int* chosen, const float*
   s = __shfl_sync(0xffffffffu, s, 0);
   for (int j = lane; j < k; j += 32) {  // one division per lane, not k in a row
     ids[j] = chosen[j];
-    weights[j] = norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j];
+    weights[j] = (norm_topk ? static_cast<float>(chosen_p[j] / s) : chosen_p[j]) * scale;
     if (counts) atomicAdd(counts + chosen[j], 1ull);
   }
   __syncwarp();

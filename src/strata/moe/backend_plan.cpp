@@ -66,6 +66,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   if (!o.expert_budget.empty()) req.expert_budget = parse_expert_budget(o.expert_budget);
   req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, p.prefill_chunk, slots);
   req.prefill_f16_cache = !p.exact_numerics;  // the exact prefill multiplies fp32 weights decoded per chunk
+  req.prefill_unsupported = gpu_prefill_unsupported_feature(model.config());
   RoutingCounts counts;
   if (profile) {
     counts = profile->snapshot();

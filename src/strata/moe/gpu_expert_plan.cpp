@@ -25,7 +25,11 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
     out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
     if (out.hybrid) out.expert_slots = out.plan.slot_of;
   }
-  if (request.prefill_f16_cache && fits) {
+  if (!request.prefill_unsupported.empty()) {
+    in.prefill_cache_note = cat("none: prompts run token by token (the batched prefill does not implement ",
+                                request.prefill_unsupported, ")");
+    out.receipt = compute_vram_receipt(in);
+  } else if (request.prefill_f16_cache && fits) {
     // Experts before the cache: a GB of resident experts saves reads on every token, the cache only
     // the weight decode of each prompt chunk.
     const uint64_t need = footprint.prefill_f16_cache_bytes;

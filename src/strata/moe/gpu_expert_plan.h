@@ -31,6 +31,9 @@ struct GpuPlanRequest {
   // The prefill would use fp16 copies of the dense matrices (fast numerics): keep them if they fit
   // (footprint.prefill_f16_cache_bytes). false: no such cache, no receipt line.
   bool prefill_f16_cache = false;
+  // What the batched GPU prefill lacks for this model (gpu_prefill_unsupported_feature), or "": prompts
+  // then run token by token through the decode step, with no cache, and the receipt says so.
+  std::string prefill_unsupported;
 };
 
 struct GpuExpertPlan {

@@ -9,11 +9,20 @@ std::string gpu_unsupported_feature(const ModelConfig& c) {
     const LayerSpec& l = c.layer(il);
     if (l.mixer != LayerKind::FullAttention && l.mixer != LayerKind::DeltaNet)
       return cat("layer ", il, " runs ", layer_kind_name(l.mixer));
+    // The KV cache has one row width for every layer.
+    if (l.mixer == LayerKind::FullAttention && l.n_head_kv != c.n_head_kv)
+      return cat("layer ", il, " has its own key/value head count");
+    if (l.yarn.on()) return cat("YaRN rotary scaling (layer ", il, ")");
+  }
+  return "";
+}
+
+std::string gpu_prefill_unsupported_feature(const ModelConfig& c) {
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerSpec& l = c.layer(il);
     if (l.ffn != FfnKind::Moe) return cat("layer ", il, " has a ", ffn_kind_name(l.ffn), " feed-forward");
-    // The kernels take the model-wide attention shape.
     if (l.mixer == LayerKind::FullAttention &&
-        (l.n_head != c.n_head || l.n_head_kv != c.n_head_kv || l.rope_dims != c.rope_dims ||
-         l.rope_freq_base != c.rope_freq_base))
+        (l.n_head != c.n_head || l.rope_dims != c.rope_dims || l.rope_freq_base != c.rope_freq_base))
       return cat("layer ", il, " has its own head counts or rotary parameters");
   }
   if (c.attn_gate != AttnGate::None) return "the softplus attention output gate (attn_gate)";

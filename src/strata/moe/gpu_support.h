@@ -13,6 +13,10 @@ namespace strata {
 // "layer 1 runs sliding-window attention".
 std::string gpu_unsupported_feature(const ModelConfig& c);
 
+// "" when the batched GPU prefill (cuda/prefill.h) implements everything c uses; otherwise what it
+// lacks. A GPU session of such a model runs prompts through its decode step, token by token.
+std::string gpu_prefill_unsupported_feature(const ModelConfig& c);
+
 // Throws strata::Error "the GPU backend does not implement <feature> (model <arch>); run it on the CPU".
 void require_gpu_support(const ModelConfig& c);
 
