@@ -115,16 +115,14 @@ TEST(CudaModel, LagunaFixtureMatchesCpu) {
     compare_with_cpu(convert_fixture("laguna", type), std::string("laguna ") + type, 12, 16);
 }
 
-// What the GPU does not implement yet is refused by name, before anything is uploaded.
-TEST(CudaModel, LagunaSlidingWindowIsRefused) {
+// laguna with sliding-window layers (window 4), per-layer query heads (4 and 8), a per-head gate, router
+// soft-capping and expert_weights_scale; the second prompt outgrows the sliding layers' rings (window +
+// 511 rows), so positions wrap around them.
+TEST(CudaModel, LagunaSlidingWindowFixtureMatchesCpu) {
   REQUIRE_GPU();
-  auto model = strata::Model::load(convert_fixture("laguna_swa", "f32"));
-  try {
-    sc::GpuSession gpu(*model, 64);
-    ADD_FAILURE() << "expected a refusal";
-  } catch (const strata::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding-window"), std::string::npos) << e.what();
-  }
+  for (const char* type : {"f32", "q8_0"})
+    compare_with_cpu(convert_fixture("laguna_swa", type), std::string("laguna_swa ") + type, 12, 16);
+  compare_with_cpu(convert_fixture("laguna_swa", "f32"), "laguna_swa f32, ring wraps", 540, 8);
 }
 
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();
@@ -381,6 +379,7 @@ TEST(CudaModel, PendingKeepEqualsRunQwen35MoeFixture) {
 TEST(CudaModel, PendingKeepEqualsRunLagunaFixture) {
   REQUIRE_GPU();
   expect_gpu_pending_property(convert_fixture("laguna", "f32"), 405);
+  expect_gpu_pending_property(convert_fixture("laguna_swa", "f32"), 406);
 }
 
 TEST(CudaModel, PendingKeepEqualsRunTinyModel) {

@@ -1,10 +1,12 @@
 #include "strata/cuda/device_state.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_memory.h"
+#include "strata/engine/sequence_state.h"
 
 namespace strata::cuda {
 namespace {
@@ -15,17 +17,25 @@ size_t conv_floats(const ModelConfig& c) {
 size_t ssm_floats(const ModelConfig& c) {
   return static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
 }
-size_t kv_bytes(const ModelConfig& c, int max_ctx, KvType t) {
-  return static_cast<size_t>(max_ctx) * kv_row_bytes(t, static_cast<int64_t>(c.n_head_kv) * c.head_dim);
+size_t kv_bytes(const ModelConfig& c, int64_t rows, KvType t) {
+  return static_cast<size_t>(rows) * kv_row_bytes(t, static_cast<int64_t>(c.n_head_kv) * c.head_dim);
 }
 
 }  // namespace
 
+int64_t kv_rows(const ModelConfig& c, int il, int max_ctx) {
+  const LayerSpec& l = c.layer(il);
+  if (l.mixer != LayerKind::SlidingAttention) return max_ctx;
+  return std::min<int64_t>(max_ctx, static_cast<int64_t>(l.window) + kSlidingForwardTokens - 1);
+}
+
 size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv) {
   size_t n = 0;
-  for (int il = 0; il < c.n_layer; ++il)
-    n += c.mixer(il) == LayerKind::FullAttention ? kv_bytes(c, max_ctx, kv.k) + kv_bytes(c, max_ctx, kv.v)
-                                                 : (conv_floats(c) + ssm_floats(c)) * sizeof(float);
+  for (int il = 0; il < c.n_layer; ++il) {
+    const int64_t rows = kv_rows(c, il, max_ctx);
+    n += is_attention(c.mixer(il)) ? kv_bytes(c, rows, kv.k) + kv_bytes(c, rows, kv.v)
+                                   : (conv_floats(c) + ssm_floats(c)) * sizeof(float);
+  }
   return n;
 }
 
@@ -58,10 +68,11 @@ DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCa
     layers.resize(static_cast<size_t>(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
       DeviceLayerState& L = layers[il];
-      if (c.mixer(il) == LayerKind::FullAttention) {
+      if (is_attention(c.mixer(il))) {
         L.kv = kv;
-        L.k = alloc_bytes(kv_bytes(c, max_ctx, kv.k));
-        L.v = alloc_bytes(kv_bytes(c, max_ctx, kv.v));
+        L.rows = static_cast<int>(kv_rows(c, il, max_ctx));
+        L.k = alloc_bytes(kv_bytes(c, L.rows, kv.k));
+        L.v = alloc_bytes(kv_bytes(c, L.rows, kv.v));
       } else {
         L.conv = alloc(conv_floats(c));
         L.ssm = alloc(ssm_floats(c));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -18,10 +19,11 @@ namespace strata::cuda {
 void* alloc_state_bytes(size_t bytes, int max_ctx);
 
 struct DeviceLayerState {
-  // Full attention: [max_ctx x kv_width] key rows after norm + rotary, and value rows, as kv's types
-  // (float or __half elements).
+  // Attention: [rows x kv_width] key rows after norm + rotary, and value rows, as kv's types (float or
+  // __half elements); rows = max_ctx, or a sliding layer's ring (kv_rows): position p in row p % rows.
   void* k = nullptr;
   void* v = nullptr;
+  int rows = 0;
   KvCacheTypes kv;
   float* conv = nullptr;  // DeltaNet: [(conv_kernel - 1) x conv_channels], oldest row first
   float* ssm = nullptr;   // [v_heads x dk x dv]
@@ -34,6 +36,10 @@ struct DeviceLayerState {
   float* conv_snap = nullptr;
   float* ssm_snap = nullptr;
 };
+
+// Cache rows of attention layer il: the context, or for a sliding layer the window plus one forward's
+// tokens (kSlidingForwardTokens, as the CPU's rings), at most the context.
+int64_t kv_rows(const ModelConfig& c, int il, int max_ctx);
 
 class DeviceSequenceState {
  public:

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "strata/base/error.h"
+#include "strata/engine/sequence_state.h"
 #include "strata/engine/token_tree.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_lookahead.h"
@@ -264,11 +265,13 @@ struct GpuSession::Impl {
       const int hd = c.head_dim;
       const int* pos = d_io + 1;
       attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv);
+                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;
       attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale,
-                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv);
+                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv, window,
+                             L.rows);
       prof.mark("attn decode", stream);
       if (c.attn_gate != AttnGate::None) {
         attn_gate_mul(o, ag, ls.n_head, hd, c.attn_gate == AttnGate::SoftplusPerHead, stream);
@@ -701,6 +704,11 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
 void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
   Impl& m = *impl_;
   m.validate(tokens, n);
+  // A sliding layer's ring keeps the window behind at most kSlidingForwardTokens pending tokens.
+  for (const DeviceLayerState& L : m.st.layers)
+    if (L.rows > 0 && L.rows < m.max_ctx && n > kSlidingForwardTokens)
+      fail("forward_pending: ", n, " tokens at once exceed the ", kSlidingForwardTokens,
+           " a sliding-window layer's cache ring holds");
   const TokenTree tree = TokenTree::from_parents(parents, n);
   m.drop();
   m.save_snapshot();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
@@ -135,7 +136,8 @@ __host__ __device__ constexpr int attention_chunk(int n_ctx, int S) {
 template <typename TK, typename TV>
 __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, TK* k_cache,
                                  TV* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
-                                 const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr) {
+                                 const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr,
+                                 int rows) {
   extern __shared__ float buf[];  // head_dim
   const int bid = blockIdx.x;
   pdl_launch_dependents();
@@ -143,12 +145,13 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
   // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
+  const int64_t row = pos < rows ? pos : pos % rows;  // a sliding layer's ring
   const float2 cs = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv
                         ? rope_cos_sin(pos, threadIdx.x, rope_dims, freq_base)
                         : make_float2(1.0f, 0.0f);
   pdl_wait();
   if (bid == n_head + n_kv) {
-    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) kv_store(v_cache + pos * kv_width + i, vv[i]);
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) kv_store(v_cache + row * kv_width + i, vv[i]);
     return;
   }
   if (bid < n_head) {
@@ -156,7 +159,7 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
     norm_rope_head_cs(qh, qh, head_dim, q_norm, eps, rope_dims, cs, buf);
   } else {
     const int h = bid - n_head;
-    norm_rope_head_cs(kk + static_cast<int64_t>(h) * head_dim, k_cache + pos * kv_width + static_cast<int64_t>(h) * head_dim,
+    norm_rope_head_cs(kk + static_cast<int64_t>(h) * head_dim, k_cache + row * kv_width + static_cast<int64_t>(h) * head_dim,
                       head_dim, k_norm, eps, rope_dims, cs, buf);
   }
 }
@@ -385,10 +388,14 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 // output) in scratch and the last block of the head merges them in chunk order (a deterministic result).
 // Short chunks keep each block's chain of dependent loads short: with one chunk per 256 positions, a
 // 144-token context cost ~39 us per attention layer inside the decode graph (docs/PERF.md, 2026-11-23).
+// Cache row of position p: the position itself, or p % rows in a sliding layer's ring.
+__device__ __forceinline__ int64_t ring_row(int p, int rows) { return p < rows ? p : p % rows; }
+
 template <typename TK, typename TV>
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k_cache, const TV* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, bool gated,
-                                  const int* pos_ptr, float* scratch, unsigned int* counters, float* out) {
+                                  const int* pos_ptr, int window, int ring_rows, float* scratch, unsigned int* counters,
+                                  float* out) {
   pdl_launch_dependents();
   extern __shared__ float sm[];  // q[head_dim], scores[chunk]
   __shared__ bool last;
@@ -397,7 +404,10 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   // The position was written before this step began (attention_decode_split's contract), so the chunk
   // is known before the wait on the previous kernel, and the chunk's cache rows older than this step's
   // (written by earlier steps) are pulled into L2 meanwhile: the scores' dependent loads then hit L2.
-  const int n_ctx = *pos_ptr + 1;
+  // Positions lo .. *pos are attended (lo > 0 only in a sliding window); p below is relative to lo.
+  const int n_all = *pos_ptr + 1;
+  const int lo = window > 0 ? max(0, n_all - window) : 0;
+  const int n_ctx = n_all - lo;
   const int per = attention_chunk(n_ctx, S);  // <= the launch's chunk (attention_decode_split)
   const int n_act = (n_ctx + per - 1) / per;
   if (c >= n_act) return;  // block-uniform
@@ -412,7 +422,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const bool is_k = i < nk;
       const int j = is_k ? i : i - nk, lines = is_k ? k_lines : v_lines;
-      const int64_t e = static_cast<int64_t>(p0 + j / lines) * kv_stride + off;
+      const int64_t e = ring_row(lo + p0 + j / lines, ring_rows) * kv_stride + off;
       const char* base = is_k ? reinterpret_cast<const char*>(k_cache + e) : reinterpret_cast<const char*>(v_cache + e);
       asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128 * (j % lines)));
     }
@@ -431,7 +441,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int pu = p + u * nw < p1 ? p + u * nw : p;  // past the chunk: row p again, result dropped
-      k[u] = k_cache + static_cast<int64_t>(pu) * kv_stride + koff;
+      k[u] = k_cache + ring_row(lo + pu, ring_rows) * kv_stride + koff;
       dot[u] = 0.0f;
     }
     for (int d = lane; d < head_dim; d += 32) {
@@ -467,11 +477,11 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (; p + 8 <= p1; p += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + static_cast<int64_t>(p + u) * kv_stride);
+      for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + ring_row(lo + p + u, ring_rows) * kv_stride);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc += sc[p + u - p0] * v[u];
     }
-    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + static_cast<int64_t>(p) * kv_stride);
+    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + ring_row(lo + p, ring_rows) * kv_stride);
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
       if (gated) r *= sigmoid_dev(qh[head_dim + d]);
@@ -585,15 +595,16 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv) {
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
+  if (rows <= 0) rows = std::numeric_limits<int>::max();
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);
     launch_pdl("attn_prep", attn_prep_kernel<TK, TV>, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
                head_dim * sizeof(float), s, q, q_head_stride, kk, vv, static_cast<TK*>(k_cache),
                static_cast<TV*>(v_cache), kv_width, n_head, n_kv, head_dim, q_norm, k_norm, eps, rope_dims, freq_base,
-               pos);
+               pos, rows);
   });
 }
 
@@ -694,7 +705,8 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
                             const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv) {
+                            cudaStream_t s, KvCacheTypes kv, int window, int rows) {
+  if (rows <= 0) rows = max_ctx;
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
   const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
@@ -704,7 +716,7 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
     using TV = decltype(tv);
     launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S), dim3(256), smem, s, q,
                q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
-               n_head / n_head_kv, head_dim, scale, gated, pos, scratch, counters, out);
+               n_head / n_head_kv, head_dim, scale, gated, pos, window, rows, scratch, counters, out);
   });
 }
 

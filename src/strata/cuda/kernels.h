@@ -72,9 +72,10 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 // kv's types (f32: float, f16: __half elements; q8_0 is refused).
 // *pos is read before the kernel waits on the previous kernel of the stream (programmatic dependent
 // launch): it must have been written before that kernel started (a copy or an earlier step).
+// rows > 0: the caches are a sliding layer's ring of that many rows, position p in row p % rows.
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {});
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {}, int rows = 0);
 
 // Causal depthwise conv1d step with SiLU over the 2*n_k*dk + n_v*dv channels (out[c] = silu(sum_j
 // w[c*K+j] * window_j[c]), the window being state ((K-1) x channels, oldest first) followed by x; the
@@ -137,10 +138,11 @@ void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigne
 // kernel of the stream: it must have been written before that kernel started (a copy or an earlier step).
 int attention_splits(int max_ctx);
 size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
-// The caches hold kv's types, as attn_prep writes them.
+// The caches hold kv's types, as attn_prep writes them. window > 0: only positions *pos - window + 1 ..
+// *pos are attended (a sliding layer); rows > 0: position p is cache row p % rows (its ring).
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
                             const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv = {});
+                            cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0);
 
 }  // namespace strata::cuda

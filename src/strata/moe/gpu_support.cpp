@@ -7,10 +7,8 @@ namespace strata {
 std::string gpu_unsupported_feature(const ModelConfig& c) {
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerSpec& l = c.layer(il);
-    if (l.mixer != LayerKind::FullAttention && l.mixer != LayerKind::DeltaNet)
-      return cat("layer ", il, " runs ", layer_kind_name(l.mixer));
     // The KV cache has one row width for every layer.
-    if (l.mixer == LayerKind::FullAttention && l.n_head_kv != c.n_head_kv)
+    if (is_attention(l.mixer) && l.n_head_kv != c.n_head_kv)
       return cat("layer ", il, " has its own key/value head count");
     if (l.yarn.on()) return cat("YaRN rotary scaling (layer ", il, ")");
   }
@@ -20,6 +18,7 @@ std::string gpu_unsupported_feature(const ModelConfig& c) {
 std::string gpu_prefill_unsupported_feature(const ModelConfig& c) {
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerSpec& l = c.layer(il);
+    if (l.mixer == LayerKind::SlidingAttention) return cat("layer ", il, " runs ", layer_kind_name(l.mixer));
     if (l.ffn != FfnKind::Moe) return cat("layer ", il, " has a ", ffn_kind_name(l.ffn), " feed-forward");
     if (l.mixer == LayerKind::FullAttention &&
         (l.n_head != c.n_head || l.rope_dims != c.rope_dims || l.rope_freq_base != c.rope_freq_base))
