@@ -22,6 +22,7 @@ TEST(CudaModel, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA
 
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
+#include "strata/convert/synth.h"
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/device_memory.h"
 #include "strata/cuda/gpu_model.h"
@@ -123,6 +124,21 @@ TEST(CudaModel, LagunaSlidingWindowFixtureMatchesCpu) {
   for (const char* type : {"f32", "q8_0"})
     compare_with_cpu(convert_fixture("laguna_swa", type), std::string("laguna_swa ") + type, 12, 16);
   compare_with_cpu(convert_fixture("laguna_swa", "f32"), "laguna_swa f32, ring wraps", 540, 8);
+}
+
+// YaRN on laguna's full-attention layers (no transformers fixture has it: the synth preset, f32).
+TEST(CudaModel, LagunaYarnMatchesCpu) {
+  REQUIRE_GPU();
+  strata::convert::SynthOptions o;
+  o.preset = "tiny-laguna-yarn";
+  o.quant = "f32";
+  o.seed = 11;
+  o.threads = 2;
+  o.out_path = (fs::path(testing::TempDir()) / "cuda_tiny_laguna_yarn.gguf").string();
+  strata::convert::synth_model(o);
+  auto model = strata::Model::load(o.out_path);
+  ASSERT_TRUE(model->config().layer(0).yarn.on());
+  compare_with_cpu(o.out_path, "tiny-laguna-yarn f32", 40, 16);
 }
 
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();

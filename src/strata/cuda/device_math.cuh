@@ -124,6 +124,25 @@ __device__ __forceinline__ float2 rope_cos_sin(int64_t pos, int i, int rope_dims
   return make_float2(static_cast<float>(cos(angle)), static_cast<float>(sin(angle)));
 }
 
+// YaRN's rotary parameters as the kernels take them: the ramp's low end and span over the dims (from
+// the betas, computed on the host in double as rope_neox_yarn_inplace does), factor and mscale.
+struct YarnDev {
+  float factor = 1.0f;  // 1: plain rotary
+  double low = 0.0, span = 1.0;
+  float mscale = 1.0f;
+};
+
+// rope_cos_sin under YaRN: the inverse frequency blended between interpolated and extrapolated by the
+// ramp, cos/sin times mscale (rope_neox_yarn_inplace's float roundings).
+__device__ __forceinline__ float2 rope_cos_sin_yarn(int64_t pos, int i, int rope_dims, float freq_base, const YarnDev& y) {
+  const float pos_freq = static_cast<float>(pow(static_cast<double>(freq_base), 2.0 * i / rope_dims));
+  const float extrapolated = 1.0f / pos_freq, interpolated = 1.0f / (y.factor * pos_freq);
+  const float keep = static_cast<float>(1.0 - fmin(fmax((i - y.low) / y.span, 0.0), 1.0));
+  const float inv_freq = interpolated * (1.0f - keep) + extrapolated * keep;
+  const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+  return make_float2(static_cast<float>(cos(angle)) * y.mscale, static_cast<float>(sin(angle)) * y.mscale);
+}
+
 // One head, one block (blockDim.x >= head_dim): o = RMSNorm(x) * w, then NEOX rotary on the first
 // rope_dims dims with cs = rope_cos_sin(pos, threadIdx.x, ...) (used by threads < rope_dims / 2), the
 // rest copied. buf: head_dim floats of shared memory. o may equal x.

@@ -265,7 +265,7 @@ struct GpuSession::Impl {
       const int hd = c.head_dim;
       const int* pos = d_io + 1;
       attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows);
+                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows, &ls.yarn);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;

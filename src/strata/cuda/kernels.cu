@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -137,7 +138,7 @@ template <typename TK, typename TV>
 __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, TK* k_cache,
                                  TV* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
                                  const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr,
-                                 int rows) {
+                                 int rows, YarnDev yarn) {
   extern __shared__ float buf[];  // head_dim
   const int bid = blockIdx.x;
   pdl_launch_dependents();
@@ -146,9 +147,10 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
   const int64_t row = pos < rows ? pos : pos % rows;  // a sliding layer's ring
-  const float2 cs = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv
-                        ? rope_cos_sin(pos, threadIdx.x, rope_dims, freq_base)
-                        : make_float2(1.0f, 0.0f);
+  const bool rotates = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv;
+  const float2 cs = !rotates ? make_float2(1.0f, 0.0f)
+                    : yarn.factor != 1.0f ? rope_cos_sin_yarn(pos, threadIdx.x, rope_dims, freq_base, yarn)
+                                          : rope_cos_sin(pos, threadIdx.x, rope_dims, freq_base);
   pdl_wait();
   if (bid == n_head + n_kv) {
     for (int i = threadIdx.x; i < kv_width; i += blockDim.x) kv_store(v_cache + row * kv_width + i, vv[i]);
@@ -595,16 +597,29 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows) {
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
+               const RopeYarn* yarn) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
+  YarnDev y;
+  if (yarn && yarn->on()) {
+    // The ramp's ends as rope_neox_yarn_inplace computes them.
+    const int half = rope_dims / 2;
+    auto corr = [&](float rotations) {
+      return static_cast<double>(rope_dims) * std::log(yarn->orig_ctx / (rotations * 2.0 * M_PI)) /
+             (2.0 * std::log(static_cast<double>(freq_base)));
+    };
+    const double low = std::max(0.0, std::floor(corr(yarn->beta_fast)));
+    const double high = std::min(static_cast<double>(half - 1), std::ceil(corr(yarn->beta_slow)));
+    y.factor = yarn->factor, y.low = low, y.span = std::max(0.001, high - low), y.mscale = yarn->mscale;
+  }
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);
     launch_pdl("attn_prep", attn_prep_kernel<TK, TV>, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
                head_dim * sizeof(float), s, q, q_head_stride, kk, vv, static_cast<TK*>(k_cache),
                static_cast<TV*>(v_cache), kv_width, n_head, n_kv, head_dim, q_norm, k_norm, eps, rope_dims, freq_base,
-               pos, rows);
+               pos, rows, y);
   });
 }
 

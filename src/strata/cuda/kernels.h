@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "strata/cuda/decode_lookahead.h"
+#include "strata/cpu/ops.h"  // RopeYarn
 #include "strata/model/kv_type.h"
 #include "strata/quant/types.h"
 
@@ -73,9 +74,11 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 // *pos is read before the kernel waits on the previous kernel of the stream (programmatic dependent
 // launch): it must have been written before that kernel started (a copy or an earlier step).
 // rows > 0: the caches are a sliding layer's ring of that many rows, position p in row p % rows.
+// yarn set (factor != 1): YaRN-scaled rotary (cpu/ops.h rope_neox_yarn_inplace's arithmetic).
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
-               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {}, int rows = 0);
+               int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {}, int rows = 0,
+               const RopeYarn* yarn = nullptr);
 
 // Causal depthwise conv1d step with SiLU over the 2*n_k*dk + n_v*dv channels (out[c] = silu(sum_j
 // w[c*K+j] * window_j[c]), the window being state ((K-1) x channels, oldest first) followed by x; the

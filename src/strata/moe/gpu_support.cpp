@@ -10,7 +10,6 @@ std::string gpu_unsupported_feature(const ModelConfig& c) {
     // The KV cache has one row width for every layer.
     if (is_attention(l.mixer) && l.n_head_kv != c.n_head_kv)
       return cat("layer ", il, " has its own key/value head count");
-    if (l.yarn.on()) return cat("YaRN rotary scaling (layer ", il, ")");
   }
   return "";
 }
@@ -19,6 +18,7 @@ std::string gpu_prefill_unsupported_feature(const ModelConfig& c) {
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerSpec& l = c.layer(il);
     if (l.mixer == LayerKind::SlidingAttention) return cat("layer ", il, " runs ", layer_kind_name(l.mixer));
+    if (l.yarn.on()) return cat("YaRN rotary scaling (layer ", il, ")");
     if (l.ffn != FfnKind::Moe) return cat("layer ", il, " has a ", ffn_kind_name(l.ffn), " feed-forward");
     if (l.mixer == LayerKind::FullAttention &&
         (l.n_head != c.n_head || l.rope_dims != c.rope_dims || l.rope_freq_base != c.rope_freq_base))
