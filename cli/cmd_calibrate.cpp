@@ -24,6 +24,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
 #include "strata/moe/calibration.h"
+#include "strata/moe/routing_heatmap.h"
 #include "strata/moe/routing_profile.h"
 #include "strata/moe/vram_budget.h"
 
@@ -37,6 +38,7 @@ struct CalibrateOptions {
   int ctx = 512;
   std::string output;
   std::string heldout_counts;
+  std::string plot;  // --plot FILE.svg: the training counts as a heatmap
   bool json = false;
   bool holdout_given = false;
   strata::cli::ThreadOptions threads;
@@ -153,6 +155,8 @@ void run_calibrate(const CalibrateOptions& o) {
   if (o.corpus.empty()) strata::fail("calibrate: give at least one --corpus FILE");
   if (o.output.empty()) strata::fail("calibrate: give the profile to write with -o PROFILE");
   if (o.ctx <= 0) strata::fail("--ctx must be > 0, got ", o.ctx);
+  if (!o.plot.empty() && (o.plot.size() < 5 || o.plot.compare(o.plot.size() - 4, 4, ".svg") != 0))
+    strata::fail("--plot: the heatmap is an SVG file; give a name ending in .svg, got '", o.plot, "'");
   strata::cli::check_backend_options(o.backend);
   const std::vector<double> percents = strata::parse_percent_list(o.budgets, "--budget");
 
@@ -186,6 +190,10 @@ void run_calibrate(const CalibrateOptions& o) {
   strata::RoutingCounts train, heldout;
   count_part(session, split.train, o.ctx, train, "training", trace);
   strata::save_profile_atomic(o.output, id, train);
+  if (!o.plot.empty()) {
+    strata::write_routing_heatmap(o.plot, train, "routing of " + id.name + " (calibrate, training part)");
+    std::fprintf(stderr, "calibrate: heatmap written: %s\n", o.plot.c_str());
+  }
   if (!o.heldout_counts.empty()) {
     heldout = strata::read_heldout_counts(o.heldout_counts, id);
   } else if (!split.heldout.docs.empty()) {
@@ -219,6 +227,8 @@ void setup_calibrate(CLI::App& sub) {
   sub.add_option("--heldout-counts", o->heldout_counts,
                  "report on these counts instead of held-out text: a routing profile of this model, or a "
                  "train_tiny routing_counts.json (e.g. models/routing_counts.json)");
+  sub.add_option("--plot", o->plot,
+                 "also draw the training counts as a heatmap (one row per layer, one cell per expert) to FILE.svg");
   sub.add_flag("--json", o->json, "print the report as JSON");
   strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_backend_options(sub, o->backend);

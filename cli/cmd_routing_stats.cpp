@@ -1,4 +1,4 @@
-// `strata routing-stats FILE [--json]`: what a routing trace (--collect-routing, or -o of a generated
+// `strata routing-stats FILE [--json] [--plot FILE.svg]`: what a routing trace (--collect-routing, or -o of a generated
 // one) says about caching experts: static coverage, reuse distance, LRU hit rates, distinct experts
 // per window (moe/routing_stats.h).
 // `strata routing-stats --generate NAME [--seed S] [--tokens N] [-o FILE]`: the same report on the
@@ -11,6 +11,7 @@
 #include "strata/base/error.h"
 #include "strata/engine/routing_trace.h"
 #include "strata/moe/routing_generator.h"
+#include "strata/moe/routing_heatmap.h"
 #include "strata/moe/routing_stats.h"
 
 namespace {
@@ -21,6 +22,7 @@ struct StatsArgs {
   uint64_t seed = 1;
   int tokens = 4096;
   std::string output;
+  std::string plot;  // --plot FILE.svg
   bool json = false;
 };
 
@@ -32,6 +34,8 @@ void setup_routing_stats(CLI::App& sub) {
   auto* seed = sub.add_option("--seed", a->seed, "with --generate: the generator's seed (default 1)");
   auto* tokens = sub.add_option("--tokens", a->tokens, "with --generate: tokens to generate (default 4096)");
   auto* output = sub.add_option("-o,--output", a->output, "with --generate: also write the trace to FILE");
+  sub.add_option("--plot", a->plot,
+                 "also draw the trace's picks as a heatmap (one row per layer, one cell per expert) to FILE.svg");
   sub.add_flag("--json", a->json, "print the report as JSON");
   sub.callback([a, seed, tokens, output] {
     if (a->generate.empty()) {
@@ -50,6 +54,9 @@ void setup_routing_stats(CLI::App& sub) {
       trace = strata::generate_routing_trace(s, s.n_layer, s.n_expert, s.k, a->seed, a->tokens);
       if (!a->output.empty()) strata::write_routing_trace(a->output, trace);
     }
+    if (!a->plot.empty())
+      strata::write_routing_heatmap(a->plot, strata::routing_trace_counts(trace),
+                                    "routing of " + (trace.header.source.empty() ? std::string("a trace") : trace.header.source));
     const strata::RoutingStats stats = strata::routing_stats(trace);
     if (a->json)
       std::printf("%s\n", strata::routing_stats_json(stats).c_str());

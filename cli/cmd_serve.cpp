@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/backend_cli.h"
 #include "cli/command.h"
@@ -22,6 +25,22 @@ std::string read_api_key_file(const std::string& path) {
   if (!key.empty() && key.back() == '\r') key.pop_back();
   if (key.empty()) strata::fail(path, ": the API key file's first line is empty");
   return key;
+}
+
+// The GPU plan's placement as the experts view shows it: hot experts on the GPU, the others on the CPU;
+// nothing on the CPU backend, where every expert is in host memory and the view shows routing only.
+std::optional<strata::serve::ExpertPlacement> expert_placement(const strata::BackendPlan& plan) {
+  if (!plan.gpu) return std::nullopt;
+  using strata::serve::ExpertHome;
+  const strata::ExpertPlan& p = plan.gpu_plan.plan;
+  strata::serve::ExpertPlacement out;
+  out.receipt = plan.gpu_plan.text;
+  for (const std::vector<int>& row : p.slot_of) {
+    std::vector<ExpertHome> homes;
+    for (int slot : row) homes.push_back(slot >= 0 ? ExpertHome::Gpu : ExpertHome::Cpu);
+    out.home.push_back(std::move(homes));
+  }
+  return out;
 }
 
 void setup_serve(CLI::App& sub) {
@@ -58,6 +77,8 @@ void setup_serve(CLI::App& sub) {
                  "recently used dropped first); 0 turns it off (default 2048 on the CPU; not available with --gpu)");
   sub.add_option("--shutdown-grace", o->shutdown_grace_s,
                  "seconds running requests may finish after SIGINT/SIGTERM before being cancelled (default 10)");
+  sub.add_flag_function("--no-webui", [o](int64_t n) { o->webui = n == 0; },
+                        "do not serve the web page at / (chat and experts view); the API is unchanged");
   auto backend = std::make_shared<strata::cli::BackendOptions>();
   strata::cli::add_backend_options(sub, *backend);
   strata::cli::add_collect_routing_option(sub, *backend);
@@ -104,6 +125,11 @@ void setup_serve(CLI::App& sub) {
         if (!*factory)
           *factory = std::make_unique<strata::cli::SequenceFactory>(m, ctx, slots, *backend, profile->get());
         return (*factory)->make();
+      };
+      // The experts view marks each expert by where the plan put it.
+      o->expert_placement = [factory]() -> std::optional<strata::serve::ExpertPlacement> {
+        if (!*factory) return std::nullopt;
+        return expert_placement((*factory)->plan());
       };
     }
     strata::cli::set_exit_code(strata::serve::run_server(*o));

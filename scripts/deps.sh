@@ -3,6 +3,7 @@ STRATA_APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
   libpcre2-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+  chromium
 )
 # node/npm fetch test data and run the OpenAI SDK client tests; any installed npm will do,
 # so the Debian packages are only installed when the commands are missing.

@@ -64,10 +64,6 @@ std::string Metrics::render(const SchedulerGauges& g, bool ready) const {
   o << "strata_slots_busy " << g.slots_busy << '\n';
   metric(o, "strata_slots_total", "gauge", "Sequence slots (concurrent sequences).");
   o << "strata_slots_total " << g.slots_total << '\n';
-  metric(o, "strata_expert_cold_hit_rate", "gauge",
-         "Share of routed experts not resident in the fastest tier when used. This build runs on the CPU with "
-         "every expert in host memory (no expert tiering), so it is always 0.");
-  o << "strata_expert_cold_hit_rate 0\n";
   metric(o, "strata_vram_bytes", "gauge",
          "Device memory in use per tier. This build has no GPU backend, so no samples are reported.");
   return o.str();

@@ -45,8 +45,19 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
            "pass --cache-ram 0");
     cache_ = std::make_unique<PromptCache>(config_.cache_bytes, config_.cache_block);
   }
-  if (config_.record_routes)
+  if (config_.record_routes) {
     for (Slot& s : slots_) s.session->set_routing_counts(&s.routes);  // fails on a backend that cannot count
+    counting_ = true;
+  } else if (config_.live_routes) {
+    // Only the page's view wants the counts: a backend that cannot count serves without them.
+    try {
+      for (Slot& s : slots_) s.session->set_routing_counts(&s.routes);
+      counting_ = true;
+    } catch (const Error& e) {
+      for (Slot& s : slots_) s.session->set_routing_counts(nullptr);
+      if (config_.counting_unavailable) config_.counting_unavailable(e.what());
+    }
+  }
   if (config_.trace)
     for (Slot& s : slots_) s.session->set_routing_trace(config_.trace.get(), 0);  // fails on a backend that cannot record
   for (int i = 0; i < config_.slots; ++i) workers_.emplace_back([this, i] { work(i); });
@@ -232,7 +243,7 @@ void Scheduler::run(Slot& slot, Job& job) {
         out.stop_reason = StopReason::Cancelled;
         metrics_.count_cancelled();
         metrics_.add_generation(prefilled, prefill_seconds, out.cached_tokens, 0, 0, 0);
-        record_routes(slot);
+        flush_routes(slot, true);
         job.finish(std::move(out));
         return;
       }
@@ -251,6 +262,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     gp.skip_special = true;
     const GenerationResult r = generate(session, tokenizer_, sampler, suffix, gp, [&](std::string_view piece) {
       job.push_text(piece);
+      flush_routes(slot, false);
       return !job.cancelled();
     });
     slot.held = prompt;
@@ -272,7 +284,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     out.kind = JobOutcome::Kind::Failed;
     out.error = e.what();
   }
-  record_routes(slot);
+  flush_routes(slot, true);
   if (config_.sequence_metrics) {
     std::string text;
     try {
@@ -291,16 +303,26 @@ std::string Scheduler::sequence_metrics() const {
   return latest_metrics_;
 }
 
-void Scheduler::record_routes(Slot& slot) {
-  if (!config_.record_routes) return;
+void Scheduler::flush_routes(Slot& slot, bool request_end) {
+  if (!counting_) return;
+  // While a request runs the page's view is refreshed a few times a second, not after every token.
+  constexpr auto kLiveInterval = std::chrono::milliseconds(500);
+  const auto now = std::chrono::steady_clock::now();
+  if (!request_end && (!config_.live_routes || now - slot.last_flush < kLiveInterval)) return;
+  slot.last_flush = now;
   try {
     slot.session->flush_routing_counts();
-    config_.record_routes(slot.routes);
+    if (config_.live_routes) config_.live_routes(slot.routes);
+    if (config_.record_routes) {
+      slot.request_routes.merge(slot.routes);
+      if (request_end) config_.record_routes(slot.request_routes);
+    }
   } catch (const std::exception& e) {
-    // The answer is fine; the profile is not: say so on the console without failing the request.
-    std::fprintf(stderr, "strata serve: --profile: %s\n", e.what());
+    // The answer is fine; the counts are not: say so on the console without failing the request.
+    std::fprintf(stderr, "strata serve: routing counts: %s\n", e.what());
   }
   slot.routes.reset(slot.routes.n_layer, slot.routes.n_expert);
+  if (request_end) slot.request_routes.reset(slot.routes.n_layer, slot.routes.n_expert);
 }
 
 }  // namespace strata::serve

@@ -42,6 +42,12 @@ struct SchedulerConfig {
   // hands what that request counted to this function (from its own worker thread: concurrent calls
   // from several slots must be safe) before the client gets the end of its answer.
   std::function<void(const RoutingCounts&)> record_routes;
+  // The web page's live routing view: when set, every slot's sequence counts its routes (on a backend
+  // that cannot, the constructor calls counting_unavailable instead and nothing is counted), and what
+  // was counted reaches this function after each request and about twice a second while one runs,
+  // from the slot's worker thread (concurrent calls must be safe).
+  std::function<void(const RoutingCounts&)> live_routes;
+  std::function<void(const std::string& why)> counting_unavailable;
   // --collect-routing: when set, every request's kept tokens are appended to this trace, the request's
   // number (1, 2, ... in the order requests start running) as its stream.
   std::shared_ptr<RoutingTraceWriter> trace;
@@ -83,9 +89,12 @@ class Scheduler {
     std::unique_ptr<Sequence> session;
     std::vector<int32_t> held;  // the tokens the session holds
     std::shared_ptr<Job> running;
-    RoutingCounts routes;  // counted since the last request ended (record_routes)
+    RoutingCounts routes;          // counted since the last flush
+    RoutingCounts request_routes;  // flushed since the request began (record_routes)
+    std::chrono::steady_clock::time_point last_flush{};
   };
-  void record_routes(Slot& slot);
+  // Moves the session's counts to live_routes; at a request's end also to record_routes.
+  void flush_routes(Slot& slot, bool request_end);
   void work(int index);
   void drop_cancelled_locked();
   void run(Slot& slot, Job& job);
@@ -109,6 +118,7 @@ class Scheduler {
   bool exiting_ = false;
   std::vector<std::thread> workers_;
   uint32_t trace_streams_ = 0;  // streams handed out (under mutex_)
+  bool counting_ = false;       // the slots' sequences count routes
 };
 
 }  // namespace strata::serve

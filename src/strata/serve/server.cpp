@@ -22,6 +22,7 @@
 #include "strata/serve/anthropic.h"
 #include "strata/serve/assistant_stream.h"
 #include "strata/serve/chat_stream.h"
+#include "strata/serve/expert_stats.h"
 #include "strata/serve/job.h"
 #include "strata/serve/metrics.h"
 #include "strata/serve/omp_wait_policy.h"
@@ -30,6 +31,7 @@
 #include "strata/serve/responses.h"
 #include "strata/serve/scheduler.h"
 #include "strata/serve/structured_output.h"
+#include "strata/serve/webui.h"
 #include "strata/text/tokenizer.h"
 #include "strata/text/vocab.h"
 
@@ -54,9 +56,10 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
                                 "/tokenize", "/detokenize", "/v1/messages", "/v1/messages/count_tokens",
-                                "/v1/responses"};
+                                "/v1/responses", "/v1/strata/experts", "/"};
   for (const char* k : known)
     if (path == k) return k;
+  if (path.rfind("/webui/", 0) == 0) return "/webui/{file}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
@@ -184,6 +187,7 @@ class ApiServer {
   void handle_tokenize(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_models(const httplib::Request& req, httplib::Response& res);
+  void handle_webui(const std::string& name, httplib::Response& res);
 
   void check_model(const std::string& requested) const;
   std::vector<int32_t> encode_prompt(const std::string& text, bool add_special) const;
@@ -207,6 +211,7 @@ class ApiServer {
   httplib::Server http_;
   HttpGuard guard_;
   Metrics metrics_;
+  ExpertStats experts_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> listener_ended_{false};
   std::atomic<bool> load_failed_{false};
@@ -252,7 +257,21 @@ void ApiServer::load() {
     if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
     if (opt_.make_routing_trace) sc.trace = opt_.make_routing_trace(*model_);
     sc.sequence_metrics = opt_.sequence_metrics;
+    const ModelConfig& mc = model_->config();
+    experts_.reset(mc.n_layer, mc.n_expert, mc.n_expert_used);
+    sc.live_routes = [this](const RoutingCounts& c) { experts_.add(c); };
+    sc.counting_unavailable = [this](const std::string& why) {
+      std::fprintf(stderr, "strata serve: warning: no live routing counts for the web page: %s\n", why.c_str());
+      experts_.set_unavailable(why);
+    };
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, sc, metrics_);
+    if (opt_.expert_placement) {
+      try {
+        if (std::optional<ExpertPlacement> placement = opt_.expert_placement()) experts_.set_placement(std::move(*placement));
+      } catch (const Error& e) {  // the view loses its marks; serving goes on
+        std::fprintf(stderr, "strata serve: warning: no expert placement for the web page: %s\n", e.what());
+      }
+    }
     std::fprintf(stderr, "strata serve: model '%s' ready on %s (%d slots x %d tokens, queue %d, %d threads per slot)\n",
                  opt_.model_name.c_str(), opt_.backend.c_str(), sc.slots, sc.ctx, sc.queue_limit, sc.threads_per_slot);
     if (cache_mib > 0)
@@ -609,6 +628,18 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   res.set_content(dump_json(j), kJson);
 }
 
+void ApiServer::handle_webui(const std::string& name, httplib::Response& res) {
+  const WebAsset* asset = find_webui_asset(name);
+  if (!asset) throw ApiError(404, "invalid_request_error", "", "", cat("unknown route: GET /webui/", name));
+  // The page may talk to this server only: nothing it loads or sends can leave for another host.
+  res.set_header("Content-Security-Policy",
+                 "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+                 "base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("Cache-Control", "no-cache");
+  res.set_content(std::string(asset->body), webui_content_type(asset->name));
+}
+
 GuardOptions ApiServer::guard_options() {
   GuardOptions g;
   g.request_deadline_s = opt_.timeout_s;
@@ -640,6 +671,10 @@ void ApiServer::install_routes() {
       }
     }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The page's own files carry no data and load without a key (it asks for the key, then sends it
+    // with every API call); they are there while the model loads, too.
+    if (opt_.webui && req.method == "GET" && (req.path == "/" || req.path.rfind("/webui/", 0) == 0))
+      return httplib::Server::HandlerResponse::Unhandled;
     // Anthropic's routes answer errors in Anthropic's shape, which its SDK reads.
     const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
     const auto refuse = [&](int status, const std::string& message, const std::string& code) {
@@ -678,8 +713,16 @@ void ApiServer::install_routes() {
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const SchedulerGauges g = ready_.load() ? scheduler_->gauges() : SchedulerGauges{};
     const std::string extra = ready_.load() ? scheduler_->sequence_metrics() : std::string();
-    res.set_content(metrics_.render(g, ready_.load()) + extra, "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics_.render(g, ready_.load()) + experts_.metrics() + extra,
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
+  http_.Get("/v1/strata/experts", guarded([this](const auto&, auto& res) {
+    res.set_content(dump_json(experts_.json(opt_.backend)), kJson);
+  }));
+  if (opt_.webui) {
+    http_.Get("/", guarded([this](const auto&, auto& res) { handle_webui("index.html", res); }));
+    http_.Get(R"(/webui/([A-Za-z0-9._-]+))", guarded([this](const auto& req, auto& res) { handle_webui(req.matches[1].str(), res); }));
+  }
   http_.Get("/v1/models", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
   http_.Get(R"(/v1/models/(.+))", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
   const size_t limit = opt_.max_body_bytes;

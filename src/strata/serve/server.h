@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
+#include "strata/serve/expert_stats.h"
 
 namespace strata::serve {
 
@@ -50,6 +52,11 @@ struct ServeOptions {
   // Extra /metrics lines from a slot's sequence after each request (serve --gpu --telemetry: the
   // hybrid counters). Empty: none.
   std::function<std::string(const Sequence&)> sequence_metrics;
+  // The web page at / (webui/; --no-webui: off, / is then an unknown route).
+  bool webui = true;
+  // Where every routed expert lives and the VRAM receipt, for the experts view and /metrics; called
+  // once after the slots' sequences are made. Empty or nullopt: the CPU backend (routing only).
+  std::function<std::optional<ExpertPlacement>()> expert_placement;
 };
 
 // Every serve option checked in one place (throws strata::Error naming the flag).
