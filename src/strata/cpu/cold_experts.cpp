@@ -116,31 +116,47 @@ struct ColdExpertPool::BatchJob {
 namespace {
 
 // Rows [r0, r1) of w times the quantised activation, in the CPU engine's 4-row tiles (r0 is a multiple
-// of kMaxDotRows, so the tiles are the ones matmul uses).
+// of kMaxDotRows, so the tiles are the ones matmul uses). Fused formats are dotted in place, as
+// matvec does: one token reads each row once, so a copy would only add work.
 template <class Scratch>
 void rows_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const I8Act& act, int64_t r0, int64_t r1,
              float* y, Scratch& s) {
   const int64_t n = w.n_cols;
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
-    I8Row rows[kMaxDotRows];
-    i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
     float out[kMaxDotRows];
-    k.dot_rows_i8(rows, nr, act, n, fmt, out);
+    if (fmt.fused) {
+      const uint8_t* raw[kMaxDotRows];
+      raw_tile_rows(w, r, nr, raw);
+      k.dot_rows_fused(w.type, raw, nr, act, n, out);
+    } else {
+      I8Row rows[kMaxDotRows];
+      i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
+      k.dot_rows_i8(rows, nr, act, n, fmt, out);
+    }
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
   }
 }
 
+// Float path; Q8_0 dotted in place like matvec's decode (dot_rows_direct: the same numbers as
+// decoding first).
 template <class Scratch>
 void rows_float(const CpuKernels& k, const WeightMatrix& w, const float* x, int64_t r0, int64_t r1, float* y,
                 Scratch& s) {
   const int64_t n = w.n_cols;
+  const bool direct = k.direct_float != nullptr && k.direct_float(w.type) && cpu_fused_path();
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
-    const float* rows[kMaxDotRows];
-    float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
     float out[kMaxDotRows];
-    k.dot_rows(rows, nr, x, n, out);
+    if (direct) {
+      const uint8_t* raw[kMaxDotRows];
+      raw_tile_rows(w, r, nr, raw);
+      k.dot_rows_direct(w.type, raw, nr, x, n, out);
+    } else {
+      const float* rows[kMaxDotRows];
+      float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
+      k.dot_rows(rows, nr, x, n, out);
+    }
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
   }
 }
