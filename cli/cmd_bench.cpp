@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,23 +39,6 @@ struct BenchArgs {
   strata::cli::BackendOptions backend;
 };
 
-// The exact command line, from /proc/self/cmdline (NUL-separated), for the record.
-std::string own_command_line() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::string out;
-  std::string arg;
-  for (char c : raw) {
-    if (c != '\0') {
-      arg += c;
-      continue;
-    }
-    out += (out.empty() ? "" : " ") + (arg.find(' ') == std::string::npos ? arg : "'" + arg + "'");
-    arg.clear();
-  }
-  return out;
-}
-
 void setup_bench(CLI::App& sub) {
   auto a = std::make_shared<BenchArgs>();
   sub.add_option("-m,--model", a->model, "GGUF model file (default: the bundled model)");
@@ -81,7 +63,7 @@ void setup_bench(CLI::App& sub) {
     a->model = strata::cli::resolve_model_path(a->model);
     strata::apply_thread_policy({a->threads.threads, a->threads.force, 1, 0});
     strata::BenchReport r;
-    r.command_line = own_command_line();
+    r.command_line = strata::own_command_line();
     r.date = strata::local_iso_datetime();
     r.cpu_model = strata::cpu_model_name();
     r.threads = omp_get_max_threads();

@@ -13,9 +13,14 @@
 
 #include "cli_runner.h"
 #include "strata/base/error.h"
+#include "strata/cpu/cold_experts.h"
+#include "strata/cpu/matmul.h"
+#include "strata/cpu/ops.h"
+#include "strata/quant/quantize.h"
 #include "strata/convert/synth.h"
 #include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_bandwidth.h"
+#include "strata/engine/bench_cold.h"
 #include "strata/engine/bench_floor.h"
 #include "strata/engine/bench_report.h"
 #include "strata/engine/bench_runner.h"
@@ -132,6 +137,76 @@ TEST(Bench, TriadBandwidthIsPositive) {
   EXPECT_LT(r.triad_gbs, 10000.0);
   EXPECT_EQ(r.array_bytes, 16u << 20);
   EXPECT_THROW(strata::measure_triad_bandwidth(100, 1), strata::Error);
+}
+
+// bench-cold's in-memory experts: the stacks have the asked shapes and type, back to back, and an
+// expert computed from them through the pool equals the float64 SwiGLU of its dequantised rows
+// within the int8 rounding (so the benchmark times real work on well-formed blocks).
+TEST(Bench, SyntheticExpertsAreWellFormed) {
+  const int64_t d = 512, ff = 256;
+  const strata::SyntheticExperts ex(strata::GgmlType::Q4_K, d, ff, 5, 2, 7);
+  ASSERT_EQ(ex.layers().size(), 2u);
+  const strata::ExpertFfn& w = ex.layers()[1];
+  EXPECT_EQ(w.gate.first.type, strata::GgmlType::Q4_K);
+  EXPECT_EQ(w.gate.first.n_rows, ff);
+  EXPECT_EQ(w.gate.first.n_cols, d);
+  EXPECT_EQ(w.down.first.n_rows, d);
+  EXPECT_EQ(w.down.first.n_cols, ff);
+  EXPECT_EQ(w.gate.n_expert, 5);
+  EXPECT_EQ(strata::cold_expert_bytes(w), 3 * strata::row_bytes(strata::GgmlType::Q4_K, d) * ff);
+  EXPECT_EQ(ex.bytes(), 2 * 5 * strata::cold_expert_bytes(w));
+  std::vector<float> x(d), out(d);
+  for (int64_t i = 0; i < d; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
+  strata::ColdExpertPool pool(2);
+  strata::ColdPick pick{3, out.data()};
+  pool.run(w, x.data(), &pick, 1);
+  const auto rows = [](const strata::ExpertStack& s, int e) {
+    const strata::WeightMatrix m = s.expert(e);
+    std::vector<float> v(static_cast<size_t>(m.n_rows * m.n_cols));
+    for (int64_t r = 0; r < m.n_rows; ++r)
+      strata::dequantize_row(m.type, m.data + static_cast<size_t>(r) * m.row_stride, v.data() + r * m.n_cols, m.n_cols);
+    return v;
+  };
+  const auto g = rows(w.gate, 3), u = rows(w.up, 3), dn = rows(w.down, 3);
+  std::vector<double> h(ff);
+  for (int64_t r = 0; r < ff; ++r) {
+    double sg = 0, su = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      sg += static_cast<double>(g[static_cast<size_t>(r * d + i)]) * x[static_cast<size_t>(i)];
+      su += static_cast<double>(u[static_cast<size_t>(r * d + i)]) * x[static_cast<size_t>(i)];
+    }
+    h[static_cast<size_t>(r)] = sg / (1.0 + std::exp(-sg)) * su;
+  }
+  double amax = 0, err = 0;
+  for (int64_t r = 0; r < d; ++r) {
+    double s = 0;
+    for (int64_t i = 0; i < ff; ++i) s += static_cast<double>(dn[static_cast<size_t>(r * ff + i)]) * h[static_cast<size_t>(i)];
+    amax = std::max(amax, std::fabs(s));
+    err = std::max(err, std::fabs(s - out[static_cast<size_t>(r)]));
+  }
+  EXPECT_GT(amax, 0.0);
+  EXPECT_LE(err, 0.03 * amax + 1e-6);
+  EXPECT_THROW(strata::SyntheticExperts(strata::GgmlType::Q4_K, 100, ff, 1, 1, 1), strata::Error);  // partial block
+}
+
+// The cold bench's bookkeeping (no timing is asserted): bytes per job and the cold cycle's working set.
+TEST(Bench, ColdBenchCountsBytes) {
+  const strata::SyntheticExperts ex(strata::GgmlType::Q8_0, 64, 32, 6, 3, 1);
+  strata::ColdExpertPool pool(2);
+  strata::ColdBenchOptions o;
+  o.picks = 4;
+  o.seconds = 0.01;
+  const auto r = strata::bench_cold_experts(pool, ex.layers(), o);
+  const double per = static_cast<double>(strata::cold_expert_bytes(ex.layers()[0]));
+  EXPECT_EQ(r.picks, 4);
+  EXPECT_EQ(r.threads, 2);
+  EXPECT_DOUBLE_EQ(r.bytes_per_job, 4 * per);
+  EXPECT_DOUBLE_EQ(r.working_set_bytes, 3 * 4 * per);  // 6 / 4 = one round per layer, 3 layers
+  EXPECT_GE(r.cold_jobs, 3);
+  EXPECT_GE(r.cached_jobs, 16);
+  EXPECT_GT(r.cold_gbs, 0.0);
+  o.picks = 7;
+  EXPECT_THROW(strata::bench_cold_experts(pool, ex.layers(), o), strata::Error);
 }
 
 TEST(Bench, CpuBackendRunsRealModel) {

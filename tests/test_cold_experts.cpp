@@ -124,25 +124,34 @@ TEST_P(ColdExperts, EqualsEngineBitwiseAndReferenceWithinRounding) {
   Experts ex = make_experts(c.gu, c.dn, n_exp, c.d, c.ff, 1234);
   const std::vector<float> xn = random_x(c.d, 99);
   const std::vector<int> ids = {1, 4, 6, 0};
-  for (int threads : {1, 3, 5}) {
-    ColdExpertPool pool(threads);
-    std::vector<std::vector<float>> out(ids.size(), std::vector<float>(static_cast<size_t>(c.d), NAN));
-    std::vector<ColdPick> picks;
-    for (size_t j = 0; j < ids.size(); ++j) picks.push_back({ids[j], out[j].data()});
-    pool.run(ex.w, xn.data(), picks.data(), static_cast<int>(picks.size()));
-    for (size_t j = 0; j < ids.size(); ++j) {
-      const auto want = engine_expert(ex.w, ids[j], xn.data());
-      const auto ref = reference_expert(ex.w, ids[j], xn.data());
-      double amax = 0.0, err = 0.0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(out[j][i], want[i]) << "threads " << threads << " expert " << ids[j] << " row " << i;
-        amax = std::max(amax, std::fabs(ref[i]));
-        err = std::max(err, std::fabs(out[j][i] - ref[i]));
+  const strata::CpuKernelLevel saved = strata::cpu_kernel_level();
+  // Every level this CPU has (CI's runners give the AVX2 and scalar ones), every thread count.
+  for (strata::CpuKernelLevel level :
+       {strata::CpuKernelLevel::Scalar, strata::CpuKernelLevel::Avx2, strata::CpuKernelLevel::Avx512}) {
+    if (!strata::cpu_supports(level)) continue;
+    strata::set_cpu_kernel_level(level);
+    const char* lv = strata::cpu_kernel_level_name(level);
+    for (int threads : {1, 3, 5}) {
+      ColdExpertPool pool(threads);
+      std::vector<std::vector<float>> out(ids.size(), std::vector<float>(static_cast<size_t>(c.d), NAN));
+      std::vector<ColdPick> picks;
+      for (size_t j = 0; j < ids.size(); ++j) picks.push_back({ids[j], out[j].data()});
+      pool.run(ex.w, xn.data(), picks.data(), static_cast<int>(picks.size()));
+      for (size_t j = 0; j < ids.size(); ++j) {
+        const auto want = engine_expert(ex.w, ids[j], xn.data());
+        const auto ref = reference_expert(ex.w, ids[j], xn.data());
+        double amax = 0.0, err = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(out[j][i], want[i]) << lv << " threads " << threads << " expert " << ids[j] << " row " << i;
+          amax = std::max(amax, std::fabs(ref[i]));
+          err = std::max(err, std::fabs(out[j][i] - ref[i]));
+        }
+        // int8 activations round each value by up to half a step of max|x|/127 per 32 values.
+        EXPECT_LE(err, 0.03 * amax + 1e-5) << lv << " threads " << threads << " expert " << ids[j];
       }
-      // int8 activations round each value by up to half a step of max|x|/127 per 32 values.
-      EXPECT_LE(err, 0.03 * amax + 1e-5) << "threads " << threads << " expert " << ids[j];
     }
   }
+  strata::set_cpu_kernel_level(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, ColdExperts,

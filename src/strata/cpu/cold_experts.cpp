@@ -24,11 +24,16 @@ inline void cpu_relax() {
 constexpr int kIdxBits = 20;
 constexpr uint64_t kIdxMask = (uint64_t{1} << kIdxBits) - 1;
 constexpr uint64_t kGenMask = (uint64_t{1} << (64 - 2 * kIdxBits)) - 1;
-constexpr int64_t kMaxTasks = static_cast<int64_t>(kIdxMask);
+// Half the index range: claims past the end (at most one per thread and job) must not carry into the
+// task count.
+constexpr int64_t kMaxTasks = static_cast<int64_t>(kIdxMask / 2);
 
 uint64_t pack(uint64_t gen, uint64_t total, uint64_t idx) {
   return ((gen & kGenMask) << (2 * kIdxBits)) | (total << kIdxBits) | idx;
 }
+
+// Tasks per pool thread in one decode job (run()).
+constexpr int64_t kDecodeTasksPerThread = 12;
 
 // How long an idle thread spins before it sleeps: decode sends one job per MoE layer, a few hundred
 // microseconds apart, so a few milliseconds of spinning covers a whole token.
@@ -47,6 +52,11 @@ bool uses_i8(const CpuKernels& k, const WeightMatrix& w, I8Format& fmt) {
 struct ColdExpertPool::Scratch {
   std::vector<uint8_t> codes;
   std::vector<float> scales8, bias16, fbuf;
+  // run(): pick h_pick's hidden activation of job h_job quantised for down (see do_task).
+  std::vector<int8_t> hq;
+  std::vector<float> hd, hs;
+  uint64_t h_job = 0;
+  int64_t h_pick = -1;
   void fit(int64_t n) {
     const size_t un = static_cast<size_t>(n);
     if (codes.size() >= kMaxDotRows * un) return;
@@ -67,8 +77,7 @@ struct ColdExpertPool::Job {
   std::vector<int8_t> xq;
   std::vector<float> xd, xs;
   std::vector<float> g, u, h;  // [pick][ff]
-  std::vector<int8_t> hq;
-  std::vector<float> hd, hs;
+  uint64_t seq = 0;            // run() calls so far: tells a thread's quantised h (Scratch) apart per job
   int64_t a_rows = 0, b_rows = 0, a_blocks = 0, b_blocks = 0, n_a = 0, n_total = 0;
   std::unique_ptr<std::atomic<int64_t>[]> a_done;
   size_t a_done_cap = 0;
@@ -116,31 +125,47 @@ struct ColdExpertPool::BatchJob {
 namespace {
 
 // Rows [r0, r1) of w times the quantised activation, in the CPU engine's 4-row tiles (r0 is a multiple
-// of kMaxDotRows, so the tiles are the ones matmul uses).
+// of kMaxDotRows, so the tiles are the ones matmul uses). Fused formats are dotted in place, as
+// matvec does: one token reads each row once, so a copy would only add work.
 template <class Scratch>
 void rows_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const I8Act& act, int64_t r0, int64_t r1,
              float* y, Scratch& s) {
   const int64_t n = w.n_cols;
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
-    I8Row rows[kMaxDotRows];
-    i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
     float out[kMaxDotRows];
-    k.dot_rows_i8(rows, nr, act, n, fmt, out);
+    if (fmt.fused) {
+      const uint8_t* raw[kMaxDotRows];
+      raw_tile_rows(w, r, nr, raw);
+      k.dot_rows_fused(w.type, raw, nr, act, n, out);
+    } else {
+      I8Row rows[kMaxDotRows];
+      i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
+      k.dot_rows_i8(rows, nr, act, n, fmt, out);
+    }
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
   }
 }
 
+// Float path; Q8_0 dotted in place like matvec's decode (dot_rows_direct: the same numbers as
+// decoding first).
 template <class Scratch>
 void rows_float(const CpuKernels& k, const WeightMatrix& w, const float* x, int64_t r0, int64_t r1, float* y,
                 Scratch& s) {
   const int64_t n = w.n_cols;
+  const bool direct = k.direct_float != nullptr && k.direct_float(w.type) && cpu_fused_path();
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
-    const float* rows[kMaxDotRows];
-    float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
     float out[kMaxDotRows];
-    k.dot_rows(rows, nr, x, n, out);
+    if (direct) {
+      const uint8_t* raw[kMaxDotRows];
+      raw_tile_rows(w, r, nr, raw);
+      k.dot_rows_direct(w.type, raw, nr, x, n, out);
+    } else {
+      const float* rows[kMaxDotRows];
+      float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
+      k.dot_rows(rows, nr, x, n, out);
+    }
     for (int i = 0; i < nr; ++i) y[r + i] = out[i];
   }
 }
@@ -189,15 +214,16 @@ void ColdExpertPool::worker_main(int index) {
 
 void ColdExpertPool::work(int index, uint32_t gen) {
   for (;;) {
+    // Look first, so that a thread of a finished job never adds to the counter of another one.
     uint64_t v = next_.load(std::memory_order_acquire);
-    uint64_t idx = 0;
-    for (;;) {
-      if ((v >> (2 * kIdxBits)) != gen) return;
-      idx = v & kIdxMask;
-      const uint64_t total = (v >> kIdxBits) & kIdxMask;
-      if (idx >= total) return;
-      if (next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
-    }
+    if ((v >> (2 * kIdxBits)) != gen || (v & kIdxMask) >= ((v >> kIdxBits) & kIdxMask)) return;
+    // One atomic add per claim (no compare-exchange retries among many threads). Should a new job
+    // have been published since the look, the index claimed is one of its tasks: it is claimed all
+    // the same and done (the add acquired the job), and this thread goes on with that job.
+    v = next_.fetch_add(1, std::memory_order_acq_rel);
+    const uint64_t idx = v & kIdxMask;
+    if (idx >= ((v >> kIdxBits) & kIdxMask)) return;
+    gen = static_cast<uint32_t>(v >> (2 * kIdxBits));
     if (batch_mode_)
       do_batch_task(index, static_cast<int64_t>(idx));
     else
@@ -232,11 +258,6 @@ void ColdExpertPool::do_task(int index, int64_t task) {
       rows_float(k, w.up.expert(e), J.xn, r0, r1, u, s);
     }
     swiglu(g + r0, u + r0, r1 - r0, h + r0);
-    // r0 and r1 are multiples of 32 whenever down takes the int8 path (ff % 32 == 0 then).
-    if (J.down_i8)
-      quantize_activations_i8(h + r0, r1 - r0, J.hq.data() + static_cast<size_t>(j) * ff + r0,
-                              J.hd.data() + (static_cast<size_t>(j) * ff + r0) / 32,
-                              J.hs.data() + (static_cast<size_t>(j) * ff + r0) / 16);
     J.a_done[j].fetch_add(1, std::memory_order_acq_rel);
     return;
   }
@@ -250,8 +271,16 @@ void ColdExpertPool::do_task(int index, int64_t task) {
   const ColdPick& p = J.picks[static_cast<size_t>(j)];
   const WeightMatrix down = w.down.expert(p.expert);
   if (J.down_i8) {
-    const size_t o = static_cast<size_t>(j) * ff;
-    const I8Act ah{J.hq.data() + o, J.hd.data() + o / 32, J.hs.data() + o / 16};
+    // Each thread quantises the pick's hidden activation itself (a few hundred values, against the
+    // down rows it then reads), so phase-A blocks need not be whole 32-value quantisation blocks and
+    // the tasks can be small. The quantisation is per 32-value block, so every thread gets the same
+    // numbers as quantising the vector once.
+    if (s.h_job != J.seq || s.h_pick != j) {
+      quantize_activations_i8(J.h.data() + static_cast<size_t>(j) * ff, J.ff, s.hq.data(), s.hd.data(), s.hs.data());
+      s.h_job = J.seq;
+      s.h_pick = j;
+    }
+    const I8Act ah{s.hq.data(), s.hd.data(), s.hs.data()};
     rows_i8(k, J.fmt_down, down, ah, r0, r1, p.out, s);
   } else {
     rows_float(k, down, J.h.data() + static_cast<size_t>(j) * ff, r0, r1, p.out, s);
@@ -536,16 +565,30 @@ void ColdExpertPool::run(const ExpertFfn& w, const float* xn, const ColdPick* pi
   J.g.resize(np * uff);
   J.u.resize(np * uff);
   J.h.resize(np * uff);
-  if (J.down_i8) {
-    J.hq.resize(np * uff);
-    J.hd.resize(np * uff / 32 + 1);
-    J.hs.resize(np * uff / 16 + 1);
+  ++J.seq;
+  for (auto& sp : scratch_) {
+    sp->fit(std::max(d, ff));
+    if (J.down_i8 && sp->hq.size() < uff) {
+      sp->hq.resize(uff);
+      sp->hd.resize(uff / 32 + 1);
+      sp->hs.resize(uff / 16 + 1);
+    }
   }
-  for (auto& sp : scratch_) sp->fit(std::max(d, ff));
-  // About four tasks per thread and phase; blocks of whole 32-row groups (activation blocks, tiles).
-  const int64_t per_phase = 4 * static_cast<int64_t>(n_threads_);
-  J.a_rows = std::clamp<int64_t>(round_up((ff * n_picks + per_phase - 1) / per_phase, 32), 32, round_up(ff, 32));
-  J.b_rows = std::clamp<int64_t>(round_up((d * n_picks + per_phase - 1) / per_phase, 32), 32, round_up(d, 32));
+  // Tasks of about equal bytes, kDecodeTasksPerThread per thread in all: small enough that the
+  // threads finish close together (a decode job is tens of microseconds), large enough that claiming
+  // one costs little beside it. Row blocks are whole 4-row tiles (the tiles matvec uses).
+  const double a_row_bytes = static_cast<double>(w.gate.first.row_stride + w.up.first.row_stride);
+  const double b_row_bytes = static_cast<double>(w.down.first.row_stride);
+  const double job_bytes = static_cast<double>(n_picks) * (static_cast<double>(ff) * a_row_bytes +
+                                                           static_cast<double>(d) * b_row_bytes);
+  const double task_bytes = job_bytes / static_cast<double>(kDecodeTasksPerThread * n_threads_);
+  const auto rows_for = [&](double row_bytes, int64_t n_rows) {
+    const auto r = static_cast<int64_t>(task_bytes / std::max(row_bytes, 1.0));
+    return std::clamp<int64_t>(round_up(std::max<int64_t>(r, 1), kMaxDotRows), kMaxDotRows,
+                               round_up(n_rows, kMaxDotRows));
+  };
+  J.a_rows = rows_for(a_row_bytes, ff);
+  J.b_rows = rows_for(b_row_bytes, d);
   J.a_blocks = (ff + J.a_rows - 1) / J.a_rows;
   J.b_blocks = (d + J.b_rows - 1) / J.b_rows;
   J.n_a = J.a_blocks * n_picks;

@@ -4,10 +4,11 @@
 // for the other types). Each row is computed exactly as the CPU engine's matvec computes it (same
 // activation quantisation, same 4-row tiles), so an expert's output equals the engine's bitwise.
 //
-// Work split: phase A = row blocks of (gate, up) of every pick, each block also applying SwiGLU and
-// quantising its slice of the hidden activation for the down projection (the quantisation is local
-// to 32-value blocks); phase B = row blocks of down, a block of pick j starting once all of j's
-// phase-A blocks are done. Tasks are handed out through one atomic counter tagged with the job's
+// Work split: phase A = row blocks of (gate, up) of every pick, each block also applying SwiGLU to its
+// slice of the hidden activation; phase B = row blocks of down, a block of pick j starting once all
+// of j's phase-A blocks are done (its thread quantises j's hidden activation for the int8 path, once
+// per pick; the quantisation is local to 32-value blocks, so every thread gets the same numbers).
+// Blocks are sized to about equal bytes, a dozen per thread per job, so the threads finish together. Tasks are handed out through one atomic counter tagged with the job's
 // generation, so a late thread can never take a task of the next job. The batched form (run_batch)
 // adds a phase 0 (int8 quantisation of the tokens' inputs) and groups picks by expert: a phase-A/B task
 // is a row block of one expert for all of that expert's tokens, each 4-row tile unpacked once per 64

@@ -70,7 +70,7 @@ void matmul_i8_fused(const CpuKernels& k, const WeightMatrix& w, const int8_t* x
       const int64_t r0 = tile * kMaxDotRows;
       const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
       const uint8_t* rows[kMaxDotRows];
-      for (int i = 0; i < nr; ++i) rows[i] = w.data + static_cast<size_t>(r0 + i) * w.row_stride;
+      raw_tile_rows(w, r0, nr, rows);
       float out[kMaxDotRows];
       for (int64_t t = t0; t < t1; ++t) {
         const I8Act act{xq + t * n, xd + t * n / 32, xs + t * n / 16};
@@ -123,7 +123,7 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
       const int64_t r0 = tile * kMaxDotRows;
       const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, w.n_rows - r0));
       const uint8_t* rows[kMaxDotRows];
-      for (int i = 0; i < nr; ++i) rows[i] = w.data + static_cast<size_t>(r0 + i) * w.row_stride;
+      raw_tile_rows(w, r0, nr, rows);
       float out[kMaxDotRows];
       for (int64_t t = 0; t < n_tok; ++t) {
         k.dot_rows_direct(w.type, rows, nr, X + t * n, n, out);

@@ -10,6 +10,11 @@
 
 namespace strata {
 
+// Rows read in place (the fused int8 path, dot_rows_direct): pointers to the quantised rows themselves.
+inline void raw_tile_rows(const WeightMatrix& w, int64_t r, int nr, const uint8_t** rows) {
+  for (int i = 0; i < nr; ++i) rows[i] = w.data + static_cast<size_t>(r + i) * w.row_stride;
+}
+
 // Float path: F32 rows used in place when aligned, other rows decoded into buf (nr x n_cols floats).
 inline void float_tile_rows(const CpuKernels& k, const WeightMatrix& w, int64_t r, int nr, float* buf,
                             const float** rows) {

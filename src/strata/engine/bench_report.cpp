@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 namespace strata {
@@ -126,6 +127,26 @@ std::string cpu_model_name() {
     }
   }
   return "unknown";
+}
+
+std::string own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  std::string arg;
+  for (char c : raw) {
+    if (c != '\0') {
+      arg += c;
+      continue;
+    }
+    if (!out.empty()) out += ' ';
+    const bool quote = arg.find(' ') != std::string::npos;
+    if (quote) out += '\'';
+    out += arg;
+    if (quote) out += '\'';
+    arg.clear();
+  }
+  return out;
 }
 
 std::string local_iso_datetime() {

@@ -42,5 +42,7 @@ std::string format_bench_json(const BenchReport& r);
 
 std::string cpu_model_name();  // "unknown" when /proc/cpuinfo has none
 std::string local_iso_datetime();
+// This process's command line (from /proc/self/cmdline), arguments with spaces quoted, for the record.
+std::string own_command_line();
 
 }  // namespace strata

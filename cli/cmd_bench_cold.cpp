@@ -1,0 +1,133 @@
+// `strata bench-cold [-m FILE] [--types q4_k,q5_k,q6_k,q8_0] [--picks 8,4] [--threads N]`: the CPU
+// cold-expert path of hybrid decode alone (engine/bench_cold.h), as GB/s of expert weights read beside
+// the host's triad bandwidth measured in the same run. Without -m it times random in-memory experts of
+// each --types entry at a preset's shapes (default qwen3.6-35b-a3b); with -m, the file's own MoE layers.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "strata/base/error.h"
+#include "strata/convert/synth_presets.h"
+#include "strata/cpu/cold_experts.h"
+#include "strata/cpu/cpu_kernels.h"
+#include "strata/engine/bench_bandwidth.h"
+#include "strata/engine/bench_cold.h"
+#include "strata/engine/bench_report.h"
+#include "strata/engine/model.h"
+
+namespace {
+
+struct BenchColdArgs {
+  std::string model;
+  std::string types = "q4_k,q5_k,q6_k,q8_0";
+  std::string preset = "qwen3.6-35b-a3b";
+  int layers = 2;
+  std::string picks = "8,4";
+  int threads = 0;
+  double seconds = 1.0;
+  size_t triad_mib = 256;
+  std::string kernels;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string type_label(const strata::ExpertFfn& w) {
+  const auto name = [](const strata::ExpertStack& s) { return std::string(strata::type_traits(s.first.type).name); };
+  if (w.gate.first.type == w.up.first.type && w.up.first.type == w.down.first.type) return name(w.gate);
+  return name(w.gate) + "/" + name(w.up) + "/" + name(w.down);
+}
+
+void print_row(const std::string& what, const strata::ColdBenchResult& r, double triad) {
+  std::printf("%-22s %5d %7d %9.1f %9.3f %9.3f %8.1f %6.1f%% %9.3f %8.1f %7.0f\n", what.c_str(), r.picks, r.threads,
+              r.bytes_per_job / 1048576.0, r.cold_ms_per_job, r.cold_median_ms, r.cold_gbs, 100.0 * r.cold_gbs / triad,
+              r.cached_ms_per_job, r.cached_gbs, r.working_set_bytes / 1048576.0);
+  std::fflush(stdout);
+}
+
+void setup_bench_cold(CLI::App& sub) {
+  auto a = std::make_shared<BenchColdArgs>();
+  sub.add_option("-m,--model", a->model, "GGUF file: time its MoE layers' experts (instead of --types)");
+  sub.add_option("--types", a->types,
+                 "without -m: weight types of the in-memory experts, comma-separated (default q4_k,q5_k,q6_k,q8_0)");
+  sub.add_option("--preset", a->preset, "without -m: synth preset whose expert shapes to use (default qwen3.6-35b-a3b)");
+  sub.add_option("--layers", a->layers, "without -m: layers of experts per type (default 2)");
+  sub.add_option("--picks", a->picks, "experts per job (one token's cold picks of a layer), comma-separated (default 8,4)");
+  sub.add_option("-t,--threads", a->threads, "cold-expert pool threads (default: as the hybrid session, cores - 2)");
+  sub.add_option("--seconds", a->seconds, "seconds per cold measurement (default 1)");
+  sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
+  sub.add_option("--kernels", a->kernels, "force a CPU kernel level: scalar, avx2 or avx512 (default: the best)");
+  sub.callback([a] {
+    if (a->kernels == "scalar") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+    else if (a->kernels == "avx2") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Avx2);
+    else if (a->kernels == "avx512") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Avx512);
+    else if (!a->kernels.empty()) strata::fail("bench-cold: --kernels must be scalar, avx2 or avx512");
+    if (a->layers < 1) strata::fail("bench-cold: --layers must be >= 1");
+    if (a->seconds <= 0) strata::fail("bench-cold: --seconds must be > 0");
+    std::vector<int> picks;
+    for (const std::string& s : split_commas(a->picks)) picks.push_back(std::stoi(s));
+    if (picks.empty()) strata::fail("bench-cold: --picks is empty");
+    const int threads = a->threads > 0 ? a->threads : strata::ColdExpertPool::default_threads();
+
+    std::fprintf(stderr, "measuring host DRAM bandwidth (triad, %d threads)...\n", omp_get_max_threads());
+    const strata::BandwidthResult bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
+    // Let OpenMP's threads stop spinning before the pool's threads want the cores.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    strata::ColdExpertPool pool(threads);
+
+    std::printf("cold experts on the CPU: %d pool threads, %s kernels; host triad %.1f GB/s (%d threads)\n", threads,
+                strata::cpu_kernel_level_name(strata::cpu_kernel_level()), bw.triad_gbs, bw.threads);
+    std::printf("%-22s %5s %7s %9s %9s %9s %8s %7s %9s %8s %7s\n", "experts", "picks", "threads", "MiB/job",
+                "ms/job", "median", "GB/s", "triad", "cached ms", "GB/s", "set MiB");
+    const auto run_all = [&](const std::string& label, const std::vector<strata::ExpertFfn>& layers) {
+      for (int k : picks) {
+        strata::ColdBenchOptions o;
+        o.picks = k;
+        o.seconds = a->seconds;
+        print_row(label, strata::bench_cold_experts(pool, layers, o), bw.triad_gbs);
+      }
+    };
+    if (!a->model.empty()) {
+      const auto model = strata::Model::load(a->model);
+      std::vector<strata::ExpertFfn> layers;
+      for (const auto& l : model->weights().layers)
+        if (l.moe.gate.n_expert > 0) layers.push_back(l.moe);
+      if (layers.empty()) strata::fail(a->model, ": no MoE layers");
+      run_all("file " + type_label(layers.front()), layers);
+    } else {
+      const auto& c = strata::convert::find_synth_preset(a->preset).config;
+      if (c.n_expert <= 0) strata::fail("bench-cold: preset ", a->preset, " has no experts");
+      for (const std::string& t : split_commas(a->types)) {
+        const auto type = strata::type_from_name(t);
+        if (!type) strata::fail("bench-cold: unknown type '", t, "'");
+        const strata::SyntheticExperts ex(*type, c.n_embd, c.n_ff_exp, c.n_expert, a->layers, 1234);
+        run_all(type_label(ex.layers().front()), ex.layers());
+      }
+    }
+    std::printf("MiB/job: expert weight bytes per job; GB/s: those bytes / time (cold: cycling over every expert; "
+                "cached: one job's experts repeated); triad: cold GB/s over the triad\n");
+    std::printf("device: %s, %u hardware threads; date %s\ncommand: %s\n", strata::cpu_model_name().c_str(),
+                std::thread::hardware_concurrency(), strata::local_iso_datetime().c_str(),
+                strata::own_command_line().c_str());
+  });
+}
+
+const bool registered = strata::cli::register_command(
+    "bench-cold", "Time the CPU cold-expert kernels (hybrid decode's CPU side) against the triad bandwidth",
+    setup_bench_cold);
+
+}  // namespace
