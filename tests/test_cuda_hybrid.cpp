@@ -48,11 +48,15 @@ std::string convert_fixture(const std::string& name, const std::string& type) {
 
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();
 
-// Slot maps: hot experts numbered in ascending id.
+// Slot maps: hot experts numbered in ascending id; a dense layer (no routed experts) has an empty row.
 SlotMap make_slots(const strata::Model& m, bool (*hot)(int layer, int expert)) {
   const auto& c = m.config();
   SlotMap s(static_cast<size_t>(c.n_layer), std::vector<int>(static_cast<size_t>(c.n_expert), -1));
   for (int l = 0; l < c.n_layer; ++l) {
+    if (c.layer(l).ffn != strata::FfnKind::Moe) {
+      s[static_cast<size_t>(l)].clear();
+      continue;
+    }
     int next = 0;
     for (int e = 0; e < c.n_expert; ++e)
       if (hot(l, e)) s[static_cast<size_t>(l)][static_cast<size_t>(e)] = next++;
@@ -132,11 +136,13 @@ sc::HybridTelemetry check_hybrid(const strata::Model& model, const Reference& re
               label.c_str(), e_cpu, e_gpu, ids == ref.gpu_greedy ? "equal" : "DIFFER", t.cold_hit_rate(),
               static_cast<unsigned long long>(t.cold_picks), static_cast<unsigned long long>(t.picks),
               static_cast<unsigned long long>(t.cpu_jobs), t.cpu_cold_ms, t.gpu_wait_ms, h.weight_bytes() / 1048576.0);
-  // The greedy run pushes prompt + n_new - 1 tokens through every MoE layer.
+  // The greedy run pushes prompt + n_new - 1 tokens through every MoE layer (dense layers route nothing).
   const auto& c = model.config();
   const uint64_t tokens = prompt.size() + static_cast<size_t>(n_new) - 1;
+  uint64_t n_moe = 0;
+  for (int l = 0; l < c.n_layer; ++l) n_moe += c.layer(l).ffn == strata::FfnKind::Moe ? 1 : 0;
   EXPECT_EQ(t.tokens, tokens) << label;
-  EXPECT_EQ(t.picks, tokens * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_expert_used)) << label;
+  EXPECT_EQ(t.picks, tokens * n_moe * static_cast<uint64_t>(c.n_expert_used)) << label;
   uint64_t sum = 0;
   for (uint64_t v : t.cold_picks_per_layer) sum += v;
   EXPECT_EQ(sum, t.cold_picks) << label;
@@ -144,15 +150,16 @@ sc::HybridTelemetry check_hybrid(const strata::Model& model, const Reference& re
   EXPECT_EQ(t.expert_picks.size(), static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert)) << label;
   for (int l = 0; l < c.n_layer && t.expert_picks.size() == static_cast<size_t>(c.n_layer) * c.n_expert; ++l) {
     uint64_t all = 0, cold_from_map = 0;
+    const bool routed = c.layer(l).ffn == strata::FfnKind::Moe;
     for (int e = 0; e < c.n_expert; ++e) {
       const uint64_t v = t.expert_picks[static_cast<size_t>(l) * static_cast<size_t>(c.n_expert) + static_cast<size_t>(e)];
       all += v;
-      if (slots[static_cast<size_t>(l)][static_cast<size_t>(e)] < 0) cold_from_map += v;
+      if (routed && slots[static_cast<size_t>(l)][static_cast<size_t>(e)] < 0) cold_from_map += v;
     }
-    EXPECT_EQ(all, tokens * static_cast<uint64_t>(c.n_expert_used)) << label << " layer " << l;
+    EXPECT_EQ(all, routed ? tokens * static_cast<uint64_t>(c.n_expert_used) : 0u) << label << " layer " << l;
     EXPECT_EQ(cold_from_map, t.cold_picks_per_layer[static_cast<size_t>(l)]) << label << " layer " << l;
   }
-  EXPECT_LE(t.cpu_jobs, tokens * static_cast<uint64_t>(c.n_layer)) << label;
+  EXPECT_LE(t.cpu_jobs, tokens * n_moe) << label;
   EXPECT_EQ(t.cpu_jobs == 0, t.cold_picks == 0) << label;
   return t;
 }
@@ -195,6 +202,13 @@ TEST(CudaHybrid, Qwen35MoeFixtureEqualsAllGpu) {
   REQUIRE_GPU();
   for (const char* type : {"bf16", "q4_k_m"})
     run_all_maps(convert_fixture("qwen3_5_moe", type), std::string("qwen3_5_moe ") + type, 10, 12);
+}
+
+// laguna: a dense first layer (no experts, an empty slot-map row), the sigmoid router, sliding layers.
+TEST(CudaHybrid, LagunaFixturesEqualAllGpu) {
+  REQUIRE_GPU();
+  run_all_maps(convert_fixture("laguna", "f32"), "laguna f32", 10, 12);
+  run_all_maps(convert_fixture("laguna_swa", "f32"), "laguna_swa f32", 10, 12);
 }
 
 TEST(CudaHybrid, TinyModelEqualsAllGpu) {

@@ -17,6 +17,7 @@ namespace {
 __global__ void uncount_kernel(const int* ids, int n_layer, int k, int n_expert, unsigned long long* counts) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_layer * k; i += gridDim.x * blockDim.x) {
     const int il = i / k;
+    if (ids[i] < 0) continue;  // a layer that routes nothing (a dense feed-forward) keeps -1
     atomicAdd(counts + static_cast<int64_t>(il) * n_expert + ids[i], ~0ull);  // - 1 (mod 2^64)
   }
 }

@@ -40,6 +40,7 @@ struct LookaheadLink {
 
 // Subtracts one from counts[il * n_expert + ids[il * k + p]] for every layer il < n_layer and pick
 // p < k: the router picks of a dropped step (each layer routes into its own k ids).
+// ids of a layer without routed experts are -1 and skipped.
 void uncount_routes(const int* ids, int n_layer, int k, int n_expert, unsigned long long* counts, cudaStream_t s);
 
 }  // namespace strata::cuda

@@ -194,6 +194,8 @@ struct GpuSession::Impl {
     const size_t k = static_cast<size_t>(c.n_expert_used);
     router = dalloc<float>(c.n_expert);
     ids = dalloc<int>(static_cast<size_t>(c.n_layer) * k);  // each layer routes into its own k ids
+    // -1: a dense layer's ids stay so (a dropped lookahead step uncounts only what was routed).
+    check_cuda(cudaMemset(ids, 0xff, static_cast<size_t>(c.n_layer) * k * sizeof(int)), "cudaMemset(ids)");
     wts = dalloc<float>(k);
     g = dalloc<float>(std::max(k * c.n_ff_exp, static_cast<size_t>(c.n_ff)));  // routed experts' or a dense layer's
     ye = dalloc<float>(k * d);

@@ -58,10 +58,6 @@ class HybridMoeImpl final : public HybridMoe {
         c_(model.config()),
         pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()) {
     if (!dm.hybrid()) fail("hybrid MoE: the device model was built without an expert slot map");
-    for (int il = 0; il < c_.n_layer; ++il)
-      if (c_.layer(il).ffn != FfnKind::Moe)
-        fail("hybrid hot/cold experts are not implemented for models with dense feed-forward layers (model ",
-             c_.arch_name, ", layer ", il, "): give the GPU room for every expert, or run on the CPU");
     if (c_.n_expert_used < 1 || c_.n_expert_used > kHybridMaxK)
       fail("hybrid MoE: ", c_.n_expert_used, " experts per token (supported: 1..", kHybridMaxK, ")");
     try {
@@ -178,7 +174,12 @@ class HybridMoeImpl final : public HybridMoe {
       calls[l] += batch_calls_[l];
       cold[l] += batch_cold_[l];
     }
-    t.tokens = nl > 0 ? calls[0] : 0;
+    // Tokens: passes through the first layer that routes (a model may begin with dense layers).
+    for (size_t l = 0; l < nl; ++l)
+      if (c_.layer(static_cast<int>(l)).ffn == FfnKind::Moe) {
+        t.tokens = calls[l];
+        break;
+      }
     t.cold_picks_per_layer.assign(cold.begin(), cold.end());
     std::vector<unsigned long long> per_expert(nl * static_cast<size_t>(c_.n_expert));
     check_cuda(cudaMemcpy(per_expert.data(), ring_.expert_picks, per_expert.size() * sizeof(unsigned long long),
@@ -271,6 +272,8 @@ class HybridMoeImpl final : public HybridMoe {
     std::vector<int> flat(nl * ne, -1);
     n_hot_.assign(nl, 0);
     for (size_t l = 0; l < nl; ++l) {
+      // A dense layer routes nothing: its row is empty, its slots stay -1 (never read).
+      if (c_.layer(static_cast<int>(l)).ffn != FfnKind::Moe && slots[l].empty()) continue;
       if (slots[l].size() != ne) fail("hybrid MoE: slot map layer ", l, " has ", slots[l].size(), " entries, not ", ne);
       for (size_t e = 0; e < ne; ++e) {
         flat[l * ne + e] = slots[l][e];

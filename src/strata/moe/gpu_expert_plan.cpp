@@ -26,7 +26,7 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
     if (out.hybrid) out.expert_slots = out.plan.slot_of;
   }
   if (!request.prefill_unsupported.empty()) {
-    in.prefill_cache_note = cat("none: prompts run token by token (the batched prefill does not implement ",
+    in.prefill_cache_note = cat("none: prompts run token by token (not in the batched prefill: ",
                                 request.prefill_unsupported, ")");
     out.receipt = compute_vram_receipt(in);
   } else if (request.prefill_f16_cache && fits) {
