@@ -20,6 +20,19 @@ namespace strata::cuda {
 
 constexpr int kRouteRegs = 8;  // experts per lane held in registers: up to 256 experts
 
+// The warp's largest (best, bi) pair, the lowest bi among equal values, in every lane.
+__device__ __forceinline__ void warp_argmax_lowest(float& best, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+}
+
 // RouteRule (kernels.h): softmax (null or !sigmoid) or the sigmoid rule below.
 // The sigmoid rule of warp_route (same lane layout and tie rule: the lower id among equal keys).
 static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int n_expert, int k, int* chosen,
@@ -75,15 +88,7 @@ static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int 
           bi = i;
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-          best = ov;
-          bi = oi;
-        }
-      }
+      warp_argmax_lowest(best, bi);
       if (lane == 0) {
         if (bi >= n_expert) {  // no key above -inf (NaN logits): the lowest id not yet taken
           bi = 0;
@@ -186,15 +191,7 @@ static __device__ __noinline__ void warp_route(const float* logits, int n_expert
           bi = i;
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-          best = ov;
-          bi = oi;
-        }
-      }
+      warp_argmax_lowest(best, bi);
       if (lane == 0) {
         if (bi >= n_expert) {  // no probability beat -1 (NaN logits): the lowest id not yet taken
           bi = 0;
