@@ -67,7 +67,8 @@ std::unique_ptr<RoutingTraceWriter> open_routing_trace(const Model& model, const
   if (o.collect_routing.empty()) return nullptr;
   const ModelIdentity id = model_identity(model);
   RoutingTraceHeader h;
-  h.n_layer = id.n_layer, h.n_expert = id.n_expert, h.k = id.n_expert_used;
+  h.n_layer = static_cast<int>(model.config().routed_layers().size());  // dense layers are not recorded
+  h.n_expert = id.n_expert, h.k = id.n_expert_used;
   h.fingerprint = id.fingerprint;
   h.source = id.name;
   return std::make_unique<RoutingTraceWriter>(o.collect_routing, h);
@@ -77,11 +78,12 @@ std::unique_ptr<RoutingSource> open_routing_replay(const Model& model, const Bac
   if (o.routing.empty()) return nullptr;
   const RoutingReplaySpec spec = parse_routing_replay(o.routing);
   const ModelConfig& c = model.config();
+  const int n_routed = static_cast<int>(c.routed_layers().size());  // what traces hold
   if (spec.generated)
-    return std::make_unique<RoutingGenerator>(routing_setting(spec.name), c.n_layer, c.n_expert, c.n_expert_used,
+    return std::make_unique<RoutingGenerator>(routing_setting(spec.name), n_routed, c.n_expert, c.n_expert_used,
                                               spec.seed);
   RoutingTrace trace = read_routing_trace(spec.path);
-  check_trace_shape(trace.header, c.n_layer, c.n_expert, c.n_expert_used, "--routing " + spec.path);
+  check_trace_shape(trace.header, n_routed, c.n_expert, c.n_expert_used, "--routing " + spec.path);
   const std::string fp = model_identity(model).fingerprint;
   std::string label = cat("replayed ", spec.path);
   if (!trace.header.fingerprint.empty() && trace.header.fingerprint != fp)

@@ -15,6 +15,8 @@
 #include "strata/cpu/ops.h"
 #include "strata/engine/blocks.h"
 #include "strata/engine/model.h"
+#include "strata/engine/routing_counts.h"
+#include "strata/engine/routing_trace.h"
 #include "strata/engine/session.h"
 #include "strata/moe/gpu_support.h"
 
@@ -317,4 +319,54 @@ TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
   EXPECT_NE(gpu_prefill_unsupported_feature(c), "");
   c.layers[1].mixer = LayerKind::SlidingAttention;
   EXPECT_EQ(gpu_prefill_unsupported_feature(c), "layer 1 runs sliding-window attention");
+}
+
+// Routing traces record the routed layers only: laguna's dense first layer routes nothing. A trace's
+// picks add up to the routing counts of those layers, and replaying the recorded trace reproduces the
+// run exactly (replayed picks keep the router's own weights).
+TEST(LagunaModel, RoutingTracesHoldTheRoutedLayers) {
+  auto model = Model::load(synth_tiny_laguna("tiny_laguna_trace.gguf"));
+  const ModelConfig& c = model->config();
+  const std::vector<int> routed = c.routed_layers();
+  ASSERT_EQ(routed.size(), static_cast<size_t>(c.n_layer - 1));
+  ASSERT_EQ(routed.front(), 1);
+  const std::string path = (fs::path(testing::TempDir()) / "tiny_laguna.trace").string();
+  RoutingTraceHeader h;
+  h.n_layer = static_cast<int>(routed.size()), h.n_expert = c.n_expert, h.k = c.n_expert_used;
+  const int32_t tokens[] = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<float> plain(static_cast<size_t>(c.n_vocab) * 8), again(plain.size());
+  RoutingCounts counts;
+  {
+    RoutingTraceWriter w(path, h);
+    Session s(*model, 32);
+    s.set_routing_trace(&w, 0);
+    s.set_routing_counts(&counts);
+    s.forward(tokens, 8, plain.data(), true);
+  }
+  const RoutingTrace r = read_routing_trace(path);
+  ASSERT_EQ(r.streams.size(), 1u);
+  ASSERT_EQ(r.streams[0].picks.size(), 8 * r.token_stride());
+  RoutingCounts from_trace;
+  from_trace.reset(c.n_layer, c.n_expert);
+  for (size_t i = 0; i < r.streams[0].picks.size(); ++i)
+    from_trace.add(routed[(i / static_cast<size_t>(c.n_expert_used)) % routed.size()], r.streams[0].picks[i]);
+  EXPECT_EQ(from_trace.counts, counts.counts);
+
+  TraceReplay replay(read_routing_trace(path), "recorded");
+  Session s(*model, 32);
+  s.set_routing_replay(&replay);
+  s.forward(tokens, 8, again.data(), true);
+  EXPECT_EQ(again, plain);
+
+  // A trace of every layer does not fit: the shape names the routed layers.
+  RoutingTraceHeader all = h;
+  all.n_layer = c.n_layer;
+  RoutingTraceWriter w(path + ".all", all);
+  Session t(*model, 32);
+  try {
+    t.set_routing_trace(&w, 0);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--collect-routing"), std::string::npos) << e.what();
+  }
 }

@@ -41,7 +41,12 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   std::vector<float> x(width), xn(width), y(width);
   std::vector<int> picks;
   const size_t k = static_cast<size_t>(c.n_expert_used);
-  const size_t token_stride = static_cast<size_t>(c.n_layer) * k;
+  // Traces and replays hold the routed layers only (ModelConfig::routed_layers): layer il is their
+  // layer trace_layer[il] (-1 for a dense layer).
+  std::vector<int> trace_layer(static_cast<size_t>(c.n_layer), -1);
+  int n_routed = 0;
+  for (int il : c.routed_layers()) trace_layer[static_cast<size_t>(il)] = n_routed++;
+  const size_t token_stride = static_cast<size_t>(n_routed) * k;
 
   // Replayed picks, [row x layer x k], -1 for rows the router picks for; asked for before anything
   // changes so a failing source leaves the states as they were.
@@ -82,14 +87,14 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
         if (!replayed.empty()) {
           forced.resize(static_cast<size_t>(n) * k);
           for (size_t t = 0; t < static_cast<size_t>(n); ++t)
-            std::copy_n(replayed.data() + t * token_stride + static_cast<size_t>(il) * k, k, forced.data() + t * k);
+            std::copy_n(replayed.data() + t * token_stride + static_cast<size_t>(trace_layer[il]) * k, k,
+                        forced.data() + t * k);
         }
         moe_block(c, L.moe, xn.data(), n, y.data(), &picks, replayed.empty() ? nullptr : forced.data());
         break;
       case FfnKind::Dense: dense_ffn_block(L.dense, xn.data(), n, y.data()); break;
     }
-    // Each part's picks: kept for keep_pending, or counted (and traced) now. A dense layer routes nothing
-    // (routing traces refuse models with dense layers: Session::set_routing_trace).
+    // Each part's picks: kept for keep_pending, or counted (and traced) now. A dense layer routes nothing.
     const size_t kl = spec.ffn == FfnKind::Moe ? k : 0;
     for (int p = 0; p < n_parts; ++p) {
       ForwardPart& part = parts[p];
@@ -102,7 +107,8 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
         if (part.counts) count_picks(*part.counts, il, &*from, &*from + (to - from));
         std::vector<int>& tr = traced[static_cast<size_t>(p)];
         for (size_t t = 0; t < tr.size() / token_stride; ++t)
-          std::copy_n(from + static_cast<std::ptrdiff_t>(t * k), k, tr.data() + t * token_stride + static_cast<size_t>(il) * k);
+          std::copy_n(from + static_cast<std::ptrdiff_t>(t * k), k,
+                      tr.data() + t * token_stride + static_cast<size_t>(trace_layer[il]) * k);
       }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
@@ -153,12 +159,13 @@ void keep_pending(const Model& model, SequenceState& state, const int* path, int
   const ModelConfig& c = model.config();
   if (trace && m > 0) {
     const size_t k = static_cast<size_t>(c.n_expert_used);
-    const size_t stride = static_cast<size_t>(c.n_layer) * k;
+    const std::vector<int> routed = c.routed_layers();  // the trace's layers
+    const size_t stride = routed.size() * k;
     std::vector<int> kept(static_cast<size_t>(m) * stride);
-    for (size_t il = 0; il < state.pending_picks.size(); ++il)
+    for (size_t r = 0; r < routed.size(); ++r)
       for (int j = 0; j < m; ++j)
-        std::copy_n(state.pending_picks[il].data() + static_cast<size_t>(path[j]) * k, k,
-                    kept.data() + static_cast<size_t>(j) * stride + il * k);
+        std::copy_n(state.pending_picks[static_cast<size_t>(routed[r])].data() + static_cast<size_t>(path[j]) * k, k,
+                    kept.data() + static_cast<size_t>(j) * stride + r * k);
     trace->append(stream, kept.data(), m);
   }
   if (counts) {

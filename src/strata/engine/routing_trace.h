@@ -3,8 +3,10 @@
 // replayed by bench (--routing).
 //
 // File format, version 1, little-endian:
-//   header:  magic "STRATRT1" (8 bytes), u32 version (1), u32 n_layer, u32 n_expert, u32 k (picks per
-//            token and layer), u32 id_bytes (1 when n_expert <= 256, else 2),
+//   header:  magic "STRATRT1" (8 bytes), u32 version (1), u32 n_layer (the model's routed layers, in
+//            order: a dense feed-forward layer routes nothing and is not recorded; every layer of
+//            qwen3moe / qwen35moe), u32 n_expert, u32 k (picks per token and layer), u32 id_bytes (1 when
+//            n_expert <= 256, else 2),
 //            u32 fingerprint length + bytes (the model's fingerprint, moe/model_fingerprint.h; empty for
 //            a generated trace), u32 source length + bytes (what made it: the model's name, or the
 //            generator's setting and seed), each string at most 4096 bytes.

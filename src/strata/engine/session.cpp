@@ -72,33 +72,22 @@ void Session::keep(const int* path, int m) {
   keep_pending(model_, state_, path, m, routing_counts_, trace_, trace_stream_);
 }
 
-namespace {
-
-// Routing traces hold k picks per token in every layer: a model with dense feed-forward layers (laguna's
-// first layers) has none there.
-void refuse_dense_layers(const ModelConfig& c, const char* flag) {
-  for (int il = 0; il < c.n_layer; ++il)
-    if (c.layer(il).ffn != FfnKind::Moe)
-      fail(flag, ": routing traces need every layer to be a mixture of experts; layer ", il, " of this ", c.arch_name,
-           " model is a dense feed-forward");
-}
-
-}  // namespace
 
 void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
   const ModelConfig& c = model_.config();
-  if (trace) refuse_dense_layers(c, "--collect-routing");
-  if (trace) check_trace_shape(trace->header(), c.n_layer, c.n_expert, c.n_expert_used, "--collect-routing");
+  // A trace records the routed layers only (dense ones route nothing).
+  const int n_routed = static_cast<int>(c.routed_layers().size());
+  if (trace) check_trace_shape(trace->header(), n_routed, c.n_expert, c.n_expert_used, "--collect-routing");
   trace_ = trace;
   trace_stream_ = stream;
 }
 
 void Session::set_routing_replay(RoutingSource* source) {
   const ModelConfig& c = model_.config();
-  if (source) refuse_dense_layers(c, "--routing");
-  if (source && (source->n_layer() != c.n_layer || source->n_expert() != c.n_expert || source->k() != c.n_expert_used))
+  const int n_routed = static_cast<int>(c.routed_layers().size());
+  if (source && (source->n_layer() != n_routed || source->n_expert() != c.n_expert || source->k() != c.n_expert_used))
     fail("--routing ", source->label(), ": routing of ", source->n_layer(), " layers x ", source->n_expert(),
-         " experts top-", source->k(), " does not fit the model (", c.n_layer, " layers x ", c.n_expert,
+         " experts top-", source->k(), " does not fit the model (", n_routed, " routed layers x ", c.n_expert,
          " experts top-", c.n_expert_used, ")");
   replay_ = source;
 }

@@ -57,6 +57,13 @@ const char* layer_kind_name(LayerKind k) {
 
 const char* ffn_kind_name(FfnKind k) { return k == FfnKind::Moe ? "mixture of experts" : "dense SwiGLU"; }
 
+std::vector<int> ModelConfig::routed_layers() const {
+  std::vector<int> r;
+  for (int il = 0; il < n_layer; ++il)
+    if (layer(il).ffn == FfnKind::Moe) r.push_back(il);
+  return r;
+}
+
 int ModelConfig::n_full_attention_layers() const {
   return count_layers(layers, [](const LayerSpec& l) { return l.mixer == LayerKind::FullAttention; });
 }

@@ -102,6 +102,9 @@ struct ModelConfig {
   const LayerSpec& layer(int il) const { return layers[static_cast<size_t>(il)]; }
 
   int n_full_attention_layers() const;
+  // The layers with routed experts (FfnKind::Moe), in model order: what routing traces record, their
+  // layer j being model layer routed_layers()[j].
+  std::vector<int> routed_layers() const;
   int n_attention_layers() const;  // full and sliding: the layers with a KV cache
   int n_deltanet_layers() const;
 };
