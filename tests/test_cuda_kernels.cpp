@@ -1034,8 +1034,8 @@ TEST(CudaKernels, GemvInt8RouteInWithNormedInputAtModelWidth) {
   }
 }
 
-// The decode matvec keeps everything in registers: no stack frame, no spills (a 56-byte frame around a
-// called routing function cost the decode 7% on the H100; docs/PERF.md, 2026-11-23).
+// The decode matvec keeps everything in registers: no stack frame, no spills (a frame around a called
+// routing function once slowed the decode; docs/PERF.md).
 TEST(CudaKernels, GemvKernelUsesNoLocalMemory) {
   REQUIRE_GPU();
   EXPECT_EQ(sc::gemv_local_bytes(), 0u);

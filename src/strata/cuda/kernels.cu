@@ -388,8 +388,8 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 // unnormalised value sum with a thread per dim, eight value rows' loads in flight per step (summed in
 // position order). One active chunk writes the output; otherwise each block leaves (max, sum, partial
 // output) in scratch and the last block of the head merges them in chunk order (a deterministic result).
-// Short chunks keep each block's chain of dependent loads short: with one chunk per 256 positions, a
-// 144-token context cost ~39 us per attention layer inside the decode graph (docs/PERF.md, 2026-11-23).
+// Short chunks keep each block's chain of dependent loads short: long chunks made short contexts pay a
+// long serial chain per attention layer inside the decode graph (docs/PERF.md has the comparison).
 // Cache row of position p: the position itself, or p % rows in a sliding layer's ring.
 __device__ __forceinline__ int64_t ring_row(int p, int rows) { return p < rows ? p : p % rows; }
 

@@ -24,8 +24,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCols = 16384;
 
 // Resident blocks per SM the register budget is sized for: 3 = 80 registers per thread, no spills (at 4,
-// 64 registers, the int8 path spills and decodes slower; the earlier unrolled kernel ran at 2 with 128
-// registers; docs/PERF.md has the comparisons).
+// 64 registers, the int8 path spills and decodes slower; docs/PERF.md has the comparisons).
 constexpr int kMinBlocksPerSm = 3;
 
 
@@ -62,9 +61,8 @@ struct DJob {
 // The k picks end in chosen[] (shared memory); with write_out the warp also writes ids / weights /
 // counts. (A rank count by the whole block, n_expert^2 comparisons, made the routed launches
 // issue-bound: every block of the expert launch routes for itself.) Inlined: as a called function, its
-// call inside the tile loop made ptxas keep 14 of the kernel's registers on the stack (56 bytes of local
-// memory, spill loads in the row loops) and the decode ran 7% slower on the H100 (docs/PERF.md,
-// 2026-11-23); warp_route itself stays a call.
+// call inside the tile loop made ptxas keep kernel registers on the stack (local memory, spill loads in
+// the row loops) and the decode slower (docs/PERF.md); warp_route itself stays a call.
 static __device__ __forceinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];

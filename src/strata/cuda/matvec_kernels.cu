@@ -72,9 +72,9 @@ int gemv_blocks_per_sm() {
 // Process-wide arithmetic (set_gemv_math); Int8 unless a caller chose otherwise.
 GemvMath g_math = GemvMath::Int8;
 
-// Units of a row per lane (launches that fit one wave of resident blocks take fewer, gemv_batch):
-// 8 beat 4 and 16 on the H100 (docs/PERF.md): the DeltaNet input projection's tiles then fill about one
-// wave, and the lm_head's tiles grow to 64 rows.
+// Units of a row per lane (launches that fit one wave of resident blocks take fewer, gemv_batch): at 8
+// the DeltaNet input projection's tiles fill about one wave and the lm_head's tiles grow to 64 rows
+// (docs/PERF.md compares 4, 8 and 16).
 constexpr int kUnitsPerThread = 8;
 
 int sm_count() {

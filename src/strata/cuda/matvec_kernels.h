@@ -128,7 +128,7 @@ int64_t max_gemv_cols();
 // over the k picked experts (and the shared expert when shared is set), every expert's input staged in
 // each block (int8 form for K-quants under GemvMath::Int8, as gemv_batch). The same sum as the down jobs
 // plus GemvCombine, up to the order of the float additions. Inside the decode graph the combine's
-// last-block step (fences, counter, one block reading k + 1 outputs) had cost ~9 us per layer.
+// last-block step (fences, counter, one block reading k + 1 outputs) sat on every layer's critical path.
 struct GemvDownSum {
   const DevMatrix* down = nullptr;  // routed stack: n_rows = d, n_cols = ff
   const int* ids = nullptr;         // k expert ids (device)
@@ -149,8 +149,8 @@ bool gemv_down_sum_fits(const GemvDownSum& a);
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
 
 // Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU.
-// The GPU tests require 0: a 56-byte stack frame, from a called routing function in the tile loop, cost
-// the decode 7% on the H100 (docs/PERF.md, 2026-11-23), and nothing else would show it.
+// The GPU tests require 0: a stack frame from a called routing function in the tile loop once slowed the
+// decode (docs/PERF.md), and nothing else would show it.
 size_t gemv_local_bytes();
 
 }  // namespace strata::cuda

@@ -93,12 +93,8 @@ void add_assistant_turn(const OrderedJson& content, const std::string& name, std
 }
 
 std::vector<ChatMessage> parse_anthropic_messages(const OrderedJson& v) {
-  const OrderedJson& arr = get_array(v, "messages");
-  if (arr.empty()) bad_request("messages", "'messages' must not be empty");
   std::vector<ChatMessage> out;
-  for (size_t i = 0; i < arr.size(); ++i) {
-    const std::string name = cat("messages[", i, "]");
-    const OrderedJson& m = get_object(arr[i], name);
+  for_each_message(v, [&](size_t i, size_t count, const std::string& name, const OrderedJson& m) {
     for (const auto& [key, value] : m.items())
       if (key != "role" && key != "content") bad_request(name, "unknown field '", name, ".", key, "'");
     const std::string& role = get_string(required(m, "role", name), name + ".role");
@@ -106,13 +102,13 @@ std::vector<ChatMessage> parse_anthropic_messages(const OrderedJson& v) {
     if (role == "user") {
       add_user_turn(content, name + ".content", out);
     } else if (role == "assistant") {
-      if (i + 1 == arr.size())
+      if (i + 1 == count)
         bad_request(name, "a final assistant message (prefilling the answer) is not supported; end with a user message");
       add_assistant_turn(content, name + ".content", out);
     } else {
       bad_request(name, "'", name, ".role' must be 'user' or 'assistant' (the system prompt goes in 'system'), got '", role, "'");
     }
-  }
+  });
   return out;
 }
 

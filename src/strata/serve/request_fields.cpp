@@ -9,6 +9,16 @@ const OrderedJson& required(const OrderedJson& obj, const char* key, const std::
   return obj[key];
 }
 
+void for_each_message(const OrderedJson& v,
+                      const std::function<void(size_t, size_t, const std::string&, const OrderedJson&)>& fn) {
+  const OrderedJson& arr = get_array(v, "messages");
+  if (arr.empty()) bad_request("messages", "'messages' must not be empty");
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string name = cat("messages[", i, "]");
+    fn(i, arr.size(), name, get_object(arr[i], name));
+  }
+}
+
 void check_keys(const OrderedJson& obj, const std::string& name, const std::vector<std::string>& allowed) {
   for (const auto& [key, value] : obj.items()) {
     bool ok = false;

@@ -37,6 +37,9 @@ void finish_generation_params(RequestParams& gen, std::optional<int> max_tokens,
 const OrderedJson& required(const OrderedJson& obj, const char* key, const std::string& name);
 // 400 naming the first key of `obj` not in `allowed`.
 void check_keys(const OrderedJson& obj, const std::string& name, const std::vector<std::string>& allowed);
+// The request's 'messages': a non-empty array of objects; fn(i, count, "messages[i]", message) for each.
+void for_each_message(const OrderedJson& v,
+                      const std::function<void(size_t, size_t, const std::string&, const OrderedJson&)>& fn);
 
 // Flat tool declarations ({name, description, <schema_key>}, as Anthropic and the Responses API send
 // them) in the chat-completions shape the template renders. `check(tool, name)` refuses what its

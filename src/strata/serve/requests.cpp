@@ -110,12 +110,8 @@ ToolCall parse_tool_call(const OrderedJson& v, const std::string& name) {
 }
 
 std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
-  const OrderedJson& arr = get_array(v, "messages");
-  if (arr.empty()) bad_request("messages", "'messages' must not be empty");
   std::vector<ChatMessage> out;
-  for (size_t i = 0; i < arr.size(); ++i) {
-    const std::string name = cat("messages[", i, "]");
-    const OrderedJson& m = get_object(arr[i], name);
+  for_each_message(v, [&](size_t, size_t, const std::string& name, const OrderedJson& m) {
     ChatMessage msg;
     if (!m.contains("role")) bad_request(name, "'", name, ".role' is required");
     msg.role = get_string(m["role"], name + ".role");
@@ -149,7 +145,7 @@ std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
       bad_request(name, "'", name, ".content' is required");
     }
     out.push_back(std::move(msg));
-  }
+  });
   return out;
 }
 
