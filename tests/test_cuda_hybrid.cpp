@@ -139,8 +139,7 @@ sc::HybridTelemetry check_hybrid(const strata::Model& model, const Reference& re
   // The greedy run pushes prompt + n_new - 1 tokens through every MoE layer (dense layers route nothing).
   const auto& c = model.config();
   const uint64_t tokens = prompt.size() + static_cast<size_t>(n_new) - 1;
-  uint64_t n_moe = 0;
-  for (int l = 0; l < c.n_layer; ++l) n_moe += c.layer(l).ffn == strata::FfnKind::Moe ? 1 : 0;
+  const uint64_t n_moe = c.routed_layers().size();
   EXPECT_EQ(t.tokens, tokens) << label;
   EXPECT_EQ(t.picks, tokens * n_moe * static_cast<uint64_t>(c.n_expert_used)) << label;
   uint64_t sum = 0;

@@ -1,6 +1,5 @@
 #include "strata/cuda/device_state.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "strata/base/error.h"
@@ -23,16 +22,10 @@ size_t kv_bytes(const ModelConfig& c, int64_t rows, KvType t) {
 
 }  // namespace
 
-int64_t kv_rows(const ModelConfig& c, int il, int max_ctx) {
-  const LayerSpec& l = c.layer(il);
-  if (l.mixer != LayerKind::SlidingAttention) return max_ctx;
-  return std::min<int64_t>(max_ctx, static_cast<int64_t>(l.window) + kSlidingForwardTokens - 1);
-}
-
 size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv) {
   size_t n = 0;
   for (int il = 0; il < c.n_layer; ++il) {
-    const int64_t rows = kv_rows(c, il, max_ctx);
+    const int64_t rows = attention_cache_rows(c, il, max_ctx);
     n += is_attention(c.mixer(il)) ? kv_bytes(c, rows, kv.k) + kv_bytes(c, rows, kv.v)
                                    : (conv_floats(c) + ssm_floats(c)) * sizeof(float);
   }
@@ -70,7 +63,7 @@ DeviceSequenceState::DeviceSequenceState(const ModelConfig& c, int max_ctx, KvCa
       DeviceLayerState& L = layers[il];
       if (is_attention(c.mixer(il))) {
         L.kv = kv;
-        L.rows = static_cast<int>(kv_rows(c, il, max_ctx));
+        L.rows = static_cast<int>(attention_cache_rows(c, il, max_ctx));
         L.k = alloc_bytes(kv_bytes(c, L.rows, kv.k));
         L.v = alloc_bytes(kv_bytes(c, L.rows, kv.v));
       } else {

@@ -20,7 +20,8 @@ void* alloc_state_bytes(size_t bytes, int max_ctx);
 
 struct DeviceLayerState {
   // Attention: [rows x kv_width] key rows after norm + rotary, and value rows, as kv's types (float or
-  // __half elements); rows = max_ctx, or a sliding layer's ring (kv_rows): position p in row p % rows.
+  // __half elements); rows = max_ctx, or a sliding layer's ring (attention_cache_rows, as the CPU's):
+  // position p in row p % rows.
   void* k = nullptr;
   void* v = nullptr;
   int rows = 0;
@@ -36,10 +37,6 @@ struct DeviceLayerState {
   float* conv_snap = nullptr;
   float* ssm_snap = nullptr;
 };
-
-// Cache rows of attention layer il: the context, or for a sliding layer the window plus one forward's
-// tokens (kSlidingForwardTokens, as the CPU's rings), at most the context.
-int64_t kv_rows(const ModelConfig& c, int il, int max_ctx);
 
 class DeviceSequenceState {
  public:

@@ -706,11 +706,11 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
 void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
   Impl& m = *impl_;
   m.validate(tokens, n);
-  // A sliding layer's ring keeps the window behind at most kSlidingForwardTokens pending tokens.
-  for (const DeviceLayerState& L : m.st.layers)
-    if (L.rows > 0 && L.rows < m.max_ctx && n > kSlidingForwardTokens)
-      fail("forward_pending: ", n, " tokens at once exceed the ", kSlidingForwardTokens,
-           " a sliding-window layer's cache ring holds");
+  // A sliding layer's ring keeps the window behind a limited number of pending tokens (as the CPU's).
+  const int limit = forward_token_limit(m.c, m.max_ctx);
+  if (n > limit)
+    fail("forward_pending: ", n, " tokens at once; this sequence's sliding-window caches take at most ", limit,
+         " per forward");
   const TokenTree tree = TokenTree::from_parents(parents, n);
   m.drop();
   m.save_snapshot();

@@ -175,11 +175,8 @@ class HybridMoeImpl final : public HybridMoe {
       cold[l] += batch_cold_[l];
     }
     // Tokens: passes through the first layer that routes (a model may begin with dense layers).
-    for (size_t l = 0; l < nl; ++l)
-      if (c_.layer(static_cast<int>(l)).ffn == FfnKind::Moe) {
-        t.tokens = calls[l];
-        break;
-      }
+    const std::vector<int> routed = c_.routed_layers();
+    t.tokens = routed.empty() ? 0 : calls[static_cast<size_t>(routed.front())];
     t.cold_picks_per_layer.assign(cold.begin(), cold.end());
     std::vector<unsigned long long> per_expert(nl * static_cast<size_t>(c_.n_expert));
     check_cuda(cudaMemcpy(per_expert.data(), ring_.expert_picks, per_expert.size() * sizeof(unsigned long long),

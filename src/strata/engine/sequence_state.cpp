@@ -6,11 +6,23 @@
 
 namespace strata {
 
+int64_t attention_cache_rows(const ModelConfig& c, int il, int max_ctx, int sliding_forward) {
+  const LayerSpec& l = c.layer(il);
+  if (l.mixer != LayerKind::SlidingAttention) return max_ctx;
+  return std::min<int64_t>(max_ctx, static_cast<int64_t>(l.window) + sliding_forward - 1);
+}
+
+int forward_token_limit(const ModelConfig& c, int max_ctx, int sliding_forward) {
+  for (int il = 0; il < c.n_layer; ++il)
+    if (attention_cache_rows(c, il, max_ctx, sliding_forward) < max_ctx) return std::min(max_ctx, sliding_forward);
+  return max_ctx;
+}
+
 SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv_types_, int sliding_forward)
     : max_ctx(max_ctx_), kv_types(kv_types_) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);
   if (sliding_forward < 1) fail("a forward must be allowed at least one token, got ", sliding_forward);
-  forward_limit = max_ctx;
+  forward_limit = forward_token_limit(c, max_ctx, sliding_forward);
   check_kv_types(c, kv_types);
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
@@ -20,12 +32,7 @@ SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv
       s.kv = kv_types;
       s.k_row = kv_row_bytes(kv_types.k, per_pos);
       s.v_row = kv_row_bytes(kv_types.v, per_pos);
-      s.rows = max_ctx;
-      const LayerSpec& l = c.layer(il);
-      if (l.mixer == LayerKind::SlidingAttention && static_cast<int64_t>(l.window) + sliding_forward - 1 < max_ctx) {
-        s.rows = static_cast<int64_t>(l.window) + sliding_forward - 1;
-        forward_limit = std::min(forward_limit, sliding_forward);
-      }
+      s.rows = attention_cache_rows(c, il, max_ctx, sliding_forward);
       s.k.assign(s.k_row * static_cast<size_t>(s.rows), 0);
       s.v.assign(s.v_row * static_cast<size_t>(s.rows), 0);
     } else {

@@ -39,6 +39,12 @@ struct LayerState {
 // rings hold the window plus this many tokens (longer prompts run in pieces of this size).
 constexpr int kSlidingForwardTokens = 512;
 
+// Cache rows of attention layer il, on every backend: max_ctx, or for a sliding layer whose ring is
+// shorter than the context, window + sliding_forward - 1 (position p in row p % rows).
+int64_t attention_cache_rows(const ModelConfig& c, int il, int max_ctx, int sliding_forward = kSlidingForwardTokens);
+// The most tokens one forward may add: max_ctx, or sliding_forward when some layer is such a ring.
+int forward_token_limit(const ModelConfig& c, int max_ctx, int sliding_forward = kSlidingForwardTokens);
+
 struct SequenceState {
   int max_ctx = 0;
   // The most tokens one forward may run (the sliding layers' rings hold them); max_ctx without sliding
