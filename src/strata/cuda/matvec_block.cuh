@@ -440,7 +440,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     if (J.ids) {
       const int s = routed_slot(rin, J, st, S);
       if (s < 0) {
-        skip = true;  // not resident: the rows of slot 0 are read (harmlessly) and zeros stored
+        skip = true;  // not resident: no rows to read (a layer may have no resident expert), zeros stored
       } else {
         base += static_cast<size_t>(s) * J.expert_stride;
         if (base2) base2 += static_cast<size_t>(s) * J.expert_stride2;
@@ -454,7 +454,8 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     }
     float a = 0.0f, a2 = 0.0f;
     const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
-    if (J.mode != GemvMode::SwigluPair) {
+    if (skip) {  // block-uniform: the whole tile is one job's expert
+    } else if (J.mode != GemvMode::SwigluPair) {
       a = rows::row_dot_rolled(J.type, i8a, ra, J.n_cols, X, sub, G);
     } else {
       const uint8_t* rb = base2 + static_cast<size_t>(row_c) * J.row_bytes2;
