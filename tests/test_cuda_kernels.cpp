@@ -658,13 +658,52 @@ TEST(CudaKernels, AttentionDecodeSplitMatchesAttendOneHead) {
       }
       for (int rep = 0; rep < 2; ++rep) {
         cudaMemset(dout.p, 0xff, n_head * hd * sizeof(float));
-        sc::attention_decode_split(dq.p, q_stride, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, gated, dpos.p,
+        sc::AttnOutGate og;
+        if (gated) og.kind = sc::AttnOutGate::SigmoidAfterQuery;
+        sc::attention_decode_split(dq.p, q_stride, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, og, dpos.p,
                                    max_ctx, scratch.p, counters.p, dout.p, nullptr);
         EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << "gated " << gated << " pos " << pos << " rep " << rep;
       }
       EXPECT_EQ(counters.get(), std::vector<unsigned int>(n_head, 0u));
     }
   }
+}
+
+// Laguna's softplus output gates (one value per head, or per element), applied by the attention kernel
+// where it writes its output: the ungated output times softplusf of the gate, at one chunk and many.
+TEST(CudaKernels, AttentionDecodeSplitAppliesSoftplusGates) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const int n_head = 4, n_kv = 2, hd = 128, max_ctx = 3000, kv_width = n_kv * hd;
+  const std::vector<float> q = randn(n_head * hd, rng), k = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),
+                           v = randn(static_cast<size_t>(max_ctx) * kv_width, rng),
+                           gate = randn(n_head * hd, rng, 3.0f);
+  Dev<float> dq(q), dk(k), dv(v), dg(gate), dout(n_head * hd), scratch(sc::attention_scratch_floats(n_head, hd, max_ctx));
+  Dev<unsigned int> counters(std::vector<unsigned int>(n_head, 0u));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (int pos : {7, 2500}) {
+    Dev<int> dpos(std::vector<int>{pos});
+    std::vector<float> plain(n_head * hd), scores(pos + 1);
+    for (int h = 0; h < n_head; ++h) {
+      const int g = h / (n_head / n_kv);
+      strata::attend_one_head(q.data() + h * hd, strata::f32_kv_head(k.data() + g * hd, kv_width),
+                              strata::f32_kv_head(v.data() + g * hd, kv_width), pos + 1, hd, scale, scores.data(),
+                              plain.data() + h * hd);
+    }
+    for (auto kind : {sc::AttnOutGate::SoftplusPerHead, sc::AttnOutGate::SoftplusPerElement}) {
+      std::vector<float> ref = plain;
+      for (int h = 0; h < n_head; ++h)
+        for (int d = 0; d < hd; ++d)
+          ref[h * hd + d] *= strata::softplusf(kind == sc::AttnOutGate::SoftplusPerHead ? gate[h] : gate[h * hd + d]);
+      sc::AttnOutGate og;
+      og.kind = kind;
+      og.g = dg.p;
+      sc::attention_decode_split(dq.p, hd, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, og, dpos.p, max_ctx, scratch.p,
+                                 counters.p, dout.p, nullptr);
+      EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << "kind " << kind << " pos " << pos;
+    }
+  }
+  EXPECT_EQ(counters.get(), std::vector<unsigned int>(n_head, 0u));
 }
 
 // f16 caches (keys, values or both): the split decode attention reads the same half values the CPU's
@@ -700,8 +739,8 @@ TEST(CudaKernels, AttentionDecodeSplitReadsF16Caches) {
         const strata::KvHead vh{vb.data() + strata::kv_row_bytes(kv.v, g * hd), v_row, strata::kv_ggml_type(kv.v)};
         strata::attend_one_head(q.data() + h * hd, kh, vh, pos + 1, hd, scale, scores.data(), ref.data() + h * hd);
       }
-      sc::attention_decode_split(dq.p, hd, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, false, dpos.p, max_ctx,
-                                 scratch.p, counters.p, dout.p, nullptr, kv);
+      sc::attention_decode_split(dq.p, hd, dk.p, dv.p, kv_width, n_head, n_kv, hd, scale, sc::AttnOutGate{}, dpos.p,
+                                 max_ctx, scratch.p, counters.p, dout.p, nullptr, kv);
       EXPECT_LE(rel_err(dout.get(), ref), 1e-5) << strata::kv_type_name(kv.k) << "/" << strata::kv_type_name(kv.v)
                                                  << " pos " << pos;
     }

@@ -145,6 +145,14 @@ struct GpuSession::Impl {
   }
 
   int q_stride_head() const { return c.attn_output_gate ? 2 * c.head_dim : c.head_dim; }
+  // The attention output gate of this model, applied by the attention kernel as it writes o.
+  AttnOutGate out_gate() const {
+    AttnOutGate g;
+    if (c.attn_output_gate) g.kind = AttnOutGate::SigmoidAfterQuery;
+    if (c.attn_gate == AttnGate::SoftplusPerHead) g.kind = AttnOutGate::SoftplusPerHead, g.g = ag;
+    if (c.attn_gate == AttnGate::SoftplusPerElement) g.kind = AttnOutGate::SoftplusPerElement, g.g = ag;
+    return g;
+  }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
   // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
   int max_heads() const {
@@ -272,13 +280,8 @@ struct GpuSession::Impl {
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;
       attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale,
-                             c.attn_output_gate, pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv, window,
-                             L.rows);
+                             out_gate(), pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv, window, L.rows);
       prof.mark("attn decode", stream);
-      if (c.attn_gate != AttnGate::None) {
-        attn_gate_mul(o, ag, ls.n_head, hd, c.attn_gate == AttnGate::SoftplusPerHead, stream);
-        prof.mark("attn softplus gate", stream);
-      }
       return;
     }
     const DevDeltaNet& w = D.deltanet;

@@ -393,9 +393,18 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 // Cache row of position p: the position itself, or p % rows in a sliding layer's ring.
 __device__ __forceinline__ int64_t ring_row(int p, int rows) { return p < rows ? p : p % rows; }
 
+__device__ __forceinline__ float out_gate(const AttnOutGate& G, const float* qh, int h, int head_dim, int d) {
+  switch (G.kind) {
+    case AttnOutGate::SigmoidAfterQuery: return sigmoid_dev(qh[head_dim + d]);
+    case AttnOutGate::SoftplusPerHead: return softplus_dev(G.g[h]);
+    case AttnOutGate::SoftplusPerElement: return softplus_dev(G.g[static_cast<int64_t>(h) * head_dim + d]);
+    default: return 1.0f;
+  }
+}
+
 template <typename TK, typename TV>
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k_cache, const TV* v_cache,
-                                  int64_t kv_stride, int group, int head_dim, float scale, bool gated,
+                                  int64_t kv_stride, int group, int head_dim, float scale, AttnOutGate gate,
                                   const int* pos_ptr, int window, int ring_rows, float* scratch, unsigned int* counters,
                                   float* out) {
   pdl_launch_dependents();
@@ -486,7 +495,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + ring_row(lo + p, ring_rows) * kv_stride);
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
-      if (gated) r *= sigmoid_dev(qh[head_dim + d]);
+      if (gate.kind != AttnOutGate::None) r *= out_gate(gate, qh, h, head_dim, d);
       out[static_cast<int64_t>(h) * head_dim + d] = r;
     } else {
       part[2 + d] = acc;
@@ -521,7 +530,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
       acc += __ldcg(pi + 2 + d) * expf(__ldcg(pi) - M);
     }
     float r = acc * invL;
-    if (gated) r *= sigmoid_dev(qh[head_dim + d]);
+    if (gate.kind != AttnOutGate::None) r *= out_gate(gate, qh, h, head_dim, d);
     out[static_cast<int64_t>(h) * head_dim + d] = r;
   }
   if (threadIdx.x == 0) counters[h] = 0;
@@ -718,9 +727,9 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
 }
 
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
-                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
-                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv, int window, int rows) {
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
+                            AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
+                            float* out, cudaStream_t s, KvCacheTypes kv, int window, int rows) {
   if (rows <= 0) rows = max_ctx;
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
@@ -731,7 +740,7 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
     using TV = decltype(tv);
     launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S), dim3(256), smem, s, q,
                q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
-               n_head / n_head_kv, head_dim, scale, gated, pos, window, rows, scratch, counters, out);
+               n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out);
   });
 }
 

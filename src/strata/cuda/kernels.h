@@ -130,10 +130,19 @@ int argmax_wide_blocks(int64_t n);
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
                  cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr);
 
+// What multiplies decode attention's output out[h * head_dim + d]: nothing; sigmoid(q[head_dim + d]) of
+// head h's query row (Qwen3.5/3.6: the gate values follow the query values of each head); or softplus of
+// a separate gate vector g, one value per head (g[h]) or per element (g[h * head_dim + d]) (Laguna,
+// softplusf's arithmetic). Applied where the output is written, so the gate costs no launch.
+struct AttnOutGate {
+  enum Kind : int { None, SigmoidAfterQuery, SoftplusPerHead, SoftplusPerElement };
+  Kind kind = None;
+  const float* g = nullptr;  // the softplus kinds' gate values (device)
+};
+
 // Decode attention: query head h (at q + h * q_head_stride) against positions 0 .. *pos of KV head
 // h / (n_head / n_head_kv) (key p at k_cache + p * kv_stride + g * head_dim, values alike); softmax of
-// q.k * scale; out[h * head_dim + d]. With gated, multiplied by sigmoid(q[head_dim + d]) (the gate values
-// follow the query values of each head). Split over the cache positions (flash-decoding) so long
+// q.k * scale; out[h * head_dim + d], times the gate. Split over the cache positions (flash-decoding) so long
 // contexts use the whole GPU:
 // up to attention_splits(max_ctx) blocks per head, merged in a fixed order. scratch: at least
 // attention_scratch_floats(n_head, head_dim, max_ctx) floats; counters: n_head unsigned ints, zero before
@@ -144,8 +153,8 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
 // The caches hold kv's types, as attn_prep writes them. window > 0: only positions *pos - window + 1 ..
 // *pos are attended (a sliding layer); rows > 0: position p is cache row p % rows (its ring).
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
-                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, bool gated,
-                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0);
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
+                            AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
+                            float* out, cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0);
 
 }  // namespace strata::cuda
