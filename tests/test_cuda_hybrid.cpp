@@ -264,26 +264,30 @@ PrefillRun prefill_run(const strata::Model& model, const std::vector<int32_t>& p
   return r;
 }
 
-// The telemetry of a prompt of n tokens through the hybrid MoE: every layer counts n passes and n * k
-// picks, cold picks where the slot map says cold.
+// The telemetry of a prompt of n tokens through the hybrid MoE: every MoE layer counts n passes and
+// n * k picks (a dense layer none), cold picks where the slot map says cold.
 void check_prompt_telemetry(const sc::HybridTelemetry& t, const strata::ModelConfig& c, const SlotMap& slots,
                             uint64_t n, const std::string& label) {
+  const uint64_t n_moe = c.routed_layers().size();
   EXPECT_EQ(t.tokens, n) << label;
-  EXPECT_EQ(t.picks, n * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_expert_used)) << label;
+  EXPECT_EQ(t.picks, n * n_moe * static_cast<uint64_t>(c.n_expert_used)) << label;
   ASSERT_EQ(t.expert_picks.size(), static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert)) << label;
   for (int l = 0; l < c.n_layer; ++l) {
     uint64_t all = 0, cold = 0;
+    const bool routed = c.layer(l).ffn == strata::FfnKind::Moe;
     for (int e = 0; e < c.n_expert; ++e) {
       const uint64_t v = t.expert_picks[static_cast<size_t>(l) * static_cast<size_t>(c.n_expert) + static_cast<size_t>(e)];
       all += v;
-      if (slots[static_cast<size_t>(l)][static_cast<size_t>(e)] < 0) cold += v;
+      if (routed && slots[static_cast<size_t>(l)][static_cast<size_t>(e)] < 0) cold += v;
     }
-    EXPECT_EQ(all, n * static_cast<uint64_t>(c.n_expert_used)) << label << " layer " << l;
+    EXPECT_EQ(all, routed ? n * static_cast<uint64_t>(c.n_expert_used) : 0u) << label << " layer " << l;
     EXPECT_EQ(cold, t.cold_picks_per_layer[static_cast<size_t>(l)]) << label << " layer " << l;
   }
 }
 
-void grouped_prefill_all_maps(const std::string& gguf, const std::string& label, int n_prompt, int n_new) {
+// cpu_greedy: the all-GPU greedy continuation must also equal the CPU engine's (scalar float path).
+void grouped_prefill_all_maps(const std::string& gguf, const std::string& label, int n_prompt, int n_new,
+                              bool cpu_greedy = false) {
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
   auto model = strata::Model::load(gguf);
   const auto& c = model->config();
@@ -297,7 +301,11 @@ void grouped_prefill_all_maps(const std::string& gguf, const std::string& label,
   EXPECT_EQ(all_gpu.route_counts, all_gpu_tok.route_counts) << label << " all-GPU routing counts";
   uint64_t total = 0;
   for (uint64_t v : all_gpu.route_counts) total += v;
-  EXPECT_EQ(total, static_cast<uint64_t>(n_prompt) * c.n_layer * c.n_expert_used) << label;
+  EXPECT_EQ(total, static_cast<uint64_t>(n_prompt) * c.routed_layers().size() * c.n_expert_used) << label;
+  if (cpu_greedy) {
+    strata::Session cpu(*model, n_prompt + n_new + 1);
+    EXPECT_EQ(strata::generate_greedy(cpu, prompt, n_new), all_gpu.greedy) << label << " all-GPU greedy vs CPU";
+  }
   struct Map {
     const char* name;
     bool (*hot)(int, int);
@@ -346,6 +354,14 @@ TEST(CudaHybrid, GroupedPrefillQwen35MoeFixture) {
   REQUIRE_GPU();
   for (const char* type : {"bf16", "q4_k_m"})
     grouped_prefill_all_maps(convert_fixture("qwen3_5_moe", type), std::string("qwen3_5_moe ") + type, 24, 10);
+}
+
+// laguna: a dense first layer (no cold batch), the sigmoid router with its bias / soft-cap / scale, the
+// ungated shared expert, sliding-window layers; greedy equal on CPU, all-GPU and hybrid.
+TEST(CudaHybrid, GroupedPrefillLagunaFixtures) {
+  REQUIRE_GPU();
+  grouped_prefill_all_maps(convert_fixture("laguna", "f32"), "laguna f32", 24, 10, true);
+  grouped_prefill_all_maps(convert_fixture("laguna_swa", "f32"), "laguna_swa f32", 24, 10, true);
 }
 
 TEST(CudaHybrid, GroupedPrefillTinyModel) {

@@ -233,7 +233,8 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
 }
 
 // The batched prefill's routing (one warp per token) picks what the CPU picks for every token, and
-// exactly what the decode's route_topk picks (the same routine), at both of its forms.
+// exactly what the decode's route_topk picks (the same routine), at both of its forms; under the sigmoid
+// rule (soft-cap, selection bias, weight scale) what the CPU's route_token_sigmoid picks.
 TEST(CudaKernels, PrefillRoutingRowsEqualTheCpuAndTheDecodeRouting) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -247,7 +248,7 @@ TEST(CudaKernels, PrefillRoutingRowsEqualTheCpuAndTheDecodeRouting) {
       }
       Dev<float> dl(logits), dw(static_cast<size_t>(n) * k), dw1(k);
       Dev<int> dids(static_cast<size_t>(n) * k), dids1(k);
-      sc::prefill::route_topk_rows(dl.p, n, n_expert, k, norm, dids.p, dw.p, nullptr);
+      sc::prefill::route_topk_rows(dl.p, n, n_expert, k, norm, sc::RouteRule{}, dids.p, dw.p, nullptr);
       const std::vector<int> ids = dids.get();
       const std::vector<float> wts = dw.get();
       for (int t = 0; t < n; ++t) {
@@ -261,6 +262,44 @@ TEST(CudaKernels, PrefillRoutingRowsEqualTheCpuAndTheDecodeRouting) {
         sc::route_topk(dl.p + static_cast<int64_t>(t) * n_expert, n_expert, k, norm, dids1.p, dw1.p, nullptr);
         EXPECT_EQ(dids1.get(), got_ids) << "token " << t;
         EXPECT_EQ(dw1.get(), got_w) << "token " << t;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, PrefillSigmoidRoutingRowsEqualTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  const int n = 37, k = 4;
+  for (int n_expert : {64, 300}) {  // the register form and the shared-memory form
+    for (bool with_bias : {false, true}) {
+      for (bool norm : {true, false}) {
+        const float softcap = with_bias ? 1.5f : 0.0f, scale = 2.5f;
+        const std::vector<float> logits = randn(static_cast<size_t>(n) * n_expert, rng, 2.0f);
+        const std::vector<float> bias = randn(static_cast<size_t>(n_expert), rng, 0.5f);
+        Dev<float> dl(logits), dbias(bias), dw(static_cast<size_t>(n) * k);
+        Dev<int> dids(static_cast<size_t>(n) * k);
+        sc::RouteRule rule;
+        rule.sigmoid = true;
+        rule.softcap = softcap;
+        rule.bias = with_bias ? dbias.p : nullptr;
+        rule.scale = scale;
+        sc::prefill::route_topk_rows(dl.p, n, n_expert, k, norm, rule, dids.p, dw.p, nullptr);
+        const std::vector<int> ids = dids.get();
+        const std::vector<float> wts = dw.get();
+        for (int t = 0; t < n; ++t) {
+          std::vector<float> row(logits.begin() + static_cast<int64_t>(t) * n_expert,
+                                 logits.begin() + static_cast<int64_t>(t + 1) * n_expert);
+          std::vector<int> want_ids(static_cast<size_t>(k));
+          std::vector<float> want_w(static_cast<size_t>(k));
+          strata::route_token_sigmoid(row.data(), with_bias ? bias.data() : nullptr, n_expert, k, softcap, norm,
+                                      want_ids.data(), want_w.data());
+          for (float& w : want_w) w *= scale;
+          const std::vector<int> got_ids(ids.begin() + t * k, ids.begin() + (t + 1) * k);
+          const std::vector<float> got_w(wts.begin() + t * k, wts.begin() + (t + 1) * k);
+          EXPECT_EQ(got_ids, want_ids) << "token " << t << " n_expert " << n_expert << " bias " << with_bias;
+          EXPECT_LE(rel_err(got_w, want_w), 1e-6) << "token " << t << " n_expert " << n_expert;
+        }
       }
     }
   }

@@ -108,8 +108,8 @@ TEST(CudaModel, Qwen35MoeFixtureMatchesCpu) {
 }
 
 // laguna's full-attention fixture: dense first layer, per-element softplus output gate, sigmoid router
-// with its selection bias, ungated shared expert, partial rotary. Prompts run token by token (the
-// batched prefill lacks these).
+// with its selection bias, ungated shared expert, partial rotary. Prompts run through the batched
+// prefill (its own laguna tests: test_cuda_prefill.cpp), continuations through the decode step.
 TEST(CudaModel, LagunaFixtureMatchesCpu) {
   REQUIRE_GPU();
   for (const char* type : {"f32", "bf16", "q8_0"})

@@ -25,6 +25,7 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
+#include "strata/convert/synth.h"
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
@@ -33,10 +34,12 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/prefill.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/model.h"
+#include "strata/engine/sequence_state.h"
 #include "strata/engine/session.h"
 #include "cuda_test_models.h"
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
+#include "strata/moe/gpu_support.h"
 #include "strata/quant/quantize.h"
 
 namespace {
@@ -400,55 +403,74 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
 }
 
 // The tiled causal attention on its own against a float64 softmax reference: queries after a cache of
-// pos0 earlier positions, GQA, with and without the output gate, head dims 256 and 32.
+// pos0 earlier positions, GQA, with and without the output gate, head dims 256 and 32; sliding windows
+// (of one position, shorter and longer than a 16-key tile, longer than the context) over a plain cache
+// and over a ring of window + n - 1 rows that the chunk wraps.
 TEST(CudaPrefill, AttentionMatchesFloat64Reference) {
   REQUIRE_GPU();
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  struct Shape { int n_head, n_kv, hd, pos0, n; bool gated; };
-  for (const Shape sh : {Shape{4, 2, 256, 37, 50, true}, Shape{4, 2, 32, 0, 20, false}, Shape{2, 1, 64, 5, 33, true}}) {
+  struct Shape { int n_head, n_kv, hd, pos0, n; bool gated; int window = 0; bool ring = false; };
+  for (const Shape sh : {Shape{4, 2, 256, 37, 50, true}, Shape{4, 2, 32, 0, 20, false}, Shape{2, 1, 64, 5, 33, true},
+                         Shape{4, 2, 64, 37, 50, false, 5}, Shape{2, 1, 32, 0, 40, true, 1},
+                         Shape{4, 2, 64, 10, 30, false, 100}, Shape{4, 2, 64, 70, 45, true, 21, true},
+                         Shape{2, 2, 32, 30, 20, false, 4, true}}) {
     const int qsh = sh.gated ? 2 * sh.hd : sh.hd, qw = sh.n_head * qsh, kvw = sh.n_kv * sh.hd;
     const int ctx = sh.pos0 + sh.n;
     std::vector<float> q(static_cast<size_t>(sh.n) * qw), k(static_cast<size_t>(ctx) * kvw), v(k.size());
     for (float& x : q) x = nd(rng);
     for (float& x : k) x = nd(rng);
     for (float& x : v) x = nd(rng);
+    // The cache as the kernel reads it: every position in its own row, or the ring's rows (position p in
+    // row p % rows, the latest write winning), where positions no query sees hold other values.
+    const int rows = sh.ring ? sh.window + sh.n - 1 : 0;
+    std::vector<float> kc = k, vc = v;
+    if (sh.ring) {
+      kc.assign(static_cast<size_t>(rows) * kvw, 1e4f);
+      vc.assign(kc.size(), 1e4f);
+      for (int p = 0; p < ctx; ++p)
+        for (int i = 0; i < kvw; ++i) {
+          kc[static_cast<size_t>(p % rows) * kvw + i] = k[static_cast<size_t>(p) * kvw + i];
+          vc[static_cast<size_t>(p % rows) * kvw + i] = v[static_cast<size_t>(p) * kvw + i];
+        }
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
     std::vector<double> want(static_cast<size_t>(sh.n) * sh.n_head * sh.hd);
     const int group = sh.n_head / sh.n_kv;
     for (int t = 0; t < sh.n; ++t)
       for (int h = 0; h < sh.n_head; ++h) {
         const float* qh = q.data() + static_cast<size_t>(t) * qw + h * qsh;
-        const int g = h / group, n_ctx = sh.pos0 + t + 1;
+        const int g = h / group, pos = sh.pos0 + t, lo = sh.window > 0 ? std::max(0, pos - sh.window + 1) : 0;
+        const int n_ctx = pos - lo + 1;
         std::vector<double> p(n_ctx);
         double mx = -INFINITY, sum = 0;
         for (int j = 0; j < n_ctx; ++j) {
           double dot = 0;
-          for (int d = 0; d < sh.hd; ++d) dot += double(qh[d]) * k[static_cast<size_t>(j) * kvw + g * sh.hd + d];
+          for (int d = 0; d < sh.hd; ++d) dot += double(qh[d]) * k[static_cast<size_t>(lo + j) * kvw + g * sh.hd + d];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
         for (double& x : p) sum += (x = std::exp(x - mx));
         for (int d = 0; d < sh.hd; ++d) {
           double o = 0;
-          for (int j = 0; j < n_ctx; ++j) o += p[j] / sum * v[static_cast<size_t>(j) * kvw + g * sh.hd + d];
+          for (int j = 0; j < n_ctx; ++j) o += p[j] / sum * v[static_cast<size_t>(lo + j) * kvw + g * sh.hd + d];
           if (sh.gated) o *= 1.0 / (1.0 + std::exp(-double(qh[sh.hd + d])));
           want[(static_cast<size_t>(t) * sh.n_head + h) * sh.hd + d] = o;
         }
       }
     float *q_d, *k_d, *v_d, *o_d;
     ASSERT_EQ(cudaMalloc(&q_d, sizeof(float) * q.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&k_d, sizeof(float) * k.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&v_d, sizeof(float) * v.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&k_d, sizeof(float) * kc.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&v_d, sizeof(float) * vc.size()), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&o_d, sizeof(float) * want.size()), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(q_d, q.data(), sizeof(float) * q.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(k_d, k.data(), sizeof(float) * k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(v_d, v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(k_d, kc.data(), sizeof(float) * kc.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v_d, vc.data(), sizeof(float) * vc.size(), cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(o_d, 0xff, sizeof(float) * want.size()), cudaSuccess);
     sc::prefill::attention_prefill(q_d, qw, qsh, k_d, v_d, kvw, sh.n, sh.n_head, sh.n_kv, sh.hd, scale, sh.gated, sh.pos0,
-                                   o_d, s);
+                                   o_d, s, {}, sh.window, rows);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     std::vector<float> got(want.size());
     ASSERT_EQ(cudaMemcpy(got.data(), o_d, sizeof(float) * got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -457,9 +479,9 @@ TEST(CudaPrefill, AttentionMatchesFloat64Reference) {
       num = std::isfinite(got[i]) ? std::max(num, std::fabs(got[i] - want[i])) : INFINITY;
       den = std::max(den, std::fabs(want[i]));
     }
-    std::printf("[cuda-prefill] attention hd=%d heads %d/%d pos0=%d n=%d%s: error %.3g\n", sh.hd, sh.n_head, sh.n_kv,
-                sh.pos0, sh.n, sh.gated ? " gated" : "", num / den);
-    EXPECT_LE(num / den, 1e-5) << "hd=" << sh.hd;
+    std::printf("[cuda-prefill] attention hd=%d heads %d/%d pos0=%d n=%d%s window %d%s: error %.3g\n", sh.hd, sh.n_head,
+                sh.n_kv, sh.pos0, sh.n, sh.gated ? " gated" : "", sh.window, sh.ring ? " (ring)" : "", num / den);
+    EXPECT_LE(num / den, 1e-5) << "hd=" << sh.hd << " window " << sh.window << (sh.ring ? " ring" : "");
     for (float* p : {q_d, k_d, v_d, o_d}) cudaFree(p);
   }
   cudaStreamDestroy(s);
@@ -493,6 +515,142 @@ TEST(CudaPrefill, GreedyEqualsCpuOnFixtures) {
     compare_greedy(convert_fixture("qwen3_5_moe", type), std::string("qwen3_5_moe ") + type, 20, 16,
                    sc::PrefillMath::Exact, 6);
   }
+}
+
+// ---- laguna: sliding-window layers (rings), YaRN, per-layer heads and rotary, dense FFN layers, the
+// softplus output gate, the sigmoid router (soft-cap, selection bias, weight scale), ungated shared expert.
+
+// A synth preset (convert/synth.h) in f32, written once per test program run.
+std::string synth_f32(const std::string& preset) {
+  strata::convert::SynthOptions o;
+  o.preset = preset;
+  o.quant = "f32";
+  o.seed = 11;
+  o.threads = 2;
+  o.out_path = (tmp_dir() / ("prefill_" + preset + ".gguf")).string();
+  strata::convert::synth_model(o);
+  return o.out_path;
+}
+
+TEST(CudaPrefill, LagunaFixtureLogits) {
+  REQUIRE_GPU();
+  for (const char* type : {"f32", "bf16", "q8_0"})
+    compare_logits(convert_fixture("laguna", type), std::string("laguna ") + type, 45);
+}
+
+// Window 4: every chunk of 7 (compare_logits) crosses window boundaries.
+TEST(CudaPrefill, LagunaSlidingWindowFixtureLogits) {
+  REQUIRE_GPU();
+  for (const char* type : {"f32", "q8_0"})
+    compare_logits(convert_fixture("laguna_swa", type), std::string("laguna_swa ") + type, 45);
+}
+
+TEST(CudaPrefill, LagunaSynthPresetLogits) {
+  REQUIRE_GPU();
+  for (const char* preset : {"tiny-laguna", "tiny-laguna-yarn"}) {
+    const std::string path = synth_f32(preset);
+    if (std::string(preset) == "tiny-laguna-yarn") {
+      auto model = strata::Model::load(path);
+      ASSERT_TRUE(model->config().layer(0).yarn.on());
+    }
+    compare_logits(path, preset, 60);
+  }
+}
+
+TEST(CudaPrefill, LagunaGreedyEqualsCpu) {
+  REQUIRE_GPU();
+  compare_greedy(convert_fixture("laguna", "f32"), "laguna f32", 20, 16, sc::PrefillMath::Exact);
+  compare_greedy(convert_fixture("laguna_swa", "f32"), "laguna_swa f32", 20, 16, sc::PrefillMath::Exact);
+  compare_greedy(convert_fixture("laguna_swa", "f32"), "laguna_swa f32", 20, 16, sc::PrefillMath::Exact, 6);
+  for (const char* preset : {"tiny-laguna", "tiny-laguna-yarn"}) {
+    compare_greedy(synth_f32(preset), preset, 40, 16, sc::PrefillMath::Exact);
+    compare_greedy(synth_f32(preset), preset, 40, 16, sc::PrefillMath::Exact, 9);
+  }
+}
+
+// A prompt longer than the sliding layers' rings (window + 511 rows, shorter than the context): the
+// prefill writes the ring as the decode step does, including chunks that wrap it (chunks of 100 cross
+// row 515, and the prompt's calls split mid-chunk), and decoding continues on the state it leaves.
+// References: the GPU decode step token by token and the CPU engine, logits of every prompt position
+// and of the decoded continuation; greedy continuations equal.
+TEST(CudaPrefill, LagunaPrefillLongerThanTheRingThenDecode) {
+  REQUIRE_GPU();
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  auto model = strata::Model::load(convert_fixture("laguna_swa", "f32"));
+  const strata::ModelConfig& c = model->config();
+  const size_t vocab = static_cast<size_t>(c.n_vocab);
+  const int n = 540, n_cont = 24, ctx = 600;
+  int sliding = -1;
+  for (int il = 0; il < c.n_layer && sliding < 0; ++il)
+    if (c.layer(il).mixer == strata::LayerKind::SlidingAttention) sliding = il;
+  ASSERT_GE(sliding, 0);
+  ASSERT_LT(strata::attention_cache_rows(c, sliding, ctx), n) << "the prompt must outgrow the ring";
+  ASSERT_EQ(strata::gpu_prefill_unsupported_feature(c), "") << "the sessions would run the prompt token by token";
+  const std::vector<int32_t> prompt = some_prompt(static_cast<int64_t>(vocab), n, 4);
+  const std::vector<int32_t> cont = some_prompt(static_cast<int64_t>(vocab), n_cont, 5);
+
+  // CPU: the prompt, then the continuation one token at a time.
+  std::vector<float> cpu_prompt(static_cast<size_t>(n) * vocab), cpu_cont(static_cast<size_t>(n_cont) * vocab);
+  {
+    strata::Session cpu(*model, ctx);
+    cpu.forward(prompt.data(), n, cpu_prompt.data(), true);
+    for (int t = 0; t < n_cont; ++t) cpu.forward(&cont[t], 1, cpu_cont.data() + static_cast<size_t>(t) * vocab, false);
+  }
+  // GPU sessions: token by token (float GEMVs, the function Exact computes), and batched in several ways.
+  struct Way {
+    const char* name;
+    bool batched;
+    int chunk;
+    std::vector<int> calls;
+  };
+  const Way ways[] = {{"per-token", false, 512, {n}},
+                      {"batched, chunk 512", true, 512, {n}},
+                      {"batched, chunks of 100", true, 100, {n}},
+                      {"batched, chunks of 64 in calls of 250 + 290", true, 64, {250, 290}}};
+  std::vector<float> ref_prompt, ref_cont;
+  std::vector<int32_t> ref_greedy;
+  for (const Way& w : ways) {
+    sc::GpuSessionOptions o;
+    o.batched_prefill = w.batched;
+    o.prefill_math = sc::PrefillMath::Exact;
+    o.prefill_chunk = w.chunk;
+    const sc::GemvMath math = sc::gemv_math();
+    sc::set_gemv_math(sc::GemvMath::Float);
+    std::vector<float> got_prompt(static_cast<size_t>(n) * vocab, NAN), got_cont(static_cast<size_t>(n_cont) * vocab, NAN);
+    sc::GpuSession gpu(*model, ctx, o);
+    int off = 0;
+    for (int len : w.calls) {
+      gpu.forward(prompt.data() + off, len, got_prompt.data() + static_cast<size_t>(off) * vocab, true);
+      off += len;
+    }
+    for (int t = 0; t < n_cont; ++t) gpu.forward(&cont[t], 1, got_cont.data() + static_cast<size_t>(t) * vocab, false);
+    const double e_cpu = max_row_rel_err(got_prompt, cpu_prompt, vocab);
+    const double e_cpu_cont = max_row_rel_err(got_cont, cpu_cont, vocab);
+    EXPECT_LE(e_cpu, 1e-3) << w.name;
+    EXPECT_LE(e_cpu_cont, 1e-3) << w.name << " (decode after the prompt)";
+    gpu.reset();
+    const std::vector<int32_t> greedy = sc::generate_greedy(gpu, prompt, 20);
+    sc::set_gemv_math(math);
+    if (!w.batched) {
+      ref_prompt = got_prompt;
+      ref_cont = got_cont;
+      ref_greedy = greedy;
+      std::printf("[cuda-prefill] laguna_swa %d tokens %s: vs CPU %.3g, continuation %.3g\n", n, w.name, e_cpu,
+                  e_cpu_cont);
+      continue;
+    }
+    const double e_gpu = max_row_rel_err(got_prompt, ref_prompt, vocab);
+    const double e_gpu_cont = max_row_rel_err(got_cont, ref_cont, vocab);
+    std::printf("[cuda-prefill] laguna_swa %d tokens %s: vs per-token GPU %.3g (continuation %.3g), vs CPU %.3g "
+                "(continuation %.3g); greedy %s\n",
+                n, w.name, e_gpu, e_gpu_cont, e_cpu, e_cpu_cont, greedy == ref_greedy ? "equal" : "DIFFER");
+    EXPECT_LE(e_gpu, 1e-4) << w.name;
+    EXPECT_LE(e_gpu_cont, 1e-4) << w.name << " (decode after the prompt)";
+    EXPECT_EQ(greedy, ref_greedy) << w.name;
+  }
+  // And the greedy continuation equals the CPU's.
+  strata::Session cpu(*model, ctx);
+  EXPECT_EQ(strata::generate_greedy(cpu, prompt, 20), ref_greedy);
 }
 
 // The default arithmetic (GpuSessionOptions::prefill_math) must keep the tiny model's greedy output equal

@@ -298,14 +298,14 @@ TEST(LagunaModel, RingCachesEqualWholeContextCaches) {
 
 TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
   auto model = Model::load(synth_tiny_laguna("tiny_laguna_gpu.gguf"));
-  // The decode step runs every layer kind; the batched prefill does not (prompts then run token by
-  // token); per-layer key/value head counts are refused by name.
+  // The decode step and the batched prefill run every layer kind (prompts are not sent token by token);
+  // per-layer key/value head counts are refused by name.
   EXPECT_EQ(gpu_unsupported_feature(model->config()), "");
-  EXPECT_EQ(gpu_prefill_unsupported_feature(model->config()), "layer 0 has a dense SwiGLU feed-forward");
+  EXPECT_EQ(gpu_prefill_unsupported_feature(model->config()), "");
   ModelConfig c = model->config();
   c.layers[0].yarn.factor = 4.0f;
   EXPECT_EQ(gpu_unsupported_feature(c), "");
-  EXPECT_EQ(gpu_prefill_unsupported_feature(c), "YaRN rotary scaling (layer 0)");
+  EXPECT_EQ(gpu_prefill_unsupported_feature(c), "");
   c.layers[1].n_head_kv = c.n_head_kv + 1;
   EXPECT_EQ(gpu_unsupported_feature(c), "layer 1 has its own key/value head count");
   try {
@@ -315,10 +315,13 @@ TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
     EXPECT_NE(std::string(e.what()).find("the GPU backend does not implement"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("laguna"), std::string::npos) << e.what();
   }
-  for (LayerSpec& l : c.layers) l.ffn = FfnKind::Moe, l.mixer = LayerKind::FullAttention, l.yarn = RopeYarn{};
+  // Heads longer than the prefill's tiled attention takes run their prompts through the decode step.
+  c = model->config();
+  c.head_dim = kGpuPrefillMaxHeadDim + 4;
+  EXPECT_EQ(gpu_prefill_unsupported_feature(c), "attention heads of 260 dims (the tiled prefill attention takes "
+                                                "multiples of 4 up to 256)");
+  c.head_dim = 30;
   EXPECT_NE(gpu_prefill_unsupported_feature(c), "");
-  c.layers[1].mixer = LayerKind::SlidingAttention;
-  EXPECT_EQ(gpu_prefill_unsupported_feature(c), "layer 1 runs sliding-window attention");
 }
 
 // Routing traces record the routed layers only: laguna's dense first layer routes nothing. A trace's

@@ -9,6 +9,10 @@
 
 #include <cstdint>
 
+namespace strata {
+struct RopeYarn;
+}
+
 namespace strata::cuda {
 
 // Values kept as float or __half (KV cache rows): read as float; stored rounded to nearest even, as
@@ -132,6 +136,10 @@ struct YarnDev {
   float mscale = 1.0f;
 };
 
+// The kernels' YaRN parameters of a layer's rotary (yarn null or off: plain rotary), the ramp's ends
+// computed as rope_neox_yarn_inplace computes them (kernels.cu).
+YarnDev yarn_dev(const RopeYarn* yarn, int rope_dims, float freq_base);
+
 // rope_cos_sin under YaRN: the inverse frequency blended between interpolated and extrapolated by the
 // ramp, cos/sin times mscale (rope_neox_yarn_inplace's float roundings).
 __device__ __forceinline__ float2 rope_cos_sin_yarn(int64_t pos, int i, int rope_dims, float freq_base, const YarnDev& y) {
@@ -165,12 +173,18 @@ __device__ __forceinline__ void norm_rope_head_cs(const float* x, T* o, int head
   }
 }
 
-// norm_rope_head_cs at position pos (the CPU's rope_neox_inplace arithmetic).
+// The rotary cos/sin of pair i at position pos: YaRN's when y is on (factor != 1), else the plain one.
+__device__ __forceinline__ float2 rope_cos_sin_at(int64_t pos, int i, int rope_dims, float freq_base, const YarnDev& y) {
+  return y.factor != 1.0f ? rope_cos_sin_yarn(pos, i, rope_dims, freq_base, y) : rope_cos_sin(pos, i, rope_dims, freq_base);
+}
+
+// norm_rope_head_cs at position pos (the CPU's rope_neox_inplace arithmetic, or rope_neox_yarn_inplace's).
 template <typename T>
 __device__ __forceinline__ void norm_rope_head(const float* x, T* o, int64_t pos, int head_dim, const float* w,
-                                               float eps, int rope_dims, float freq_base, float* buf) {
+                                               float eps, int rope_dims, float freq_base, const YarnDev& y,
+                                               float* buf) {
   const int i = threadIdx.x;
-  const float2 cs = i < rope_dims / 2 ? rope_cos_sin(pos, i, rope_dims, freq_base) : make_float2(1.0f, 0.0f);
+  const float2 cs = i < rope_dims / 2 ? rope_cos_sin_at(pos, i, rope_dims, freq_base, y) : make_float2(1.0f, 0.0f);
   norm_rope_head_cs(x, o, head_dim, w, eps, rope_dims, cs, buf);
 }
 

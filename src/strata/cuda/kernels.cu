@@ -146,11 +146,9 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
   // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
-  const int64_t row = pos < rows ? pos : pos % rows;  // a sliding layer's ring
+  const int64_t row = ring_row(pos, rows);  // a sliding layer's ring
   const bool rotates = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv;
-  const float2 cs = !rotates ? make_float2(1.0f, 0.0f)
-                    : yarn.factor != 1.0f ? rope_cos_sin_yarn(pos, threadIdx.x, rope_dims, freq_base, yarn)
-                                          : rope_cos_sin(pos, threadIdx.x, rope_dims, freq_base);
+  const float2 cs = rotates ? rope_cos_sin_at(pos, threadIdx.x, rope_dims, freq_base, yarn) : make_float2(1.0f, 0.0f);
   pdl_wait();
   if (bid == n_head + n_kv) {
     for (int i = threadIdx.x; i < kv_width; i += blockDim.x) kv_store(v_cache + row * kv_width + i, vv[i]);
@@ -390,8 +388,6 @@ __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long
 // output) in scratch and the last block of the head merges them in chunk order (a deterministic result).
 // Short chunks keep each block's chain of dependent loads short: long chunks made short contexts pay a
 // long serial chain per attention layer inside the decode graph (docs/PERF.md has the comparison).
-// Cache row of position p: the position itself, or p % rows in a sliding layer's ring.
-__device__ __forceinline__ int64_t ring_row(int p, int rows) { return p < rows ? p : p % rows; }
 
 __device__ __forceinline__ float out_gate(const AttnOutGate& G, const float* qh, int h, int head_dim, int d) {
   switch (G.kind) {
@@ -604,24 +600,28 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
   check_launch("route_topk");
 }
 
+YarnDev yarn_dev(const RopeYarn* yarn, int rope_dims, float freq_base) {
+  YarnDev y;
+  if (!yarn || !yarn->on()) return y;
+  // The ramp's ends as rope_neox_yarn_inplace computes them.
+  const int half = rope_dims / 2;
+  auto corr = [&](float rotations) {
+    return static_cast<double>(rope_dims) * std::log(yarn->orig_ctx / (rotations * 2.0 * M_PI)) /
+           (2.0 * std::log(static_cast<double>(freq_base)));
+  };
+  const double low = std::max(0.0, std::floor(corr(yarn->beta_fast)));
+  const double high = std::min(static_cast<double>(half - 1), std::ceil(corr(yarn->beta_slow)));
+  y.factor = yarn->factor, y.low = low, y.span = std::max(0.001, high - low), y.mscale = yarn->mscale;
+  return y;
+}
+
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
                const RopeYarn* yarn) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
-  YarnDev y;
-  if (yarn && yarn->on()) {
-    // The ramp's ends as rope_neox_yarn_inplace computes them.
-    const int half = rope_dims / 2;
-    auto corr = [&](float rotations) {
-      return static_cast<double>(rope_dims) * std::log(yarn->orig_ctx / (rotations * 2.0 * M_PI)) /
-             (2.0 * std::log(static_cast<double>(freq_base)));
-    };
-    const double low = std::max(0.0, std::floor(corr(yarn->beta_fast)));
-    const double high = std::min(static_cast<double>(half - 1), std::ceil(corr(yarn->beta_slow)));
-    y.factor = yarn->factor, y.low = low, y.span = std::max(0.001, high - low), y.mscale = yarn->mscale;
-  }
+  const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);

@@ -20,6 +20,10 @@ __device__ __forceinline__ float4 kv_load4(const __half* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// Cache row of position p: the position itself, or p % rows in a sliding layer's ring of rows rows
+// (DeviceLayerState::rows; a full layer's rows are the context, so p < rows there).
+__device__ __forceinline__ int64_t ring_row(int64_t p, int rows) { return p < rows ? p : p % rows; }
+
 // Calls f(TK{}, TV{}) with the element types of the K and V caches (float for f32, __half for f16).
 template <typename F>
 void with_kv_types(KvCacheTypes kv, F&& f) {

@@ -1,6 +1,6 @@
-// GpuPrefill (prefill.h): the layer loop of the batched prefill, written as the CPU forward passes are
-// (forward_qwen3moe.cpp, forward_qwen35moe.cpp and the blocks they call), one launch per operation over
-// a whole chunk of tokens, on the caller's stream.
+// GpuPrefill (prefill.h): the layer loop of the batched prefill, written as the CPU forward pass is
+// (engine/forward.cpp and the blocks it calls) and the decode step (gpu_session.cpp) runs the layer
+// program, one launch per operation over a whole chunk of tokens, on the caller's stream.
 #include "strata/cuda/prefill.h"
 
 #include <cublas_v2.h>
@@ -21,6 +21,7 @@
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/prefill_kernels.h"
+#include "strata/engine/sequence_state.h"
 #include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
@@ -80,6 +81,7 @@ struct GpuPrefill::Impl {
   size_t cache_bytes = 0;
   // attention
   float *q = nullptr, *kk = nullptr, *o = nullptr;
+  float* ag = nullptr;  // the softplus output gate's pre-activations (AttnGate)
   // DeltaNet
   float *qkv = nullptr, *mixed = nullptr, *z = nullptr, *bb = nullptr, *al = nullptr, *o2 = nullptr;
   float* dn_scratch = nullptr;  // the chunked DeltaNet form's per-chunk records
@@ -88,7 +90,7 @@ struct GpuPrefill::Impl {
   int* ids = nullptr;
   prefill::ExpertGroups groups;
   int tiles_bound = 0;
-  float *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;
+  float *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;  // shared expert, and dense FFN layers
   // logits
   float* logits = nullptr;
   float* logits_all = nullptr;  // chunk x vocab, allocated on the first all-positions run
@@ -131,32 +133,47 @@ struct GpuPrefill::Impl {
   }
 
   int q_stride_head() const { return c.attn_output_gate ? 2 * c.head_dim : c.head_dim; }
-  int q_width() const { return c.n_head * q_stride_head(); }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
-  int o_width() const { return c.n_head * c.head_dim; }
+  // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
+  int max_heads() const {
+    int h = c.n_head;
+    for (const LayerSpec& l : c.layers)
+      if (is_attention(l.mixer)) h = std::max(h, l.n_head);
+    return h;
+  }
   int v_dim() const { return c.ssm_v_heads * c.ssm_head_v; }
 
   void allocate() {
     const int64_t C = chunk, d = c.n_embd;
     bool has_attn = false, has_dn = false;
-    for (const LayerSpec& l : c.layers) (l.mixer == LayerKind::FullAttention ? has_attn : has_dn) = true;
+    int64_t ff_plain = 0;  // widest SwiGLU of a shared expert or a dense FFN layer
+    for (const LayerSpec& l : c.layers) {
+      (is_attention(l.mixer) ? has_attn : has_dn) = true;
+      ff_plain = std::max<int64_t>(ff_plain, l.ffn == FfnKind::Moe ? c.n_ff_shexp : c.n_ff);
+    }
     // Largest dense matrix (the output projection is sliced to fit) and widest GEMM input.
     auto fit = [&](const DevMatrix& m) {
       wcap = std::max(wcap, m.n_rows * m.n_cols);
       xcap = std::max(xcap, m.n_cols);
     };
     for (const DevLayer& L : dm.layers) {
-      if (L.kind == LayerKind::FullAttention) {
+      if (is_attention(L.kind)) {
         for (const DevMatrix* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) fit(*m);
+        if (c.attn_gate != AttnGate::None) fit(L.attn.gate);
       } else {
         for (const DevMatrix* m : {&L.deltanet.qkv, &L.deltanet.gate, &L.deltanet.beta, &L.deltanet.alpha,
                                    &L.deltanet.out})
           fit(*m);
       }
+      if (L.ffn == FfnKind::Dense) {
+        for (const DevMatrix* m : {&L.dense.gate, &L.dense.up, &L.dense.down}) fit(*m);
+        continue;
+      }
       fit(L.moe.router);
-      if (L.moe.has_shared)
-        for (const DevMatrix* m : {&L.moe.shared_gate_inp, &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down})
-          fit(*m);
+      if (L.moe.has_shared) {
+        for (const DevMatrix* m : {&L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down}) fit(*m);
+        if (L.moe.shared_gated) fit(L.moe.shared_gate_inp);
+      }
     }
     xcap = std::max<int64_t>(xcap, d);
     wcap = std::max<int64_t>(wcap, std::min<int64_t>(dm.output.n_rows * dm.output.n_cols, int64_t(1) << 24));
@@ -168,9 +185,11 @@ struct GpuPrefill::Impl {
     xh = dalloc<__half>(C * xcap);
     if (opt.math == PrefillMath::Fast) xe_h = dalloc<__half>(C * d);
     if (has_attn) {
-      q = dalloc<float>(C * q_width());
+      q = dalloc<float>(C * max_heads() * q_stride_head());
       kk = dalloc<float>(C * kv_width());
-      o = dalloc<float>(C * o_width());
+      // o also carries the values on their way into a cache they are not written to directly.
+      o = dalloc<float>(C * std::max(max_heads() * c.head_dim, kv_width()));
+      if (c.attn_gate != AttnGate::None) ag = dalloc<float>(C * max_heads() * c.head_dim);
     }
     if (has_dn) {
       qkv = dalloc<float>(C * c.ssm_conv_channels());
@@ -184,6 +203,12 @@ struct GpuPrefill::Impl {
       if (chunked_deltanet)
         dn_scratch = dalloc<float>(prefill::deltanet_chunked_scratch_floats(static_cast<int>(C), c.ssm_v_heads,
                                                                             c.ssm_head_k, c.ssm_head_v));
+    }
+    if (ff_plain > 0) {
+      sg = dalloc<float>(C);
+      gs = dalloc<float>(C * ff_plain);
+      us = dalloc<float>(C * ff_plain);
+      ys = dalloc<float>(C * d);
     }
     const int64_t k = c.n_expert_used, pairs = C * k;
     router = dalloc<float>(C * c.n_expert);
@@ -202,12 +227,6 @@ struct GpuPrefill::Impl {
     groups.tile_row0 = dalloc<int>(tiles_bound);
     groups.tile_rows = dalloc<int>(tiles_bound);
     groups.n_tiles = dalloc<int>(1);
-    if (c.n_ff_shexp > 0) {
-      sg = dalloc<float>(C);
-      gs = dalloc<float>(C * c.n_ff_shexp);
-      us = dalloc<float>(C * c.n_ff_shexp);
-      ys = dalloc<float>(C * d);
-    }
     logits = dalloc<float>(c.n_vocab);
   }
 
@@ -295,32 +314,44 @@ struct GpuPrefill::Impl {
   }
 
   // ---- blocks ----------------------------------------------------------------------------------------
-  void attention(const DevLayer& D, DeviceLayerState& L, int m, int pos0) {
+  // Full or sliding-window attention with the layer's own heads and rotary (LayerSpec). The chunk's keys
+  // and values go to the cache rows of their positions (a sliding layer's ring wraps), as attn_prep
+  // writes them in the decode step, so decode continues on the same layout.
+  void attention(int il, const DevLayer& D, DeviceLayerState& L, int m, int pos0) {
     const DevAttention& w = D.attn;
-    const int hd = c.head_dim, kvw = kv_width();
+    const LayerSpec& ls = c.layer(il);
+    const int hd = c.head_dim, kvw = kv_width(), qsh = q_stride_head();
+    const int q_width = ls.n_head * qsh;
+    const int64_t row0 = pos0 % L.rows;
     {
       Timed t(*this, kProjections);
       const __half* h = xn_half(m);
       dense(w.q, xn, m, q, false, h);
       dense(w.k, xn, m, kk, false, h);
-      if (L.kv.v == KvType::F32) {
-        dense(w.v, xn, m, static_cast<float*>(L.v) + static_cast<int64_t>(pos0) * kvw, false, h);  // straight into the cache
+      if (L.kv.v == KvType::F32 && row0 + m <= L.rows) {
+        dense(w.v, xn, m, static_cast<float*>(L.v) + row0 * kvw, false, h);  // straight into the cache
       } else {
-        // f16 cache: the values go through o (free until the attention below writes it) and are rounded into the cache.
+        // An f16 cache or a chunk that wraps the ring: the values go through o (free until the attention
+        // below writes it) into their rows.
         dense(w.v, xn, m, o, false, h);
-        prefill::to_half(o, static_cast<int64_t>(m) * kvw, static_cast<__half*>(L.v) + static_cast<int64_t>(pos0) * kvw, s);
+        prefill::store_cache_rows(o, m, kvw, L.v, L.kv.v, L.rows, pos0, s);
       }
+      if (c.attn_gate != AttnGate::None) dense(w.gate, xn, m, ag, false, h);
     }
     {
       Timed t(*this, kAttention);
-      prefill::norm_rope_rows(q, q_width(), q_stride_head(), q, q_width(), q_stride_head(), m, c.n_head, hd, w.q_norm,
-                              c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s);
-      prefill::norm_rope_rows(kk, kvw, hd, static_cast<char*>(L.k) + kv_row_bytes(L.kv.k, static_cast<int64_t>(pos0) * kvw),
-                              kvw, hd, m, c.n_head_kv, hd, w.k_norm, c.rms_eps, c.rope_dims, c.rope_freq_base, pos0, s,
-                              L.kv.k);
+      const RopeYarn* yarn = &ls.yarn;
+      prefill::norm_rope_rows(q, q_width, qsh, q, q_width, qsh, m, ls.n_head, hd, w.q_norm, c.rms_eps, ls.rope_dims,
+                              ls.rope_freq_base, yarn, pos0, s);
+      prefill::norm_rope_rows(kk, kvw, hd, L.k, kvw, hd, m, c.n_head_kv, hd, w.k_norm, c.rms_eps, ls.rope_dims,
+                              ls.rope_freq_base, yarn, pos0, s, L.kv.k, L.rows);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      prefill::attention_prefill(q, q_width(), q_stride_head(), L.k, L.v, kvw, m, c.n_head, c.n_head_kv, hd, scale,
-                                 c.attn_output_gate, pos0, o, s, L.kv);
+      const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;
+      prefill::attention_prefill(q, q_width, qsh, L.k, L.v, kvw, m, ls.n_head, c.n_head_kv, hd, scale,
+                                 c.attn_output_gate, pos0, o, s, L.kv, window, L.rows);
+      // The decode's gate kernel over the chunk's rows: o and the gate are [m x heads] rows of one layout.
+      if (c.attn_gate != AttnGate::None)
+        attn_gate_mul(o, ag, m * ls.n_head, hd, c.attn_gate == AttnGate::SoftplusPerHead, s);
     }
     Timed t(*this, kProjections);
     dense(w.o, o, m, y);
@@ -369,7 +400,7 @@ struct GpuPrefill::Impl {
     {
       Timed t(*this, kRouting);
       dense(w.router, xn, m, router, /*exact_only=*/true);  // expert choice stays float32 in both modes
-      prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, ids, wts, s);
+      prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, route_rule(c, w.selection_bias), ids, wts, s);
       prefill::group_by_expert(ids, pairs, k, c.n_expert, prefill::kGroupTileM, groups, s, slot_of);
       if (counts_out) prefill::add_counts(groups.counts, c.n_expert, counts_out, s);
     }
@@ -393,18 +424,33 @@ struct GpuPrefill::Impl {
     }
     if (w.has_shared) {
       Timed t(*this, kProjections);
-      dense(w.shared_gate_inp, xn, m, sg, /*exact_only=*/true);
-      dense(w.shared_gate, xn, m, gs, false, h);
-      dense(w.shared_up, xn, m, us, false, h);
-      prefill::swiglu_rows(gs, us, static_cast<int64_t>(m) * c.n_ff_shexp, gs, s);
-      dense(w.shared_down, gs, m, ys);
+      if (w.shared_gated) dense(w.shared_gate_inp, xn, m, sg, /*exact_only=*/true);
+      swiglu_ffn(w.shared_gate, w.shared_up, w.shared_down, m, h, ys);
     }
     if (hybrid) {
       Timed t(*this, kExperts);
       hybrid->cold_batch_finish(il, groups.pair_row, ye, m, s);
     }
     Timed t(*this, kCombine);
-    prefill::moe_combine_rows(x, ye, ids, wts, groups.pair_row, m, k, c.n_embd, w.has_shared ? ys : nullptr, sg, s);
+    prefill::moe_combine_rows(x, ye, ids, wts, groups.pair_row, m, k, c.n_embd, w.has_shared ? ys : nullptr,
+                              w.shared_gated ? sg : nullptr, s);
+  }
+
+  // out = down(silu(gate . xn) * (up . xn)) for the chunk's rows (a shared expert or a dense FFN layer);
+  // h: xn in half (fast mode) or null.
+  void swiglu_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, int m, const __half* h,
+                  float* out) {
+    dense(gate, xn, m, gs, false, h);
+    dense(up, xn, m, us, false, h);
+    prefill::swiglu_rows(gs, us, static_cast<int64_t>(m) * gate.n_rows, gs, s);
+    dense(down, gs, m, out);
+  }
+
+  // A dense FFN layer: x += down(silu(gate . xn) * (up . xn)).
+  void dense_ffn(const DevDenseFfn& w, int m) {
+    Timed t(*this, kProjections);
+    swiglu_ffn(w.gate, w.up, w.down, m, xn_half(m), ys);
+    add_inplace(x, ys, static_cast<int64_t>(m) * c.n_embd, s);
   }
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
@@ -421,8 +467,11 @@ struct GpuPrefill::Impl {
     const int d = c.n_embd;
     const int64_t vocab = c.n_vocab;
     if (all_positions && logits_out && !logits_all) logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
-    for (int c0 = 0; c0 < n; c0 += chunk) {
-      const int m = std::min(chunk, n - c0);
+    // A sliding layer's ring holds the window and at most forward_token_limit newer positions: a longer
+    // chunk would overwrite rows its own first queries still read.
+    const int step = std::min(chunk, forward_token_limit(c, st.max_ctx()));
+    for (int c0 = 0; c0 < n; c0 += step) {
+      const int m = std::min(step, n - c0);
       const int pos0 = st.n_past;
       {
         Timed t(*this, kEmbedNormAdd);
@@ -435,8 +484,8 @@ struct GpuPrefill::Impl {
           Timed t(*this, kEmbedNormAdd);
           rmsnorm_rows(x, D.attn_norm, c.rms_eps, m, d, xn, s);
         }
-        if (D.kind == LayerKind::FullAttention) {
-          attention(D, st.layers[il], m, pos0);
+        if (is_attention(D.kind)) {
+          attention(il, D, st.layers[il], m, pos0);
         } else {
           deltanet(D, st.layers[il], m);
         }
@@ -449,7 +498,7 @@ struct GpuPrefill::Impl {
             route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
         switch (c.layers[static_cast<size_t>(il)].ffn) {
           case FfnKind::Moe: moe(il, D.moe, m, hybrid, counts_out); break;
-          case FfnKind::Dense: fail("CUDA prefill: dense feed-forward layers are not implemented");  // refused at load
+          case FfnKind::Dense: dense_ffn(D.dense, m); break;
         }
       }
       st.n_past = pos0 + m;

@@ -1,19 +1,24 @@
 // Batched prefill on the GPU: runs a prompt of n tokens through the model in chunks of up to max_chunk
-// tokens, each chunk one pass over the layers with matrix-matrix products, instead of n passes of the
-// decode step. It reads and extends the same DeviceSequenceState as the decode step (KV cache rows
-// n_past .., DeltaNet conv window and recurrent state), so decode continues where it left off.
+// tokens (and at most forward_token_limit when sliding layers keep rings), each chunk one pass over the
+// layers with matrix-matrix products, instead of n passes of the decode step. It reads and extends the
+// same DeviceSequenceState as the decode step (KV cache rows of positions n_past .., a sliding layer's
+// ring wrapping as the decode's does, DeltaNet conv window and recurrent state), so decode continues
+// where it left off.
 //
 // Per chunk and layer (kernels in prefill_kernels.h, arithmetic mode in prefill_math.h):
-//   full attention: q/k/v projections as GEMMs (v straight into the cache), per-head RMSNorm + NEOX rotary
-//     (k into the cache), tiled causal attention over [cache + chunk] with an online softmax, output gate;
+//   full / sliding-window attention: q/k/v (+ softplus gate) projections as GEMMs, per-head RMSNorm +
+//     NEOX rotary (YaRN where the layer has it; k into the cache), tiled causal attention over
+//     [cache + chunk] (a sliding layer: the window only) with an online softmax, output gates;
 //   DeltaNet: projections, causal conv over the chunk (continuing the stored window), q/k L2 norms, the
 //     gated delta rule as an exact sequential scan parallel over heads x value columns, gated RMSNorm;
-//   MoE: router GEMM + softmax/top-k per token on the GPU, a counting sort of (token, slot) pairs by
+//   MoE: router GEMM + the decode's routing rule (softmax, or sigmoid with soft-cap, selection bias and
+//     weight scale) per token on the GPU, a counting sort of (token, slot) pairs by
 //     expert, one grouped GEMM launch per expert matrix over only the tokens routed to each expert, the
-//     shared expert as dense GEMMs, and the combine in ascending expert id per token (as the CPU engine).
+//     shared expert (gated or not) as dense GEMMs, and the combine in ascending expert id per token (as the CPU engine).
 //     With a HybridMoe (hot/cold experts, issue 8) the grouping takes the layer's slot map: the grouped
 //     GEMMs compute the hot experts (by slot in the hot-only stacks) while the HybridMoe computes the
-//     cold pairs on the CPU pool, grouped by expert; the combine is the same.
+//     cold pairs on the CPU pool, grouped by expert; the combine is the same;
+//   dense FFN layers: gate / up / down as dense GEMMs.
 // Dense projections run through cuBLAS: on a half copy of the matrix kept from the first prefill (Fast,
 // PrefillOptions::cache_dense_f16), else on the matrix decoded into a scratch buffer per call.
 // Measured (H100, synth Qwen3.6-35B-A3B Q4_K_M, 40 layers, 512 tokens, Fast): 50.3 ms = 10.1k tok/s;

@@ -28,21 +28,33 @@ void embed_rows(const DevMatrix& table, const int* tokens, int n, float* x, cuda
 
 // ---- attention ---------------------------------------------------------------------------------------
 // For token t < n and head h < n_heads: the head vector at src + t * src_tok_stride + h * src_head_stride
-// (head_dim long) gets RMSNorm with w, then NEOX rotary on its first rope_dims dims at position pos0 + t,
-// and is written to dst + t * dst_tok_stride + h * dst_head_stride (dst may equal src: in place), as
-// dst_type (f32 or f16 elements: a KV cache's keys).
+// (head_dim long) gets RMSNorm with w, then NEOX rotary on its first rope_dims dims at position pos0 + t
+// (YaRN-scaled when yarn is set and on, as attn_prep), and is written to dst + row * dst_tok_stride +
+// h * dst_head_stride as dst_type (f32 or f16 elements: a KV cache's keys); row = t (dst may equal src:
+// in place), or with dst_rows > 0 the cache row of position pos0 + t in a cache of dst_rows rows (a
+// sliding layer's ring: p % dst_rows; dst is then the cache's first row).
 void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, void* dst, int64_t dst_tok_stride,
                     int dst_head_stride, int n, int n_heads, int head_dim, const float* w, float eps, int rope_dims,
-                    float freq_base, int pos0, cudaStream_t s, KvType dst_type = KvType::F32);
+                    float freq_base, const RopeYarn* yarn, int pos0, cudaStream_t s, KvType dst_type = KvType::F32,
+                    int dst_rows = 0);
 
-// Causal GQA attention of a chunk: query t (position pos0 + t) of head h, at q + t * q_tok_stride +
-// h * q_head_stride, against cache positions 0 .. pos0 + t of KV head h / (n_head / n_head_kv) (keys at
-// k_cache + p * kv_stride + g * head_dim, values alike; the chunk's own keys already stored there).
-// out[t * n_head * head_dim + h * head_dim + d] = softmax(q.k * scale) . v, times sigmoid of the gate
-// value q[head_dim + d] when gated. head_dim <= 256. The caches hold kv's types (f32 or f16).
+// The value rows of a chunk into a KV cache of `rows` rows: the row of position pos0 + t (p % rows in a
+// sliding layer's ring) = src row t ([n x width] floats), rounded to the cache's type.
+void store_cache_rows(const float* src, int n, int64_t width, void* cache, KvType type, int rows, int pos0,
+                      cudaStream_t s);
+
+// Causal GQA attention of a chunk: query t (position P = pos0 + t) of head h, at q + t * q_tok_stride +
+// h * q_head_stride, against positions 0 .. P (window > 0: only P - window + 1 .. P, a sliding layer) of
+// KV head h / (n_head / n_head_kv): position p's key at k_cache + row(p) * kv_stride + g * head_dim,
+// values alike, row(p) = p, or p % rows when rows > 0 (a sliding layer's ring); the chunk's own keys
+// already stored there, and every position a query sees still held (a ring of at least the window +
+// n - 1 rows). out[t * n_head * head_dim + h * head_dim + d] = softmax(q.k * scale) . v, times sigmoid of
+// the gate value q[head_dim + d] when gated. head_dim a multiple of 4, <= kGpuPrefillMaxHeadDim
+// (moe/gpu_support.h: longer heads run through the decode step). The caches hold kv's types (f32 or f16).
 void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, const void* k_cache,
                        const void* v_cache, int64_t kv_stride, int n, int n_head, int n_head_kv, int head_dim,
-                       float scale, bool gated, int pos0, float* out, cudaStream_t s, KvCacheTypes kv = {});
+                       float scale, bool gated, int pos0, float* out, cudaStream_t s, KvCacheTypes kv = {},
+                       int window = 0, int rows = 0);
 
 // ---- gated DeltaNet ------------------------------------------------------------------------------------
 // Causal depthwise conv + SiLU over a chunk: out[t][c] = silu(w[c][K-1] x[t][c] + sum_{j<K-1} w[c][j] in(t-K+1+j)[c])
@@ -81,10 +93,11 @@ void gated_rmsnorm_rows(float* o, const float* z, const float* norm_w, float eps
                         cudaStream_t s);
 
 // ---- mixture of experts ------------------------------------------------------------------------------------
-// Router for n tokens: per row of logits [n x n_expert], softmax, top-k (ties: lower id), weights
-// renormalised when norm_topk: ids/weights [n x k] in descending probability order.
-void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_topk, int* ids, float* weights,
-                     cudaStream_t s);
+// Router for n tokens: per row of logits [n x n_expert], warp_route's rule (route_warp.cuh, the
+// decode's): softmax or rule's sigmoid, top-k (ties: lower id), weights renormalised when norm_topk,
+// times rule.scale: ids/weights [n x k] in pick order.
+void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
+                     float* weights, cudaStream_t s);
 
 // Token groups of the grouped expert GEMM, built on the device by a counting sort of the n*k (token,
 // slot) pairs by expert id. Sorted row r (0 .. n*k) holds the pair src_pair[r] = t * k + j; pair_row[t*k+j]
@@ -137,7 +150,8 @@ void swiglu_rows_h(const float* gate, const float* up, int64_t n, __half* out, c
 void swiglu_rows(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 
 // x[t][j] += sum over token t's k slots in ascending expert id of weights[t*k+s] * ye[pair_row[t*k+s]][j]
-//            (+ sigmoid(shared_gate[t]) * ys[t][j] when ys is not null).
+//            (+ sigmoid(shared_gate[t]) * ys[t][j] when ys is not null; 1 * ys[t][j] when shared_gate is
+//            null: an ungated shared expert).
 void moe_combine_rows(float* x, const float* ye, const int* ids, const float* weights, const int* pair_row, int n,
                       int k, int d, const float* ys, const float* shared_gate, cudaStream_t s);
 

@@ -99,17 +99,27 @@ void launch_embed(const DevMatrix& t, const int* tokens, int n, float* x, cudaSt
   check_launch("prefill embed_rows");
 }
 
-// ---- q/k norm + rotary (as norm_rope_kernel of kernels.cu, one block per (head, token)) ---------------
+// ---- q/k norm + rotary (as attn_prep_kernel of kernels.cu, one block per (head, token)) ---------------
 template <typename T>
 __global__ void norm_rope_rows_kernel(const float* src, int64_t src_tok_stride, int src_head_stride, T* dst,
                                       int64_t dst_tok_stride, int dst_head_stride, int head_dim, const float* w,
-                                      float eps, int rope_dims, float freq_base, int pos0) {
+                                      float eps, int rope_dims, float freq_base, YarnDev yarn, int pos0, int dst_rows) {
   extern __shared__ float buf[];  // head_dim
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t pos = pos0 + t;
+  const int64_t row = dst_rows > 0 ? ring_row(pos, dst_rows) : t;
   const float* x = src + t * src_tok_stride + static_cast<int64_t>(h) * src_head_stride;
-  T* o = dst + t * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
-  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, buf);
+  T* o = dst + row * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
+  norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, yarn, buf);
+}
+
+// Cache row ring_row(pos0 + t, rows) = src row t, in the cache's element type.
+template <typename T>
+__global__ void store_rows_kernel(const float* src, int64_t width, T* cache, int rows, int pos0) {
+  const int t = blockIdx.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= width) return;
+  kv_store(cache + ring_row(static_cast<int64_t>(pos0) + t, rows) * width + i, src[t * width + i]);
 }
 
 // ---- DeltaNet conv window and norms -----------------------------------------------------------------
@@ -178,16 +188,16 @@ __global__ void gated_rmsnorm_kernel(float* o_all, const float* z_all, const flo
 
 // ---- routing: one warp per token (route_warp.cuh: the routine every GPU routing path shares) ----------
 constexpr int kRouteWarps = 4;  // tokens per block
-__global__ void route_rows_kernel(const float* logits_all, int n, int n_expert, int k, bool norm_topk, int* ids_all,
-                                  float* weights_all) {
+__global__ void route_rows_kernel(const float* logits_all, int n, int n_expert, int k, bool norm_topk, RouteRule rule,
+                                  int* ids_all, float* weights_all) {
   __shared__ float p[kRouteWarps][1024];
   __shared__ int chosen[kRouteWarps][64];
   __shared__ float chosen_p[kRouteWarps][64];
   const int w = threadIdx.x >> 5;
   const int64_t tok = static_cast<int64_t>(blockIdx.x) * kRouteWarps + w;
   if (tok >= n) return;  // warp-uniform
-  warp_route(logits_all + tok * n_expert, n_expert, k, chosen[w], chosen_p[w], p[w]);
-  warp_route_store(chosen[w], chosen_p[w], k, norm_topk, ids_all + tok * k, weights_all + tok * k, nullptr);
+  warp_route(logits_all + tok * n_expert, n_expert, k, chosen[w], chosen_p[w], p[w], &rule);
+  warp_route_store(chosen[w], chosen_p[w], k, norm_topk, ids_all + tok * k, weights_all + tok * k, nullptr, rule.scale);
 }
 
 __global__ void swiglu_rows_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -217,7 +227,7 @@ __global__ void combine_rows_kernel(float* x_all, const float* ye, const int* id
   if (j >= d) return;
   float acc = 0.0f;
   for (int s = 0; s < k; ++s) acc += weights[order[s]] * ye[static_cast<int64_t>(pair_row[order[s]]) * d + j];
-  if (ys_all) acc += sigmoid_dev(shared_gate[t]) * ys_all[static_cast<int64_t>(t) * d + j];
+  if (ys_all) acc += (shared_gate ? sigmoid_dev(shared_gate[t]) : 1.0f) * ys_all[static_cast<int64_t>(t) * d + j];
   x_all[static_cast<int64_t>(t) * d + j] += acc;
 }
 
@@ -250,16 +260,27 @@ void embed_rows(const DevMatrix& t, const int* tokens, int n, float* x, cudaStre
 
 void norm_rope_rows(const float* src, int64_t src_tok_stride, int src_head_stride, void* dst, int64_t dst_tok_stride,
                     int dst_head_stride, int n, int n_heads, int head_dim, const float* w, float eps, int rope_dims,
-                    float freq_base, int pos0, cudaStream_t s, KvType dst_type) {
+                    float freq_base, const RopeYarn* yarn, int pos0, cudaStream_t s, KvType dst_type, int dst_rows) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "prefill norm_rope_rows: head_dim/rope_dims");
+  const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
   // The destination's type chooses the instance (the V type is not involved).
   with_kv_types({dst_type, KvType::F32}, [&](auto td, auto) {
     using T = decltype(td);
     norm_rope_rows_kernel<T><<<dim3(n_heads, n), warp_round(head_dim), head_dim * sizeof(float), s>>>(
         src, src_tok_stride, src_head_stride, static_cast<T*>(dst), dst_tok_stride, dst_head_stride, head_dim, w, eps,
-        rope_dims, freq_base, pos0);
+        rope_dims, freq_base, y, pos0, dst_rows);
   });
   check_launch("prefill norm_rope_rows");
+}
+
+void store_cache_rows(const float* src, int n, int64_t width, void* cache, KvType type, int rows, int pos0,
+                      cudaStream_t s) {
+  check_arg(rows > 0, "prefill store_cache_rows: the cache needs rows");
+  with_kv_types({type, KvType::F32}, [&](auto td, auto) {
+    using T = decltype(td);
+    store_rows_kernel<T><<<dim3(blocks_for(width, 256), n), 256, 0, s>>>(src, width, static_cast<T*>(cache), rows, pos0);
+  });
+  check_launch("prefill store_cache_rows");
 }
 
 void conv1d_silu_chunk(const float* x, const float* weight, int K, int channels, int n, float* state, float* out,
@@ -286,11 +307,11 @@ void gated_rmsnorm_rows(float* o, const float* z, const float* norm_w, float eps
   check_launch("prefill gated_rmsnorm_rows");
 }
 
-void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_topk, int* ids, float* weights,
-                     cudaStream_t s) {
+void route_topk_rows(const float* logits, int n, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
+                     float* weights, cudaStream_t s) {
   check_arg(n_expert <= 1024 && k <= 64 && k <= n_expert, "prefill route_topk_rows: n_expert <= 1024 and k <= 64");
   route_rows_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, s>>>(logits, n, n_expert, k, norm_topk,
-                                                                                   ids, weights);
+                                                                                   rule, ids, weights);
   check_launch("prefill route_topk_rows");
 }
 
