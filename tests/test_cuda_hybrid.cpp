@@ -572,16 +572,18 @@ void check_cache_sizes(const std::string& gguf, const std::string& label, int n_
   const auto& c = model->config();
   const std::vector<int32_t> prompt = some_prompt(c.n_vocab, n_prompt);
   const int ctx = n_prompt + n_new + 1;
-  std::vector<int32_t> want;
-  {
-    sc::GpuSession all_gpu(*model, ctx, base_options());
-    want = sc::generate_greedy(all_gpu, prompt, n_new);
+  // References per prompt path: the exact batched prefill and the decode step round differently.
+  std::vector<int32_t> want_by_path[2];
+  for (bool batched : {false, true}) {
+    sc::GpuSession all_gpu(*model, ctx, base_options(batched));
+    want_by_path[batched ? 1 : 0] = sc::generate_greedy(all_gpu, prompt, n_new);
   }
   const SlotMap pinned = make_slots(*model, every_other);
   const int most_cold = c.n_expert - c.n_expert / 2;  // every_other leaves at most this many cold per layer
   for (strata::ExpertCachePolicy policy : {strata::ExpertCachePolicy::Lru, strata::ExpertCachePolicy::Lfu}) {
     for (int size : {0, 1, std::max(2, most_cold / 2), most_cold}) {
       for (bool batched : {false, true}) {
+        const std::vector<int32_t>& want = want_by_path[batched ? 1 : 0];
         const std::string what = label + " " + policy_name(policy) + " cache " + std::to_string(size) +
                                  (batched ? " batched prefill" : " token prefill");
         sc::GpuSessionOptions o = base_options(batched);
