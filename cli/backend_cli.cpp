@@ -45,6 +45,12 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "or exact (float32 matvecs and prefill)");
   sub.add_flag("--no-lookahead", o.no_lookahead,
                "with --gpu: greedy decode waits for each token before launching the next step (same output, slower)");
+  sub.add_option("--expert-cache", o.expert_cache,
+                 "with --gpu, hybrid: N VRAM cache slots per MoE layer beyond the pinned experts, carved out of "
+                 "the expert budget and filled while serving with the experts the CPU computed (default 0: none)");
+  sub.add_option("--expert-cache-policy", o.expert_cache_policy,
+                 "with --expert-cache: lru (default: routing reuses the experts of the last few tokens) or lfu "
+                 "(pick counts halving every 16 steps)");
   sub.add_option("--cache-type-k", o.cache_type_k,
                  "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
   sub.add_option("--cache-type-v", o.cache_type_v,
@@ -129,6 +135,8 @@ cuda::GpuSessionOptions gpu_session_options(const BackendPlan& p) {
   so.prefill_chunk = p.prefill_chunk;
   so.prefill_f16_cache = p.gpu_plan.prefill_f16_cache;
   so.expert_slots = p.gpu_plan.expert_slots;
+  so.expert_cache_slots = p.gpu_plan.cache_slots.empty() ? 0 : p.gpu_plan.expert_cache_request;
+  so.expert_cache_policy = p.expert_cache_policy;
   so.kv_types = p.kv_types;
   return so;
 }
@@ -232,6 +240,16 @@ std::string telemetry_text(const Sequence& sequence) {
     s += buf;
   }
   s += "\n";
+  if (t.cache_slots > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "telemetry: expert cache (%s, %d slots): %llu hits, %llu misses, hit rate %.3f of the picks the "
+                  "pinned experts miss; %llu copies (%.2f MiB, %.1f KiB/token), %llu evictions\n",
+                  t.cache_policy, t.cache_slots, static_cast<unsigned long long>(t.cache_hits),
+                  static_cast<unsigned long long>(t.cold_picks), t.cache_hit_rate(),
+                  static_cast<unsigned long long>(t.cache_copies), static_cast<double>(t.cache_copy_bytes) / 1048576.0,
+                  static_cast<double>(t.cache_copy_bytes) / 1024.0 / n, static_cast<unsigned long long>(t.cache_evictions));
+    s += buf;
+  }
   return s;
 #else
   (void)sequence;
@@ -258,6 +276,12 @@ std::string telemetry_metrics(const Sequence& sequence) {
   counter("cpu_cold_seconds_total", "CPU time computing cold experts.", buf);
   std::snprintf(buf, sizeof buf, "%.6f", t.gpu_wait_ms / 1e3);
   counter("gpu_wait_seconds_total", "GPU time waiting for cold experts.", buf);
+  if (t.cache_slots > 0) {
+    counter("cache_hits_total", "Routed expert picks served from the VRAM expert cache.", cat(t.cache_hits));
+    counter("cache_copies_total", "Experts copied into the VRAM expert cache.", cat(t.cache_copies));
+    counter("cache_copy_bytes_total", "Bytes copied into the VRAM expert cache.", cat(t.cache_copy_bytes));
+    counter("cache_evictions_total", "Cached experts displaced by a copy.", cat(t.cache_evictions));
+  }
   s += "# HELP strata_hybrid_layer_cold_picks_total Cold picks per layer.\n"
        "# TYPE strata_hybrid_layer_cold_picks_total counter\n";
   for (size_t l = 0; l < t.cold_picks_per_layer.size(); ++l)

@@ -37,8 +37,8 @@ using strata::kv_cache_types;
 // before parsing.
 std::string expand_short_alias(const std::string& arg);
 
-// --gpu, --gpu-mem, --expert-budget, --profile, --telemetry, --cpu-threads, --numerics, --no-lookahead,
-// --cache-type-k, --cache-type-v.
+// --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --profile, --telemetry,
+// --cpu-threads, --numerics, --no-lookahead, --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
 // --collect-routing FILE (run, serve, calibrate) and --routing FILE|generate:NAME[:SEED] (bench);

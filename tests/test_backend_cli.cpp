@@ -105,6 +105,66 @@ TEST(GpuExpertPlan, ExplicitPercentBudgetKeepsTheHottestExperts) {
   EXPECT_NE(p.text.find("profile test"), std::string::npos);
 }
 
+// --expert-cache N: N slots per layer of the layer's largest expert, carved out of the expert budget
+// (the pinned experts get the rest); too many slots for the budget fail naming the flag; an all-GPU plan
+// has nothing to cache.
+TEST(GpuExpertPlan, ExpertCacheIsCarvedOutOfTheBudget) {
+  strata::GpuPlanRequest req;
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  req.expert_budget = strata::parse_expert_budget("50%");  // 16 of 32 experts
+  const strata::GpuExpertPlan plain = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  req.expert_cache_slots = 1;
+  req.expert_cache_policy = "lfu";
+  const strata::GpuExpertPlan p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid) << p.text;
+  // Uniform hotness fills layer 0 first: it has no cold expert and needs no slot, so 4 GiB less three
+  // 256 MiB slots pins 13 experts.
+  EXPECT_EQ(p.plan.n_hot_total(), 13) << p.text;
+  EXPECT_EQ(p.cache_slots, (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(p.expert_cache_request, 1);
+  EXPECT_EQ(p.receipt.cache_slots, 3 * 256 * MiB);
+  EXPECT_LE(p.plan.bytes_used + p.receipt.cache_slots, p.receipt.expert_budget);
+  EXPECT_EQ(p.receipt.expert_budget, plain.receipt.expert_budget);
+  EXPECT_EQ(p.receipt.core_total, plain.receipt.core_total);  // the cache is expert budget, not core
+  EXPECT_NE(p.text.find("- expert cache"), std::string::npos) << p.text;
+  EXPECT_NE(p.text.find("lfu"), std::string::npos) << p.text;
+  EXPECT_TRUE(plain.cache_slots.empty());
+  EXPECT_EQ(plain.text.find("expert cache"), std::string::npos) << plain.text;
+
+  req.expert_cache_slots = 5;  // 5 GiB of slots in a 4 GiB budget
+  try {
+    strata::plan_gpu_experts(fake_footprint(), 2, req);
+    FAIL() << "expected a failure";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-cache 5 needs"), std::string::npos) << e.what();
+  }
+
+  req.expert_cache_slots = 2;
+  req.expert_budget.reset();  // every expert fits: all-GPU, no cache
+  const strata::GpuExpertPlan all = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  EXPECT_FALSE(all.hybrid);
+  EXPECT_TRUE(all.cache_slots.empty());
+  EXPECT_EQ(all.receipt.cache_slots, 0u);
+  EXPECT_NE(all.text.find("expert cache: none"), std::string::npos) << all.text;
+}
+
+TEST(BackendCli, ExpertCacheFlagsAreChecked) {
+  strata::BackendOptions o;
+  o.gpu = true;
+  o.expert_cache = 4;
+  EXPECT_NO_THROW(strata::check_backend_options(o));
+  o.expert_cache_policy = "lfu";
+  EXPECT_NO_THROW(strata::check_backend_options(o));
+  o.expert_cache_policy = "fifo";
+  EXPECT_THROW(strata::check_backend_options(o), strata::Error);
+  o.expert_cache_policy = "lru";
+  o.expert_cache = 0;  // a policy without a cache
+  EXPECT_THROW(strata::check_backend_options(o), strata::Error);
+  o.expert_cache_policy.clear();
+  o.expert_cache = -1;
+  EXPECT_THROW(strata::check_backend_options(o), strata::Error);
+}
+
 TEST(GpuExpertPlan, CoreThatDoesNotFitFails) {
   strata::GpuPlanRequest req;
   req.gpu_total = 2 * GiB, req.gpu_free = 2 * GiB;  // the 2 GiB core plus the reserve cannot fit
@@ -224,6 +284,8 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--numerics exact", "--numerics needs --gpu"},
       {"--no-lookahead", "--no-lookahead needs --gpu"},
       {"--cpu-threads 4", "--cpu-threads needs --gpu"},
+      {"--expert-cache 2", "--expert-cache needs --gpu"},
+      {"--expert-cache-policy lfu", "--expert-cache-policy needs --gpu"},
   };
   for (const auto& [flags, message] : cases) {
     const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids " + flags);

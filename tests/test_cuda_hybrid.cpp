@@ -29,6 +29,7 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include "strata/cuda/hybrid_bench.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "strata/moe/expert_cache.h"
 #include "cuda_test_models.h"
 #include "pending_property.h"
 #include "strata/cuda/gpu_model.h"
@@ -514,14 +515,15 @@ TEST(CudaHybrid, PendingKeepEqualsRun) {
 }
 
 // Hybrid sequences over one GpuModel on threads at once: each greedy run equals the same run alone, and
-// each sequence counts only its own routes.
-TEST(CudaHybrid, ConcurrentSequencesShareTheColdPool) {
-  REQUIRE_GPU();
+// each sequence counts only its own routes. With an expert cache the sequences also share its slots,
+// which change between any two of their steps.
+void concurrent_sequences(int cache_slots) {
   auto model = strata::Model::load(kTiny);
   const int64_t vocab = model->config().n_vocab;
   sc::GpuSessionOptions o;
   o.expert_slots = make_slots(*model, every_other);
   o.cpu_threads = 2;
+  o.expert_cache_slots = cache_slots;
   const auto gm = sc::make_gpu_model(*model, o);
   std::vector<std::vector<int32_t>> prompts, alone;
   std::vector<std::vector<uint64_t>> alone_counts;
@@ -543,6 +545,143 @@ TEST(CudaHybrid, ConcurrentSequencesShareTheColdPool) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(got[i], alone[i]) << "sequence " << i;
     EXPECT_EQ(seqs[i]->routing_counts(), alone_counts[i]) << "sequence " << i;
+  }
+}
+
+TEST(CudaHybrid, ConcurrentSequencesShareTheColdPool) {
+  REQUIRE_GPU();
+  concurrent_sequences(0);
+}
+
+TEST(CudaHybrid, ConcurrentSequencesShareTheExpertCache) {
+  REQUIRE_GPU();
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  concurrent_sequences(2);
+}
+
+// ---- VRAM expert cache (GpuSessionOptions::expert_cache_slots, issue 20) -------------------------------
+// Cold experts are copied into cache slots while the session runs; the slot map changes only between
+// steps, so each step computes each pick wholly on the GPU or wholly on the CPU. Greedy output must equal
+// the all-GPU session's under every policy and cache size (0, 1, some, every cold expert of a layer), and
+// the telemetry must account for every pick as pinned, cached or computed on the CPU.
+const char* policy_name(strata::ExpertCachePolicy p) { return strata::expert_cache_policy_name(p); }
+
+// Cache slots of the session per layer for `requested` (what expert_cache_slots_per_layer gives).
+int total_slots(const SlotMap& pinned, int requested) {
+  int n = 0;
+  for (int v : strata::expert_cache_slots_per_layer(pinned, requested)) n += v;
+  return n;
+}
+
+// Picks the pinned experts served, from the per-expert counts and the pinned map.
+uint64_t pinned_picks(const sc::HybridTelemetry& t, const SlotMap& pinned, int n_expert) {
+  uint64_t n = 0;
+  for (size_t l = 0; l < pinned.size(); ++l)
+    for (size_t e = 0; e < pinned[l].size(); ++e)
+      if (pinned[l][e] >= 0) n += t.expert_picks[l * static_cast<size_t>(n_expert) + e];
+  return n;
+}
+
+void check_cache_sizes(const std::string& gguf, const std::string& label, int n_prompt, int n_new) {
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  auto model = strata::Model::load(gguf);
+  const auto& c = model->config();
+  const std::vector<int32_t> prompt = some_prompt(c.n_vocab, n_prompt);
+  const int ctx = n_prompt + n_new + 1;
+  // References per prompt path: the exact batched prefill and the decode step round differently.
+  std::vector<int32_t> want_by_path[2];
+  for (bool batched : {false, true}) {
+    sc::GpuSession all_gpu(*model, ctx, base_options(batched));
+    want_by_path[batched ? 1 : 0] = sc::generate_greedy(all_gpu, prompt, n_new);
+  }
+  const SlotMap pinned = make_slots(*model, every_other);
+  const int most_cold = c.n_expert - c.n_expert / 2;  // every_other leaves at most this many cold per layer
+  for (strata::ExpertCachePolicy policy : {strata::ExpertCachePolicy::Lru, strata::ExpertCachePolicy::Lfu}) {
+    for (int size : {0, 1, std::max(2, most_cold / 2), most_cold}) {
+      for (bool batched : {false, true}) {
+        const std::vector<int32_t>& want = want_by_path[batched ? 1 : 0];
+        const std::string what = label + " " + policy_name(policy) + " cache " + std::to_string(size) +
+                                 (batched ? " batched prefill" : " token prefill");
+        sc::GpuSessionOptions o = base_options(batched);
+        o.expert_slots = pinned;
+        o.expert_cache_slots = size;
+        o.expert_cache_policy = policy;
+        o.cpu_threads = 3;
+        sc::GpuSession h(*model, ctx, o);
+        h.reset_hybrid_telemetry();
+        const std::vector<int32_t> got = sc::generate_greedy(h, prompt, n_new);
+        EXPECT_EQ(got, want) << what;
+        const sc::HybridTelemetry t = h.hybrid_telemetry();
+        std::printf("[cuda-hybrid] %s: greedy %s; %llu picks: %llu cache hits, %llu cold; %llu copies (%.1f KiB), "
+                    "%llu evictions\n",
+                    what.c_str(), got == want ? "equal" : "DIFFER", static_cast<unsigned long long>(t.picks),
+                    static_cast<unsigned long long>(t.cache_hits), static_cast<unsigned long long>(t.cold_picks),
+                    static_cast<unsigned long long>(t.cache_copies), t.cache_copy_bytes / 1024.0,
+                    static_cast<unsigned long long>(t.cache_evictions));
+        EXPECT_EQ(pinned_picks(t, pinned, c.n_expert) + t.cache_hits + t.cold_picks, t.picks) << what;
+        uint64_t per_layer = 0;
+        for (uint64_t v : t.cache_hits_per_layer) per_layer += v;
+        EXPECT_EQ(per_layer, t.cache_hits) << what;
+        if (size == 0) {
+          EXPECT_EQ(t.cache_slots, 0) << what;
+          EXPECT_EQ(t.cache_hits, 0u) << what;
+          EXPECT_EQ(t.cache_copies, 0u) << what;
+        } else {
+          EXPECT_EQ(t.cache_slots, total_slots(pinned, size)) << what;
+          EXPECT_GT(t.cache_copies, 0u) << what;
+          EXPECT_GT(t.cache_copy_bytes, 0u) << what;
+          EXPECT_STREQ(t.cache_policy, policy_name(policy)) << what;
+        }
+        // A cache that holds every cold expert never evicts.
+        if (size == most_cold) {
+          EXPECT_EQ(t.cache_evictions, 0u) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaHybrid, ExpertCacheTinyModelEqualsAllGpu) {
+  REQUIRE_GPU();
+  check_cache_sizes(kTiny, "strata-tiny", 16, 40);
+}
+
+TEST(CudaHybrid, ExpertCacheQwen3MoeFixtureEqualsAllGpu) {
+  REQUIRE_GPU();
+  for (const char* type : {"f32", "q4_k_m"})
+    check_cache_sizes(convert_fixture("qwen3_moe", type), std::string("qwen3_moe ") + type, 10, 30);
+}
+
+// The same prompt twice on one session: the second run finds the experts the first one copied, so it has
+// more cache hits and fewer misses (a cache of every cold expert evicts nothing), with the same tokens.
+TEST(CudaHybrid, ExpertCacheHitsRiseOnARepeatedPrompt) {
+  REQUIRE_GPU();
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  auto model = strata::Model::load(kTiny);
+  const auto& c = model->config();
+  const std::vector<int32_t> prompt = some_prompt(c.n_vocab, 12);
+  for (strata::ExpertCachePolicy policy : {strata::ExpertCachePolicy::Lru, strata::ExpertCachePolicy::Lfu}) {
+    sc::GpuSessionOptions o = base_options();
+    o.expert_slots = make_slots(*model, every_other);
+    o.expert_cache_slots = c.n_expert;
+    o.expert_cache_policy = policy;
+    o.cpu_threads = 3;
+    sc::GpuSession h(*model, 64, o);
+    h.reset_hybrid_telemetry();
+    const std::vector<int32_t> first = sc::generate_greedy(h, prompt, 32);
+    const sc::HybridTelemetry t1 = h.hybrid_telemetry();
+    h.reset();
+    h.reset_hybrid_telemetry();
+    const std::vector<int32_t> second = sc::generate_greedy(h, prompt, 32);
+    const sc::HybridTelemetry t2 = h.hybrid_telemetry();
+    const char* p = policy_name(policy);
+    std::printf("[cuda-hybrid] repeated prompt, %s: hits %llu -> %llu, misses %llu -> %llu\n", p,
+                static_cast<unsigned long long>(t1.cache_hits), static_cast<unsigned long long>(t2.cache_hits),
+                static_cast<unsigned long long>(t1.cold_picks), static_cast<unsigned long long>(t2.cold_picks));
+    EXPECT_EQ(first, second) << p;
+    EXPECT_GT(t2.cache_hits, t1.cache_hits) << p;
+    EXPECT_LT(t2.cold_picks, t1.cold_picks) << p;
+    EXPECT_EQ(t1.cache_evictions + t2.cache_evictions, 0u) << p;
   }
 }
 

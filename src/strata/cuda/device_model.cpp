@@ -4,6 +4,7 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_memory.h"
 #include "strata/moe/gpu_support.h"
+#include "strata/moe/placement.h"
 
 namespace strata::cuda {
 
@@ -32,7 +33,8 @@ DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer
   return d;
 }
 
-DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots) {
+DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots,
+                              int extra_slots) {
   const WeightMatrix& w = s.first;
   if (!supported_type(w.type))
     fail("CUDA backend: tensor blk.", layer, ".", what, " has type ", type_traits(w.type).name,
@@ -49,8 +51,8 @@ DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer,
     n_hot = 0;
     for (int slot : *slots) n_hot += slot >= 0 ? 1 : 0;
   }
-  d.n_expert = n_hot;
-  const size_t total = d.expert_stride * static_cast<size_t>(n_hot);
+  d.n_expert = n_hot + extra_slots;
+  const size_t total = d.expert_stride * static_cast<size_t>(d.n_expert);
   uint8_t* dst = static_cast<uint8_t*>(alloc(total));
   expert_bytes_ += total;
   for (int e = 0; e < s.n_expert; ++e) {
@@ -81,25 +83,20 @@ std::vector<int> validate_expert_slots(const Model& model, const std::vector<std
     const int n_exp = w.layers[il].moe.gate.n_expert;
     if (static_cast<int>(row.size()) != n_exp)
       fail("expert slot map: layer ", il, " has ", row.size(), " entries, the layer has ", n_exp, " experts");
-    int next = 0;
-    for (int e = 0; e < n_exp; ++e) {
-      const int slot = row[static_cast<size_t>(e)];
-      if (slot == -1) continue;
-      if (slot != next)
-        fail("expert slot map: layer ", il, " expert ", e, " has slot ", slot, ", expected ", next,
-             " (hot experts take slots 0, 1, ... in ascending expert id; cold ones -1)");
-      ++next;
-    }
-    n_hot[il] = next;
+    n_hot[il] = hot_slot_count(row, il);
   }
   return n_hot;
 }
 
-DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots)
+DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots,
+                         const std::vector<int>& cache_slots)
     : config_(model.config()), expert_slots_(expert_slots) {
   require_gpu_support(config_);  // every GPU path is built on a DeviceModel
   const ModelWeights& w = model.weights();
   if (!expert_slots_.empty()) validate_expert_slots(model, expert_slots_);
+  if (!cache_slots.empty() && (expert_slots_.empty() || cache_slots.size() != w.layers.size()))
+    fail("expert cache slots: ", cache_slots.size(), " layers given, with ",
+         expert_slots_.empty() ? "no slot map" : cat(w.layers.size(), " layers in the model"));
   try {
     token_embd = upload(w.token_embd, "token_embd.weight", -1);
     output = w.tied_output ? token_embd : upload(w.output, "output.weight", -1);
@@ -141,9 +138,10 @@ DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>
       D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
       if (!L.moe.selection_bias.empty()) D.moe.selection_bias = upload(L.moe.selection_bias);
       const std::vector<int>* slots = expert_slots_.empty() ? nullptr : &expert_slots_[il];
-      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots);
-      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots);
-      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots);
+      const int extra = cache_slots.empty() ? 0 : cache_slots[il];
+      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots, extra);
+      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots, extra);
+      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots, extra);
       D.moe.has_shared = L.moe.has_shared;
       D.moe.shared_gated = L.moe.shared_gated;
       if (L.moe.has_shared) {

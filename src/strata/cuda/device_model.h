@@ -65,7 +65,10 @@ class DeviceModel {
   // layer's gate/up/down stacks then hold only the hot experts in slot order (n_expert = n_hot) and
   // cold experts are never uploaded (the CPU reads them from the mapped GGUF). A malformed map fails
   // with a message naming the layer and expert.
-  explicit DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots = {});
+  // cache_slots ([layer], with expert_slots only): that many more slots after the hot ones in each
+  // layer's stacks, allocated and left unfilled (the hybrid MoE's expert cache fills them).
+  explicit DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots = {},
+                       const std::vector<int>& cache_slots = {});
   ~DeviceModel();
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
@@ -83,7 +86,7 @@ class DeviceModel {
  private:
   void* alloc(size_t n);
   DevMatrix upload(const WeightMatrix& w, const char* what, int layer);
-  DevMatrix upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots);
+  DevMatrix upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots, int extra_slots);
   const float* upload(const std::vector<float>& v);
 
   ModelConfig config_;

@@ -7,7 +7,12 @@
 namespace strata::cuda {
 
 GpuModel::GpuModel(const Model& model, const GpuSessionOptions& opt)
-    : model_(model), opt_(opt), dm_(std::make_unique<DeviceModel>(model, opt.expert_slots)) {
+    : model_(model),
+      opt_(opt),
+      dm_(std::make_unique<DeviceModel>(
+          model, opt.expert_slots,
+          opt.expert_slots.empty() ? std::vector<int>{}
+                                   : expert_cache_slots_per_layer(opt.expert_slots, opt.expert_cache_slots))) {
   if (!opt.expert_slots.empty()) hybrid_ = make_hybrid_moe(model, *dm_, opt);
 }
 

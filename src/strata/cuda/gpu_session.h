@@ -19,6 +19,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
 #include "strata/model/kv_type.h"
+#include "strata/moe/expert_cache.h"
 #include "strata/cuda/hybrid_types.h"
 #include "strata/cuda/prefill_math.h"
 
@@ -40,6 +41,14 @@ struct GpuSessionOptions {
   // computed on the CPU from the mapped GGUF and never uploaded.
   std::vector<std::vector<int>> expert_slots;
   int cpu_threads = 0;  // CPU workers for cold experts (0: a default from the core count)
+  // VRAM expert cache (hybrid mode, moe/expert_cache.h): cache slots per MoE layer beyond the pinned
+  // experts of expert_slots (capped at the layer's cold experts; 0: none). A cold pick is computed on the
+  // CPU as without a cache while the policy may copy the expert into a slot on a copy stream; the slot
+  // map changes only between steps. expert_cache_copy_bytes bounds the bytes of the copies started per
+  // step (0: n_expert_used experts of the largest layer).
+  int expert_cache_slots = 0;
+  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lru;
+  uint64_t expert_cache_copy_bytes = 0;
   // Prompts (forward with n > 1) run through the batched prefill (prefill.h: chunks of prefill_chunk
   // tokens, matrix-matrix products) in the arithmetic prefill_math names (prefill_math.h); false: token
   // by token through the decode step.

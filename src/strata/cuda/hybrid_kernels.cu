@@ -33,15 +33,18 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int n = 0;
+    int n = 0, hits = 0;
     unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
     for (int q = 0; q < k; ++q) {
-      n += slot_of[chosen[q]] < 0 ? 1 : 0;
+      const int slot = slot_of[chosen[q]];
+      n += slot < 0 ? 1 : 0;
+      hits += slot >= r.pinned[il] ? 1 : 0;
       atomicAdd(per_expert + chosen[q], 1ull);
     }
     n_cold = n;
     atomicAdd(r.calls + il, 1ull);
     atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
+    if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
     seq = n > 0 ? atomicAdd(&r.ctr->seq, 1ull) + 1 : 0;
     if (n > 0) atomicAdd(&r.ctr->jobs, 1ull);
     r.wait_seq[il] = seq;
@@ -125,7 +128,9 @@ __global__ void hybrid_uncount_kernel(const int* ids, int n_layer, int k, int n_
   if (e < 0 || e >= n_expert) return;
   constexpr unsigned long long kMinusOne = ~0ull;  // atomicAdd of -1 (mod 2^64)
   atomicAdd(r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert) + e, kMinusOne);
-  if (slot_maps[static_cast<size_t>(il) * static_cast<size_t>(n_expert) + e] < 0) atomicAdd(r.cold_picks + il, kMinusOne);
+  const int slot = slot_maps[static_cast<size_t>(il) * static_cast<size_t>(n_expert) + e];
+  if (slot < 0) atomicAdd(r.cold_picks + il, kMinusOne);
+  if (slot >= r.pinned[il]) atomicAdd(r.cache_hits + il, kMinusOne);
   if (i % k == 0) {
     atomicAdd(r.calls + il, kMinusOne);
     const int* layer = ids + static_cast<size_t>(il) * static_cast<size_t>(k);
@@ -134,6 +139,11 @@ __global__ void hybrid_uncount_kernel(const int* ids, int n_layer, int k, int n_
     for (int q = 0; q < k; ++q) cold = cold || (layer[q] >= 0 && layer[q] < n_expert && slots[layer[q]] < 0);
     if (cold) atomicAdd(&r.ctr->jobs, kMinusOne);
   }
+}
+
+// ---- slot-map writes --------------------------------------------------------------------------------
+__global__ void write_slots_kernel(int* slot_maps, SlotWrites w) {
+  for (int i = 0; i < w.n; ++i) slot_maps[w.index[i]] = w.slot[i];
 }
 
 }  // namespace
@@ -163,6 +173,13 @@ void hybrid_uncount(const int* ids, int n_layer, int k, int n_expert, const int*
   if (n == 0) return;
   hybrid_uncount_kernel<<<(n + 255) / 256, 256, 0, s>>>(ids, n_layer, k, n_expert, slot_maps, ring);
   check_launch("hybrid_uncount");
+}
+
+void hybrid_write_slots(int* slot_maps, const SlotWrites& w, cudaStream_t s) {
+  check_arg(w.n >= 0 && w.n <= kMaxSlotWrites, "hybrid_write_slots: 0..128 writes");
+  if (w.n == 0) return;
+  write_slots_kernel<<<1, 1, 0, s>>>(slot_maps, w);
+  check_launch("hybrid_write_slots");
 }
 
 }  // namespace strata::cuda

@@ -47,6 +47,18 @@ struct HybridRing {
   unsigned long long* calls = nullptr;       // [n_layer] token passes
   unsigned long long* cold_picks = nullptr;  // [n_layer]
   unsigned long long* expert_picks = nullptr;  // [n_layer x n_expert]
+  // The expert cache (issue 20): a pick whose slot is at least pinned[il] is a cache hit.
+  const int* pinned = nullptr;               // [n_layer] pinned slots per layer
+  unsigned long long* cache_hits = nullptr;  // [n_layer]
+};
+
+// Slot-map writes applied between two steps, in order, by one small launch (passed by value, so the
+// host's plan may change as soon as the launch is enqueued).
+constexpr int kMaxSlotWrites = 128;
+struct SlotWrites {
+  int n = 0;
+  int index[kMaxSlotWrites];  // layer * n_expert + expert
+  int slot[kMaxSlotWrites];   // -1: cold
 };
 
 // Decode, after the router's launch: layer il's top-k of logits under rule (warp_route, the routing of
@@ -67,8 +79,11 @@ void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, con
                      const HybridRing& ring, double timeout_s, cudaStream_t s);
 
 // Takes a dropped decode step's picks (ids: [n_layer x k], every layer's) back out of the model's
-// counters: calls, cold picks and per-expert picks.
+// counters: calls, cold picks, cache hits and per-expert picks.
 void hybrid_uncount(const int* ids, int n_layer, int k, int n_expert, const int* slot_maps, const HybridRing& ring,
                     cudaStream_t s);
+
+// slot_maps[w.index[i]] = w.slot[i] for i in order, on s (stream order puts it between two steps).
+void hybrid_write_slots(int* slot_maps, const SlotWrites& w, cudaStream_t s);
 
 }  // namespace strata::cuda

@@ -15,6 +15,13 @@
 // to pinned memory, the CPU pool computes the cold pairs grouped by expert (each cold expert's weights
 // read once per chunk) while the GPU runs the hot ones, and the rows go back into the sorted expert
 // outputs before the prefill's combine.
+// Expert cache (GpuSessionOptions::expert_cache_slots, moe/expert_cache.h): each layer's stacks have
+// cache slots after the pinned ones. At every step boundary (order_after_last, before the next step or
+// prefill is enqueued) the policy sees the picks counted so far (a snapshot copied back without
+// stopping the stream), copies that finished are mapped and the slots about to be refilled unmapped, by
+// one small launch on the step's stream; after the step is enqueued (record_last) the chosen experts are
+// staged from the mapped GGUF into pinned memory and copied on a copy stream that waits for those writes,
+// so a copy never touches a slot that a step in flight may read, and the decode graph never changes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +30,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <utility>
 #include <thread>
 
 #include "strata/base/error.h"
@@ -33,6 +42,7 @@
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/cpu/cold_experts.h"
+#include "strata/moe/expert_cache.h"
 
 namespace strata::cuda {
 
@@ -56,7 +66,10 @@ class HybridMoeImpl final : public HybridMoe {
       : model_(model),
         dm_(dm),
         c_(model.config()),
-        pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()) {
+        pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()),
+        cache_slots_(opt.expert_cache_slots),
+        cache_policy_(opt.expert_cache_policy),
+        copy_budget_(opt.expert_cache_copy_bytes) {
     if (!dm.hybrid()) fail("hybrid MoE: the device model was built without an expert slot map");
     if (c_.n_expert_used < 1 || c_.n_expert_used > kHybridMaxK)
       fail("hybrid MoE: ", c_.n_expert_used, " experts per token (supported: 1..", kHybridMaxK, ")");
@@ -73,6 +86,7 @@ class HybridMoeImpl final : public HybridMoe {
   ~HybridMoeImpl() override {
     stop_.store(true, std::memory_order_release);
     if (listener_.joinable()) listener_.join();
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);  // copies may still read the staging buffers
     release();
   }
 
@@ -93,25 +107,27 @@ class HybridMoeImpl final : public HybridMoe {
 
   void order_after_last(cudaStream_t s) override {
     if (last_stream_ && last_stream_ != s) check_cuda(cudaStreamWaitEvent(s, ev_last_, 0), "hybrid: order steps");
+    if (cache_) cache_between_steps(s);
   }
 
   void record_last(cudaStream_t s) override {
     check_cuda(cudaEventRecord(ev_last_, s), "hybrid: record step");
     last_stream_ = s;
+    if (cache_) cache_after_launch();
   }
 
   // ---- grouped batched prefill (hybrid_moe.h) ----------------------------------------------------------
   const int* device_slot_map(int il) const override {
     return d_slot_ + static_cast<size_t>(il) * static_cast<size_t>(c_.n_expert);
   }
-  int hot_experts(int il) const override { return n_hot_[static_cast<size_t>(il)]; }
+  int hot_experts(int il) const override { return cache_ ? cache_->resident(il) : n_hot_[static_cast<size_t>(il)]; }
 
   void cold_batch_begin(int il, const int* ids, const int* counts, const float* xn, int n, cudaStream_t s) override {
     const size_t ne = static_cast<size_t>(c_.n_expert), uil = static_cast<size_t>(il);
     prefill::add_counts(counts, c_.n_expert, ring_.expert_picks + uil * ne, s);
     batch_calls_[uil] += static_cast<uint64_t>(n);
     pending_ = false;
-    if (n_hot_[uil] == c_.n_expert) return;  // every expert of the layer is resident: no CPU work
+    if (hot_experts(il) == c_.n_expert) return;  // every expert of the layer is resident: no CPU work
     fit_batch(n, s);
     const size_t k = static_cast<size_t>(c_.n_expert_used), d = static_cast<size_t>(c_.n_embd);
     const size_t un = static_cast<size_t>(n);
@@ -133,12 +149,15 @@ class HybridMoeImpl final : public HybridMoe {
     check_cuda(cudaEventSynchronize(ev_copied_), "hybrid batch: wait for routing");
     const int k = c_.n_expert_used;
     const size_t d = static_cast<size_t>(c_.n_embd);
-    const std::vector<int>& slot = dm_.expert_slots()[static_cast<size_t>(il)];
+    // The map as the device holds it now: the cache changes it only at step boundaries.
+    const std::vector<int>& slot = cache_ ? cache_->slot_map(il) : dm_.expert_slots()[static_cast<size_t>(il)];
     bpicks_.clear();
     int nc = 0;
+    const int pinned = cache_ ? cache_->pinned(il) : n_hot_[static_cast<size_t>(il)];
     for (int p = 0; p < n * k; ++p) {
       const int e = bids_h_[p];
       if (e < 0 || e >= c_.n_expert) fail("hybrid batch: router gave expert id ", e, " in layer ", il);
+      batch_hits_[static_cast<size_t>(il)] += slot[static_cast<size_t>(e)] >= pinned ? 1 : 0;
       if (slot[static_cast<size_t>(e)] >= 0) continue;
       bpairs_h_[nc] = p;
       bpicks_.push_back({p / k, e, byc_h_ + static_cast<size_t>(nc) * d});
@@ -191,6 +210,21 @@ class HybridMoeImpl final : public HybridMoe {
     t.cpu_jobs = cpu_jobs_.load() + (ctr.jobs - jobs_base_);
     t.cpu_cold_ms = static_cast<double>(cpu_ns_.load()) * 1e-6;
     t.gpu_wait_ms = static_cast<double>(ctr.wait_ns - wait_ns_base_) * 1e-6;
+    if (cache_) {
+      std::vector<unsigned long long> hits(nl);
+      check_cuda(cudaMemcpy(hits.data(), ring_.cache_hits, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+                 "telemetry");
+      // The batched prefill's hits are counted on the host.
+      for (size_t l = 0; l < nl; ++l) hits[l] += batch_hits_[l];
+      t.cache_hits_per_layer.assign(hits.begin(), hits.end());
+      for (uint64_t h : t.cache_hits_per_layer) t.cache_hits += h;
+      t.cache_slots = cache_->total_cache_slots();
+      t.cache_policy = expert_cache_policy_name(cache_->policy());
+      const ExpertCache::Stats& st = cache_->stats();
+      t.cache_copies = st.copies - cache_base_.copies;
+      t.cache_copy_bytes = st.bytes - cache_base_.bytes;
+      t.cache_evictions = st.evictions - cache_base_.evictions;
+    }
     return t;
   }
 
@@ -208,6 +242,9 @@ class HybridMoeImpl final : public HybridMoe {
     cpu_ns_.store(0);
     std::fill(batch_calls_.begin(), batch_calls_.end(), 0);
     std::fill(batch_cold_.begin(), batch_cold_.end(), 0);
+    std::fill(batch_hits_.begin(), batch_hits_.end(), 0);
+    check_cuda(cudaMemset(ring_.cache_hits, 0, nl * sizeof(unsigned long long)), "telemetry reset");
+    if (cache_) cache_base_ = cache_->stats();
   }
 
  private:
@@ -284,6 +321,10 @@ class HybridMoeImpl final : public HybridMoe {
     ring_.calls = dalloc<unsigned long long>(nl);
     ring_.cold_picks = dalloc<unsigned long long>(nl);
     ring_.expert_picks = dalloc<unsigned long long>(nl * ne);
+    ring_.cache_hits = dalloc<unsigned long long>(nl);
+    int* pinned_d = dalloc<int>(nl);
+    check_cuda(cudaMemcpy(pinned_d, n_hot_.data(), nl * sizeof(int), cudaMemcpyHostToDevice), "hybrid: pinned counts");
+    ring_.pinned = pinned_d;
     float* xn_d = nullptr;
     float* yec_d = nullptr;
     job_h_ = halloc_mapped<HostJob>(1, &ring_.job);
@@ -295,7 +336,156 @@ class HybridMoeImpl final : public HybridMoe {
     check_cuda(cudaEventCreateWithFlags(&ev_copied_, cudaEventDisableTiming), "hybrid: event");
     batch_calls_.assign(nl, 0);
     batch_cold_.assign(nl, 0);
+    batch_hits_.assign(nl, 0);
+    if (cache_slots_ > 0) allocate_cache();
     check_cuda(cudaDeviceSynchronize(), "hybrid MoE: allocate");
+  }
+
+  // ---- expert cache ----------------------------------------------------------------------------------
+  // Bytes of one expert of layer l in the device stacks (gate + up + down), 0 for a dense layer.
+  uint64_t expert_copy_bytes(size_t l) const {
+    const DevMoe& w = dm_.layers[l].moe;
+    if (c_.layer(static_cast<int>(l)).ffn != FfnKind::Moe) return 0;
+    return w.gate.expert_stride + w.up.expert_stride + w.down.expert_stride;
+  }
+
+  void allocate_cache() {
+    ExpertCacheConfig cfg;
+    cfg.pinned = dm_.expert_slots();
+    cfg.slots_per_layer = cache_slots_;
+    cfg.policy = cache_policy_;
+    uint64_t largest = 0;
+    for (size_t l = 0; l < cfg.pinned.size(); ++l) {
+      cfg.expert_bytes.push_back(expert_copy_bytes(l));
+      largest = std::max(largest, cfg.expert_bytes.back());
+    }
+    cache_ = std::make_unique<ExpertCache>(std::move(cfg));
+    if (cache_->total_cache_slots() == 0) {  // every layer's experts are pinned: nothing to cache
+      cache_.reset();
+      return;
+    }
+    for (size_t l = 0; l < dm_.layers.size(); ++l) {
+      const int have = dm_.layers[l].moe.gate.n_expert - n_hot_[l];
+      if (c_.layer(static_cast<int>(l)).ffn == FfnKind::Moe && have != cache_->cache_slots(static_cast<int>(l)))
+        fail("hybrid MoE: layer ", l, " has ", have, " cache slots on the device, the cache wants ",
+             cache_->cache_slots(static_cast<int>(l)));
+    }
+    // At least one expert per step, or nothing could ever be cached.
+    copy_budget_ = std::max(copy_budget_ > 0 ? copy_budget_ : largest * static_cast<uint64_t>(c_.n_expert_used),
+                            largest);
+    for (int b = 0; b < 2; ++b) {
+      void* p = nullptr;
+      check_cuda(cudaMallocHost(&p, std::max<uint64_t>(copy_budget_, 1)), "expert cache: staging (cudaMallocHost)");
+      staging_[b] = static_cast<uint8_t*>(p);
+      check_cuda(cudaEventCreateWithFlags(&ev_copied_to_slot_[b], cudaEventDisableTiming), "expert cache: event");
+    }
+    check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "expert cache: copy stream");
+    check_cuda(cudaEventCreateWithFlags(&ev_map_, cudaEventDisableTiming), "expert cache: event");
+    check_cuda(cudaEventCreateWithFlags(&ev_snap_, cudaEventDisableTiming), "expert cache: event");
+    const size_t n = static_cast<size_t>(c_.n_layer) * static_cast<size_t>(c_.n_expert);
+    void* p = nullptr;
+    check_cuda(cudaMallocHost(&p, n * sizeof(unsigned long long)), "expert cache: snapshot (cudaMallocHost)");
+    snap_h_ = static_cast<unsigned long long*>(p);
+    snap_prev_.assign(n, 0);
+    snap_delta_.assign(n, 0);
+  }
+
+  void release_cache() {
+    for (int b = 0; b < 2; ++b) {
+      if (staging_[b]) cudaFreeHost(staging_[b]);
+      staging_[b] = nullptr;
+      if (ev_copied_to_slot_[b]) cudaEventDestroy(ev_copied_to_slot_[b]);
+      ev_copied_to_slot_[b] = nullptr;
+    }
+    if (snap_h_) cudaFreeHost(snap_h_);
+    snap_h_ = nullptr;
+    for (cudaEvent_t* e : {&ev_map_, &ev_snap_}) {
+      if (*e) cudaEventDestroy(*e);
+      *e = nullptr;
+    }
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    copy_stream_ = nullptr;
+  }
+
+  // Whether work before `e` finished, without waiting.
+  static bool done(cudaEvent_t e) {
+    const cudaError_t st = cudaEventQuery(e);
+    if (st == cudaErrorNotReady) return false;
+    check_cuda(st, "expert cache: event query");
+    return true;
+  }
+
+  // Before the next step is enqueued on s (s already ordered after the last step): feed the policy,
+  // take finished copies, and write the slot map on s.
+  void cache_between_steps(cudaStream_t s) {
+    if (snap_pending_ && done(ev_snap_)) {
+      // Cumulative counters: a dropped lookahead step or a telemetry reset may take counts back.
+      for (size_t i = 0; i < snap_prev_.size(); ++i) {
+        snap_delta_[i] = snap_h_[i] > snap_prev_[i] ? snap_h_[i] - snap_prev_[i] : 0;
+        snap_prev_[i] = snap_h_[i];
+      }
+      cache_->observe(snap_delta_, c_.n_expert);
+      snap_pending_ = false;
+    }
+    for (int b = 0; b < 2; ++b) {
+      if (in_flight_[b].empty() || !done(ev_copied_to_slot_[b])) continue;
+      for (const ExpertCache::Copy& cp : in_flight_[b]) cache_->copy_done(cp.layer, cp.slot);
+      in_flight_[b].clear();
+    }
+    staging_free_ = in_flight_[0].empty() ? 0 : in_flight_[1].empty() ? 1 : -1;
+    ExpertCache::StepPlan plan = cache_->between_steps(staging_free_ >= 0 ? copy_budget_ : 0);
+    SlotWrites w;
+    for (size_t i = 0; i < plan.writes.size(); ++i) {
+      const ExpertCache::SlotWrite& x = plan.writes[i];
+      w.index[w.n] = x.layer * c_.n_expert + x.expert;
+      w.slot[w.n] = x.slot;
+      if (++w.n == kMaxSlotWrites || i + 1 == plan.writes.size()) {
+        hybrid_write_slots(d_slot_, w, s);
+        w.n = 0;
+      }
+    }
+    to_copy_ = std::move(plan.copies);
+    if (!to_copy_.empty()) check_cuda(cudaEventRecord(ev_map_, s), "expert cache: record map");
+  }
+
+  // After the step is enqueued: stage and copy the experts chosen at the boundary (the host work
+  // overlaps the step), and ask for a snapshot of the pick counters once the step is done.
+  void cache_after_launch() {
+    if (!to_copy_.empty()) {
+      const int b = staging_free_;
+      check_cuda(cudaStreamWaitEvent(copy_stream_, ev_map_, 0), "expert cache: order copies");
+      uint8_t* dst_h = staging_[b];
+      size_t off = 0;
+      for (const ExpertCache::Copy& cp : to_copy_) {
+        const size_t l = static_cast<size_t>(cp.layer);
+        const MoeWeights& hw = model_.weights().layers[l].moe;
+        const DevMoe& dw = dm_.layers[l].moe;
+        for (const auto& [stack, dev] : {std::pair<const ExpertStack*, const DevMatrix*>{&hw.gate, &dw.gate},
+                                         {&hw.up, &dw.up},
+                                         {&hw.down, &dw.down}}) {
+          const WeightMatrix src = stack->expert(cp.expert);
+          const size_t rows = static_cast<size_t>(src.n_rows);
+          for (size_t r = 0; r < rows; ++r)
+            std::memcpy(dst_h + off + r * dev->row_bytes, src.data + r * src.row_stride, dev->row_bytes);
+          // The stacks are const for the kernels that read them; their cache slots are this cache's to fill.
+          uint8_t* dst_d = const_cast<uint8_t*>(dev->data) + static_cast<size_t>(cp.slot) * dev->expert_stride;
+          check_cuda(cudaMemcpyAsync(dst_d, dst_h + off, dev->expert_stride, cudaMemcpyHostToDevice, copy_stream_),
+                     "expert cache: copy");
+          off += dev->expert_stride;
+        }
+      }
+      check_cuda(cudaEventRecord(ev_copied_to_slot_[b], copy_stream_), "expert cache: record copy");
+      in_flight_[b] = std::move(to_copy_);
+      to_copy_.clear();
+    }
+    if (!snap_pending_) {
+      check_cuda(cudaStreamWaitEvent(copy_stream_, ev_last_, 0), "expert cache: order snapshot");
+      check_cuda(cudaMemcpyAsync(snap_h_, ring_.expert_picks, snap_prev_.size() * sizeof(unsigned long long),
+                                 cudaMemcpyDeviceToHost, copy_stream_),
+                 "expert cache: snapshot");
+      check_cuda(cudaEventRecord(ev_snap_, copy_stream_), "expert cache: record snapshot");
+      snap_pending_ = true;
+    }
   }
 
   void release() {
@@ -308,6 +498,7 @@ class HybridMoeImpl final : public HybridMoe {
     if (ev_last_) cudaEventDestroy(ev_last_);
     ev_last_ = nullptr;
     free_batch();
+    release_cache();
   }
 
   // Touches every page of the cold experts once, so the first tokens do not pay the page faults of the
@@ -394,7 +585,25 @@ class HybridMoeImpl final : public HybridMoe {
   std::vector<ColdTokenPick> bpicks_;
   bool pending_ = false;
   int pending_il_ = -1, pending_n_ = 0;
-  std::vector<uint64_t> batch_calls_, batch_cold_;
+  std::vector<uint64_t> batch_calls_, batch_cold_, batch_hits_;
+  // Expert cache (null without one): the policy, two pinned staging buffers (one may be in flight
+  // while the other fills) with the copies each carries, the copy stream, the writes' event that copies
+  // wait for, the pick-counter snapshot the policy learns from.
+  int cache_slots_ = 0;
+  ExpertCachePolicy cache_policy_ = ExpertCachePolicy::Lru;
+  uint64_t copy_budget_ = 0;  // bytes of copies started per step boundary
+  std::unique_ptr<ExpertCache> cache_;
+  ExpertCache::Stats cache_base_;  // stats at the last telemetry reset
+  uint8_t* staging_[2] = {nullptr, nullptr};
+  cudaEvent_t ev_copied_to_slot_[2] = {nullptr, nullptr};
+  std::vector<ExpertCache::Copy> in_flight_[2];
+  std::vector<ExpertCache::Copy> to_copy_;  // chosen at the boundary, started after the step's launch
+  int staging_free_ = -1;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t ev_map_ = nullptr, ev_snap_ = nullptr;
+  unsigned long long* snap_h_ = nullptr;  // pinned
+  bool snap_pending_ = false;
+  std::vector<uint64_t> snap_prev_, snap_delta_;
   std::vector<ColdPick> picks_;
   unsigned long long last_seq_ = 0;  // touched only by the one thread that processes jobs
   unsigned long long wait_ns_base_ = 0, jobs_base_ = 0;

@@ -21,7 +21,21 @@ struct HybridTelemetry {
   double cpu_cold_ms = 0.0;             // CPU wall time computing cold experts, summed over jobs (a
                                         // dropped decode lookahead step's work included)
   double gpu_wait_ms = 0.0;             // time the GPU's combine kernels spent waiting for the CPU
+  // The VRAM expert cache (GpuSessionOptions::expert_cache_slots; all zero without one). A cold pick is a
+  // cache miss then.
+  int cache_slots = 0;                  // cache slots over all layers
+  const char* cache_policy = "";        // "lru" / "lfu"
+  uint64_t cache_hits = 0;              // picks served from cache slots
+  std::vector<uint64_t> cache_hits_per_layer;
+  uint64_t cache_copies = 0;            // experts copied into cache slots (started)
+  uint64_t cache_copy_bytes = 0;        // their bytes, host to GPU
+  uint64_t cache_evictions = 0;         // cached experts displaced by a copy
   double cold_hit_rate() const { return picks ? static_cast<double>(cold_picks) / static_cast<double>(picks) : 0.0; }
+  // Cache hits among the picks the pinned experts did not serve (hits + misses).
+  double cache_hit_rate() const {
+    const uint64_t n = cache_hits + cold_picks;
+    return n ? static_cast<double>(cache_hits) / static_cast<double>(n) : 0.0;
+  }
 };
 
 }  // namespace strata::cuda

@@ -32,7 +32,14 @@ void check_backend_options(const BackendOptions& o) {
     if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
     if (!o.numerics.empty()) fail("--numerics needs --gpu");
     if (o.no_lookahead) fail("--no-lookahead needs --gpu");
+    if (o.expert_cache != 0) fail("--expert-cache needs --gpu");
+    if (!o.expert_cache_policy.empty()) fail("--expert-cache-policy needs --gpu");
     return;
+  }
+  if (o.expert_cache < 0) fail("--expert-cache must be >= 0, got ", o.expert_cache);
+  if (!o.expert_cache_policy.empty()) {
+    parse_expert_cache_policy(o.expert_cache_policy);
+    if (o.expert_cache == 0) fail("--expert-cache-policy needs --expert-cache N (cache slots per layer)");
   }
   if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, "--gpu-mem");
   if (!o.expert_budget.empty()) parse_expert_budget(o.expert_budget);
@@ -58,6 +65,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   p.kv_types = kv_cache_types(o);
   check_kv_types(model.config(), p.kv_types);
   if (!o.gpu) return p;
+  if (!o.expert_cache_policy.empty()) p.expert_cache_policy = parse_expert_cache_policy(o.expert_cache_policy);
   require_gpu_support(model.config());
   GpuPlanRequest req;
   req.gpu_total = gpu.total;
@@ -67,6 +75,8 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, p.prefill_chunk, slots);
   req.prefill_f16_cache = !p.exact_numerics;  // the exact prefill multiplies fp32 weights decoded per chunk
   req.prefill_unsupported = gpu_prefill_unsupported_feature(model.config());
+  req.expert_cache_slots = o.expert_cache;
+  req.expert_cache_policy = expert_cache_policy_name(p.expert_cache_policy);
   RoutingCounts counts;
   if (profile) {
     counts = profile->snapshot();

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "strata/model/kv_type.h"
+#include "strata/moe/expert_cache.h"
 #include "strata/moe/gpu_expert_plan.h"
 
 namespace strata {
@@ -43,6 +44,11 @@ struct BackendOptions {
   // --routing FILE|generate:NAME[:SEED] (bench): the expert picks replayed from a trace or the generator
   // (moe/routing_generator.h) instead of the router's. CPU engine only for now.
   std::string routing;
+  // --expert-cache N (with --gpu): VRAM cache slots per MoE layer beyond the pinned hot experts, carved
+  // out of the expert budget and filled while serving (moe/expert_cache.h); 0: none.
+  // --expert-cache-policy lru|lfu ("": lru).
+  int expert_cache = 0;
+  std::string expert_cache_policy;
 };
 
 // The parsed cache types (fails like check_backend_options on a bad name).
@@ -50,7 +56,7 @@ KvCacheTypes kv_cache_types(const BackendOptions& o);
 
 // Refuses GPU-only options without --gpu ("--expert-budget needs --gpu") and malformed values
 // (sizes, percentages, the numerics mode, a negative thread count, KV cache types, q8_0 with --gpu,
-// a --routing spec), and the routing-trace options the GPU backends do not implement yet, before any
+// a --routing spec, a negative --expert-cache, an unknown cache policy or one without --expert-cache), and the routing-trace options the GPU backends do not implement yet, before any
 // model is loaded.
 void check_backend_options(const BackendOptions& o);
 
@@ -66,6 +72,7 @@ struct BackendPlan {
   int cpu_threads = 0;          // cold-expert workers (0: a default from the core count)
   int prefill_chunk = 512;      // tokens per batched-prefill pass (sizes its workspaces)
   KvCacheTypes kv_types;        // --cache-type-k / --cache-type-v
+  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lru;  // gpu_plan.cache_slots says whether a cache is used
 };
 
 // The GPU's memory as the plan sees it (device 0, read once the CUDA context exists).

@@ -5,6 +5,7 @@
 
 #include "strata/base/error.h"
 #include "strata/model/config.h"
+#include "strata/moe/expert_cache.h"
 
 namespace strata {
 
@@ -19,11 +20,61 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   GpuExpertPlan out;
   out.receipt = compute_vram_receipt(in);
   const bool fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
+  if (request.expert_cache_slots < 0) fail("--expert-cache must be >= 0, got ", request.expert_cache_slots);
   if (fits) {
-    out.plan = plan_placement(placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget));
+    // The cache's slots come out of the budget first (a slot per layer holds the layer's largest expert);
+    // a budget that holds every expert needs no cache.
+    uint64_t cache_bytes = 0;
+    const bool cache = request.expert_cache_slots > 0 && out.receipt.expert_budget < out.receipt.all_expert_bytes;
+    if (cache) {
+      for (const std::vector<uint64_t>& row : footprint.expert_bytes)
+        if (!row.empty())
+          cache_bytes += static_cast<uint64_t>(request.expert_cache_slots) * *std::max_element(row.begin(), row.end());
+      if (cache_bytes > out.receipt.expert_budget)
+        fail("--expert-cache ", request.expert_cache_slots, " needs ", format_binary_size(cache_bytes),
+             " of the expert budget, which has ", format_binary_size(out.receipt.expert_budget),
+             "\nhint: lower --expert-cache or raise --expert-budget / --gpu-mem");
+    }
+    // A layer gets no more slots than it has cold experts (a placement may keep whole layers hot): the
+    // bytes such layers leave unused go back to the pinned experts, pass by pass, keeping only plans
+    // whose slots fit what was set aside for them.
+    auto slot_bytes = [&footprint](const std::vector<int>& slots) {
+      uint64_t b = 0;
+      for (size_t l = 0; l < slots.size(); ++l)
+        if (!footprint.expert_bytes[l].empty())
+          b += static_cast<uint64_t>(slots[l]) *
+               *std::max_element(footprint.expert_bytes[l].begin(), footprint.expert_bytes[l].end());
+      return b;
+    };
+    auto place = [&](uint64_t reserved) {
+      return plan_placement(
+          placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget - reserved));
+    };
+    out.plan = place(cache_bytes);
+    if (cache) {
+      out.cache_slots = expert_cache_slots_per_layer(out.plan.slot_of, request.expert_cache_slots);
+      for (int pass = 0; pass < 8; ++pass) {
+        const uint64_t used = slot_bytes(out.cache_slots);
+        if (used >= cache_bytes) break;
+        cache_bytes = used;
+        ExpertPlan more = place(cache_bytes);
+        std::vector<int> slots = expert_cache_slots_per_layer(more.slot_of, request.expert_cache_slots);
+        if (slot_bytes(slots) > cache_bytes) break;  // keep the last plan that fits
+        out.plan = std::move(more);
+        out.cache_slots = std::move(slots);
+      }
+    }
     // Hybrid only when some expert stays on the CPU: a budget that holds every expert is the all-GPU session.
     out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
     if (out.hybrid) out.expert_slots = out.plan.slot_of;
+    if (out.hybrid && cache) {
+      out.expert_cache_request = request.expert_cache_slots;
+      in.cache_slot_bytes = slot_bytes(out.cache_slots);
+      in.cache_note = cat("--expert-cache ", request.expert_cache_slots, " slots/layer, ", request.expert_cache_policy);
+      out.receipt = compute_vram_receipt(in);
+    } else {
+      out.cache_slots.clear();
+    }
   }
   if (!request.prefill_unsupported.empty()) {
     in.prefill_cache_note = cat("none: prompts run token by token (not in the batched prefill: ",
@@ -51,9 +102,15 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   out.hotness_source = request.hotness_source.empty() ? "uniform (no profile)" : request.hotness_source;
   const std::string& source = out.hotness_source;
   if (out.hybrid) {
+    int slots = 0;
+    for (int n : out.cache_slots) slots += n;
     out.text += cat("mode: hybrid, ", out.plan.n_hot_total(), " of ", out.plan.n_expert_total(),
                     " experts on the GPU, the rest on the CPU; placement from ", source, "\n");
+    if (slots > 0)
+      out.text += cat("expert cache: ", slots, " slots over the layers (", request.expert_cache_policy,
+                      "), filled while serving from the experts the CPU computed\n");
   } else {
+    if (request.expert_cache_slots > 0) out.text += "expert cache: none (every expert fits the expert budget)\n";
     out.text += "mode: all-GPU (every routed expert fits the expert budget)\n";
   }
   return out;

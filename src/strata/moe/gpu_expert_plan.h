@@ -34,6 +34,11 @@ struct GpuPlanRequest {
   // What the batched GPU prefill lacks for this model (gpu_prefill_unsupported_feature), or "": prompts
   // then run token by token through the decode step, with no cache, and the receipt says so.
   std::string prefill_unsupported;
+  // --expert-cache N: cache slots per MoE layer (moe/expert_cache.h), carved out of the expert budget
+  // of a hybrid plan (an all-GPU plan has nothing to cache); expert_cache_policy names the policy on
+  // the receipt.
+  int expert_cache_slots = 0;
+  std::string expert_cache_policy = "lru";
 };
 
 struct GpuExpertPlan {
@@ -43,6 +48,10 @@ struct GpuExpertPlan {
   // GpuSessionOptions::expert_slots: [layer][expert] -> slot, -1 = cold; empty when !hybrid.
   std::vector<std::vector<int>> expert_slots;
   bool prefill_f16_cache = false;  // keep the prefill's fp16 weight cache (receipt.prefill_cache bytes)
+  // The expert cache: slots per layer beyond the pinned experts (expert_cache_slots_per_layer of the
+  // request's count and this placement; empty without a cache) and their bytes (receipt.cache_slots).
+  std::vector<int> cache_slots;
+  int expert_cache_request = 0;  // what the request asked for, per layer (GpuSessionOptions::expert_cache_slots)
   std::string hotness_source;      // where the placement's hotness came from ("uniform (no profile)", ...)
   std::string text;     // the receipt with the plan, and one line naming the mode (for stderr)
 };

@@ -301,4 +301,17 @@ double cold_hit_rate(const ExpertPlan& plan, const RoutingCounts& counts) {
   return total == 0 ? 0.0 : static_cast<double>(cold) / static_cast<double>(total);
 }
 
+int hot_slot_count(const std::vector<int>& row, size_t layer) {
+  int next = 0;
+  for (size_t e = 0; e < row.size(); ++e) {
+    const int slot = row[e];
+    if (slot == -1) continue;
+    if (slot != next)
+      fail("expert slot map: layer ", layer, " expert ", e, " has slot ", slot, ", expected ", next,
+           " (hot experts take slots 0, 1, ... in ascending expert id; cold ones -1)");
+    ++next;
+  }
+  return next;
+}
+
 }  // namespace strata

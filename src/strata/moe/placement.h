@@ -6,6 +6,7 @@
 // GpuSessionOptions::expert_slots (slots 0..n_hot-1 in ascending expert id, -1 = cold).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -74,6 +75,10 @@ ExpertPlan by_layer_placement(const PlacementInput& in, LayerFillOrder order = L
 double cold_hit_rate(const ExpertPlan& plan, const RoutingCounts& counts);
 // The same per layer ([layer]); a layer with no picks (or no experts) reports 0.
 std::vector<double> cold_hit_rate_per_layer(const ExpertPlan& plan, const RoutingCounts& counts);
+
+// The hot experts of one layer's slot-map row: fails (naming `layer`, the expert and the slot) unless the
+// hot ones take slots 0, 1, ... in ascending expert id and every other entry is -1.
+int hot_slot_count(const std::vector<int>& row, size_t layer);
 
 // Sum of every expert's bytes in the input (the 100% budget).
 uint64_t total_expert_bytes(const std::vector<std::vector<uint64_t>>& expert_bytes);

@@ -205,12 +205,13 @@ VramReceipt compute_vram_receipt(const VramInputs& in) {
   r.recurrent_state = in.model.recurrent_state_bytes;
   r.workspaces = in.workspace_bytes;
   r.cache_slots = in.cache_slot_bytes;
+  r.cache_note = in.cache_note;
   r.prefill_cache = in.prefill_cache_bytes;
   r.prefill_cache_note = in.prefill_cache_note;
   r.ctx = in.model.ctx;
   r.slots = in.model.slots;
   r.core_total =
-      r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.cache_slots + r.prefill_cache;
+      r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.prefill_cache;
   r.available_for_experts = static_cast<int64_t>(r.limit) - static_cast<int64_t>(r.core_total);
   r.all_expert_bytes = in.model.all_expert_bytes;
   r.expert_bytes = in.model.expert_bytes;
@@ -246,7 +247,6 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
                 kv_type_name(r.kv_types.v), ", ", r.kv_bytes_per_token, " bytes/token"));
   s += line("- recurrent state", format_binary_size(r.recurrent_state), "DeltaNet conv + state");
   s += line("- workspaces", format_binary_size(r.workspaces));
-  s += line("- cache slots", format_binary_size(r.cache_slots));
   if (r.prefill_cache > 0 || !r.prefill_cache_note.empty())
     s += line("- prefill fp16 cache", format_binary_size(r.prefill_cache), r.prefill_cache_note);
   if (r.core_fits) {
@@ -260,6 +260,7 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
   std::snprintf(pbuf, sizeof pbuf, "%.1f%% of %s", pct, format_binary_size(r.all_expert_bytes).c_str());
   s += line("expert budget", format_binary_size(r.expert_budget),
             cat(r.budget_source, ", ", pbuf, r.budget_fits ? "" : " (MORE THAN IS AVAILABLE)"));
+  if (r.cache_slots > 0) s += line("- expert cache", format_binary_size(r.cache_slots), r.cache_note);
   if (!plan) return s;
 
   // Per layer: hot/cold counts and bytes; consecutive identical layers share one row.

@@ -3,9 +3,10 @@
 // numbers (tests/test_vram_budget.cpp); model_footprint() derives the model-side numbers from a Model.
 //
 //   limit     = --gpu-mem, else the GPU's free memory
-//   available = limit - safety reserve - core weights - KV cache - recurrent state - workspaces - cache slots
+//   available = limit - safety reserve - core weights - KV cache - recurrent state - workspaces
 //               - prefill fp16 cache (when the plan keeps it: moe/gpu_expert_plan.h)
-//   budget    = --expert-budget (bytes, or percent of all expert bytes), else min(available, all experts)
+//   budget    = --expert-budget (bytes, or percent of all expert bytes), else min(available, all experts);
+//               the expert cache's slots (--expert-cache) are carved out of it, the pinned experts get the rest
 //
 // Typical use (a backend's start-up):
 //   ModelFootprint fp = model_footprint(model, ctx, slots);
@@ -75,7 +76,8 @@ struct VramInputs {
   std::optional<ExpertBudgetSpec> expert_budget;  // --expert-budget
   std::optional<uint64_t> reserve;                // default: default_safety_reserve(limit)
   uint64_t workspace_bytes = 0;                   // the backend's activations and scratch buffers
-  uint64_t cache_slot_bytes = 0;                  // pool for cold experts fetched on demand (0: none)
+  uint64_t cache_slot_bytes = 0;                  // the expert cache's slots, part of the expert budget (0: none)
+  std::string cache_note;                         // the receipt's note on that line (slots, policy)
   uint64_t prefill_cache_bytes = 0;               // the prefill's fp16 weight cache, when kept (0: not kept)
   std::string prefill_cache_note;                 // the receipt's note on that line (why kept or dropped)
   ModelFootprint model;
@@ -94,14 +96,15 @@ struct VramReceipt {
   bool limit_available = true;  // false: --gpu-mem asks for more than is free
   uint64_t reserve = 0;
   std::string reserve_source;
-  uint64_t core_weights = 0, kv_cache = 0, recurrent_state = 0, workspaces = 0, cache_slots = 0;
+  uint64_t core_weights = 0, kv_cache = 0, recurrent_state = 0, workspaces = 0;
+  uint64_t cache_slots = 0;             // of the expert budget: the expert cache (--expert-cache)
+  std::string cache_note;
   uint64_t prefill_cache = 0;           // the prefill's fp16 weight cache (0: dropped or not used)
   std::string prefill_cache_note;
   uint64_t kv_bytes_per_token = 0;
   KvCacheTypes kv_types;
   int ctx = 0, slots = 0;
-  uint64_t core_total = 0;              // reserve + core weights + KV + state + workspaces + cache slots
-                                        // + prefill cache
+  uint64_t core_total = 0;              // reserve + core weights + KV + state + workspaces + prefill cache
   int64_t available_for_experts = 0;    // limit - core_total (negative: the core does not fit)
   uint64_t all_expert_bytes = 0;
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert], copied from the footprint
