@@ -58,7 +58,8 @@ std::vector<int32_t> some_prompt(int64_t vocab, int n) {
 
 // Logits of every prompt position and a greedy continuation, GPU vs CPU (scalar float path).
 void compare_with_cpu(const std::string& gguf, const std::string& label, int n_prompt, int n_new,
-                      strata::KvCacheTypes kv = {}, double bound = 1e-3) {
+                      strata::KvCacheTypes kv = {}, double bound = 1e-3,
+                      sc::PrefillMath prefill = sc::PrefillMath::Fast) {
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
   auto model = strata::Model::load(gguf);
   const int64_t vocab = model->config().n_vocab;
@@ -70,6 +71,7 @@ void compare_with_cpu(const std::string& gguf, const std::string& label, int n_p
   cpu.forward(prompt.data(), n_prompt, want.data(), true);
   sc::GpuSessionOptions options;
   options.kv_types = kv;
+  options.prefill_math = prefill;
   sc::GpuSession gpu(*model, ctx, options);
   std::vector<float> got(want.size(), NAN);
   gpu.forward(prompt.data(), n_prompt, got.data(), true);
@@ -138,7 +140,9 @@ TEST(CudaModel, LagunaYarnMatchesCpu) {
   strata::convert::synth_model(o);
   auto model = strata::Model::load(o.out_path);
   ASSERT_TRUE(model->config().layer(0).yarn.on());
-  compare_with_cpu(o.out_path, "tiny-laguna-yarn f32", 40, 16);
+  // Exact prefill: this random preset holds a routing near-tie at its first token that half-precision
+  // products flip (test_cuda_prefill's LagunaSynthPresetLogits covers the fast prefill on it).
+  compare_with_cpu(o.out_path, "tiny-laguna-yarn f32", 40, 16, {}, 1e-3, sc::PrefillMath::Exact);
 }
 
 const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();

@@ -22,7 +22,9 @@ __device__ __forceinline__ float4 kv_load4(const __half* p) {
 
 // Cache row of position p: the position itself, or p % rows in a sliding layer's ring of rows rows
 // (DeviceLayerState::rows; a full layer's rows are the context, so p < rows there).
-__device__ __forceinline__ int64_t ring_row(int64_t p, int rows) { return p < rows ? p : p % rows; }
+// 32-bit: the attention loops call it for every cache row they read, and a 64-bit remainder costs several
+// times a 32-bit one (positions are below the int context size).
+__device__ __forceinline__ int64_t ring_row(int p, int rows) { return p < rows ? p : p % rows; }
 
 // Calls f(TK{}, TV{}) with the element types of the K and V caches (float for f32, __half for f16).
 template <typename F>

@@ -107,7 +107,7 @@ __global__ void norm_rope_rows_kernel(const float* src, int64_t src_tok_stride, 
   extern __shared__ float buf[];  // head_dim
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t pos = pos0 + t;
-  const int64_t row = dst_rows > 0 ? ring_row(pos, dst_rows) : t;
+  const int64_t row = dst_rows > 0 ? ring_row(static_cast<int>(pos), dst_rows) : t;
   const float* x = src + t * src_tok_stride + static_cast<int64_t>(h) * src_head_stride;
   T* o = dst + row * dst_tok_stride + static_cast<int64_t>(h) * dst_head_stride;
   norm_rope_head(x, o, pos, head_dim, w, eps, rope_dims, freq_base, yarn, buf);
@@ -119,7 +119,7 @@ __global__ void store_rows_kernel(const float* src, int64_t width, T* cache, int
   const int t = blockIdx.y;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= width) return;
-  kv_store(cache + ring_row(static_cast<int64_t>(pos0) + t, rows) * width + i, src[t * width + i]);
+  kv_store(cache + ring_row(pos0 + t, rows) * width + i, src[t * width + i]);
 }
 
 // ---- DeltaNet conv window and norms -----------------------------------------------------------------
