@@ -66,7 +66,7 @@ void add_collect_routing_option(CLI::App& sub, BackendOptions& o) {
 void add_routing_replay_option(CLI::App& sub, BackendOptions& o) {
   sub.add_option("--routing", o.routing,
                  "drive the expert picks from a routing trace FILE or generate:NAME[:SEED] (" + routing_setting_names() +
-                     ") instead of the router (CPU engine); every speed is labelled as replayed");
+                     ") instead of the router (CPU engine, --gpu and hybrid); every speed is labelled as replayed");
 }
 
 std::unique_ptr<RoutingTraceWriter> open_routing_trace(const Model& model, const BackendOptions& o) {

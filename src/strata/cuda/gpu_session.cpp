@@ -101,6 +101,18 @@ struct GpuSession::Impl {
   int32_t ahead_input = -1;         // the token it consumes: the last published pick (its publish
                                     // number is link.launched: nothing is launched after it while ahead)
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
+  // Replayed routing (Sequence::set_routing_replay): each decode step's picks are copied from a pinned
+  // ring (a slot per step in flight) to d_replay_step, which the step's routing reads; a prefill's
+  // picks go to d_replay_rows. replay_row[il]: layer il's row in a token's picks (-1: a dense layer).
+  RoutingSource* replay_src = nullptr;
+  static constexpr int kReplaySlots = 4;
+  int* d_replay_step = nullptr;
+  int* h_replay_ring = nullptr;  // pinned, kReplaySlots tokens
+  unsigned replay_launches = 0;
+  int* d_replay_rows = nullptr;
+  size_t replay_rows_cap = 0;    // tokens d_replay_rows holds
+  std::vector<int> replay_row;
+  size_t replay_stride = 0;      // ints per token
 
   Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
       : gm(std::move(g)),
@@ -219,6 +231,10 @@ struct GpuSession::Impl {
   void release() {
     destroy_graphs();
     link.release();
+    if (h_replay_ring) cudaFreeHost(h_replay_ring);
+    h_replay_ring = nullptr;
+    if (d_replay_rows) device_free(d_replay_rows);
+    d_replay_rows = nullptr;
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -328,6 +344,12 @@ struct GpuSession::Impl {
     return head;
   }
 
+  // Layer il's replayed picks in the decode step (device), or null when the router picks.
+  const int* replay_for(int il) const {
+    if (!replay_src) return nullptr;
+    return d_replay_step + static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
+  }
+
   // Layer il's k expert ids (its own, so a dropped lookahead step's picks can be uncounted).
   int* layer_ids(int il) const { return ids + static_cast<size_t>(il) * c.n_expert_used; }
 
@@ -346,6 +368,7 @@ struct GpuSession::Impl {
     rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
     rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
     rt.rule = route_rule(c, w.selection_bias);
+    rt.rule.replay = replay_for(il);
     m.first.resize(1);
     m.first[0].w = &w.router, m.first[0].y = router;
     if (w.has_shared && w.shared_gated) {
@@ -417,7 +440,7 @@ struct GpuSession::Impl {
     if (hybrid) {
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, router, layer_ids(il), wts, counts, x, D.ffn_norm, stream);
+      hybrid->route_decode(il, router, layer_ids(il), wts, counts, x, D.ffn_norm, stream, replay_for(il));
       prof.mark("hybrid top-k+ring", stream);
       for (GemvJob& j : m.up)
         if (j.ids) j.slot_of_expert = slot_of;
@@ -510,6 +533,14 @@ struct GpuSession::Impl {
   // state's parity, captured on first use).
   void launch_step() {
     if (hybrid) hybrid->order_after_last(stream);
+    if (replay_src) {
+      // Stream order puts the copy after the previous step, which reads d_replay_step; the ring slot is
+      // not written again while a step that copies from it can be in flight.
+      int* h = h_replay_ring + static_cast<size_t>(replay_launches++ % kReplaySlots) * replay_stride;
+      replay_src->next(1, h);
+      check_cuda(cudaMemcpyAsync(d_replay_step, h, replay_stride * sizeof(int), cudaMemcpyHostToDevice, stream),
+                 "copy replayed picks");
+    }
     if (!opt.use_graph || prof.on) {
       enqueue_step();
     } else {
@@ -626,7 +657,7 @@ struct GpuSession::Impl {
     if (n > 1 && opt.batched_prefill) {
       std::lock_guard<std::mutex> lock(gm->exclusive());
       if (hybrid) hybrid->order_after_last(stream);
-      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts);
+      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n));
       if (hybrid) hybrid->record_last(stream);
       return;
     }
@@ -642,6 +673,42 @@ struct GpuSession::Impl {
       if (copy)
         std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), h_logits, vocab * sizeof(float));
     }
+  }
+
+  // The next n tokens' replayed picks on the device for a prefill (null without a replay). The prefill
+  // synchronises its stream before it returns, so the buffer is free again by the next call.
+  const int* replay_rows(int n) {
+    if (!replay_src) return nullptr;
+    if (static_cast<size_t>(n) > replay_rows_cap) {
+      if (d_replay_rows) device_free(d_replay_rows);
+      d_replay_rows = nullptr;
+      replay_rows_cap = 0;
+      d_replay_rows = static_cast<int*>(device_alloc(static_cast<size_t>(n) * replay_stride * sizeof(int), "replayed picks"));
+      replay_rows_cap = static_cast<size_t>(n);
+    }
+    std::vector<int> h(static_cast<size_t>(n) * replay_stride);
+    replay_src->next(n, h.data());
+    // A pageable source: the call returns once h is staged, so h may go.
+    check_cuda(cudaMemcpyAsync(d_replay_rows, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice, stream),
+               "copy replayed picks");
+    return d_replay_rows;
+  }
+
+  // Replayed routing from now on (null: the router again). The decode graphs read the picks through
+  // the routing rule, so they are captured again.
+  void set_replay(RoutingSource* src) {
+    if (src) check_replay_shape(*src, static_cast<int>(c.routed_layers().size()), c.n_expert, c.n_expert_used);
+    drop();
+    check_cuda(cudaStreamSynchronize(stream), "decode step");
+    destroy_graphs();
+    replay_src = src;
+    if (!src || d_replay_step) return;
+    replay_row.assign(static_cast<size_t>(c.n_layer), -1);
+    const std::vector<int> routed = c.routed_layers();
+    for (size_t j = 0; j < routed.size(); ++j) replay_row[static_cast<size_t>(routed[j])] = static_cast<int>(j);
+    replay_stride = routed.size() * static_cast<size_t>(c.n_expert_used);
+    d_replay_step = dalloc<int>(replay_stride);
+    check_cuda(cudaMallocHost(&h_replay_ring, kReplaySlots * replay_stride * sizeof(int)), "cudaMallocHost(replay)");
   }
 
   // Pending tokens (Sequence::forward_pending): they run by recomputation from a snapshot of the
@@ -838,6 +905,8 @@ void GpuSession::reset_routing_counts() {
   check_cuda(cudaMemsetAsync(m.route_counts_saved, 0, n * sizeof(unsigned long long), m.stream), "reset routing counts");
   m.sync();
 }
+
+void GpuSession::set_routing_replay(RoutingSource* source) { impl_->set_replay(source); }
 
 int GpuSession::n_past() const { return impl_->has_pending ? impl_->pending_base : impl_->n_past; }
 int GpuSession::max_ctx() const { return impl_->max_ctx; }

@@ -23,10 +23,11 @@ class HybridMoe {
   // gives zeros there), and calls, all graph-capturable:
   //   route_decode after the router launch: softmax + top-k of logits into the sequence's ids / weights
   //     (k each) and seq_picks (its [n_expert] counts of layer il, optional), the model's counters, and
-  //     the cold picks posted to the CPU with rmsnorm(x) * norm_w as their input;
+  //     the cold picks posted to the CPU with rmsnorm(x) * norm_w as their input; replay (device, k ids,
+  //     or null): replayed picks instead of the top-k (RouteRule::replay);
   //   cold_add once the hot experts are in x: waits for the CPU's cold rows and adds them into x.
   virtual void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                            const float* x, const float* norm_w, cudaStream_t s) = 0;
+                            const float* x, const float* norm_w, cudaStream_t s, const int* replay = nullptr) = 0;
   virtual void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s) = 0;
   // A dropped decode lookahead step: its picks (ids: [n_layer x k]) leave the model's counters.
   virtual void uncount_decode(const int* ids, cudaStream_t s) = 0;

@@ -52,11 +52,16 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
 // a null rule): probabilities, the k largest. Sigmoid: scores sigmoid(softcap * tanh(l / softcap)) (or
 // sigmoid(l) when softcap is 0), the k largest of score + bias[e] (bias null: the scores), the weights
 // the chosen scores; either way the stored weights are multiplied by scale (expert_weights_scale).
+// replay set (bench --routing): the k picks are replay[0..k) (device) instead of the top-k, weighted
+// by what the router gives those ids; the rows of a multi-token routing take row t's picks at
+// replay + t * replay_stride.
 struct RouteRule {
   bool sigmoid = false;
   float softcap = 0.0f;
   const float* bias = nullptr;  // [n_expert] (device): selection only
   float scale = 1.0f;
+  const int* replay = nullptr;
+  int replay_stride = 0;
 };
 
 // Router: softmax over n_expert logits, the k largest (ties: lower id), weights renormalised to sum 1

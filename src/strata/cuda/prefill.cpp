@@ -66,6 +66,8 @@ struct GpuPrefill::Impl {
   std::vector<void*> allocs;
   size_t bytes = 0;
   int chunk;
+  std::vector<int> routed_index;     // layer -> its row in a replay's token (-1: routes nothing)
+  const int* replay_chunk = nullptr;  // this chunk's first token's replayed picks, or null
   int64_t wcap = 0;  // elements of the weight scratch
   int64_t xcap = 0;  // elements of the half input scratch
 
@@ -102,6 +104,9 @@ struct GpuPrefill::Impl {
 
   Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
     if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
+    routed_index.assign(static_cast<size_t>(c.n_layer), -1);
+    const std::vector<int> routed = c.routed_layers();
+    for (size_t j = 0; j < routed.size(); ++j) routed_index[static_cast<size_t>(routed[j])] = static_cast<int>(j);
     chunk = opt.max_chunk;
     cache_on = opt.math == PrefillMath::Fast && opt.cache_dense_f16;
     try {
@@ -400,7 +405,12 @@ struct GpuPrefill::Impl {
     {
       Timed t(*this, kRouting);
       dense(w.router, xn, m, router, /*exact_only=*/true);  // expert choice stays float32 in both modes
-      prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, route_rule(c, w.selection_bias), ids, wts, s);
+      RouteRule rule = route_rule(c, w.selection_bias);
+      if (replay_chunk) {
+        rule.replay = replay_chunk + static_cast<size_t>(routed_index[static_cast<size_t>(il)]) * k;
+        rule.replay_stride = static_cast<int>(c.routed_layers().size()) * k;
+      }
+      prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, rule, ids, wts, s);
       prefill::group_by_expert(ids, pairs, k, c.n_expert, prefill::kGroupTileM, groups, s, slot_of);
       if (counts_out) prefill::add_counts(groups.counts, c.n_expert, counts_out, s);
     }
@@ -454,7 +464,8 @@ struct GpuPrefill::Impl {
   }
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-           HybridMoe* hybrid, unsigned long long* route_counts) {
+           HybridMoe* hybrid, unsigned long long* route_counts, const int* replay) {
+    const size_t replay_stride = c.routed_layers().size() * static_cast<size_t>(c.n_expert_used);
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
     marks.clear();
     next_event = 0;
@@ -473,6 +484,7 @@ struct GpuPrefill::Impl {
     for (int c0 = 0; c0 < n; c0 += step) {
       const int m = std::min(step, n - c0);
       const int pos0 = st.n_past;
+      replay_chunk = replay ? replay + static_cast<size_t>(c0) * replay_stride : nullptr;
       {
         Timed t(*this, kEmbedNormAdd);
         check_cuda(cudaMemcpyAsync(tokens_d, tokens + c0, sizeof(int) * m, cudaMemcpyHostToDevice, s), "copy tokens");
@@ -557,11 +569,11 @@ GpuPrefill::GpuPrefill(const DeviceModel& dm, PrefillOptions opt) {
 GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-                     cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts) {
+                     cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
-  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts);
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

@@ -72,8 +72,11 @@ class GpuPrefill {
   // and its telemetry counts the picks. route_counts (device, [n_layer x n_expert], optional, all-GPU
   // sessions: GpuSession::routing_counts) += the chunk's picks per (layer, expert). Work is enqueued on
   // s; returns after synchronising it.
+  // replay (device, optional): replayed expert picks, [n x routed layers x k] token-major (the routed
+  // layers of ModelConfig::routed_layers, as routing traces hold them), instead of the router's top-k.
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-           cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr);
+           cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
+           const int* replay = nullptr);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;

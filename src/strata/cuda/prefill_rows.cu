@@ -196,7 +196,9 @@ __global__ void route_rows_kernel(const float* logits_all, int n, int n_expert, 
   const int w = threadIdx.x >> 5;
   const int64_t tok = static_cast<int64_t>(blockIdx.x) * kRouteWarps + w;
   if (tok >= n) return;  // warp-uniform
-  warp_route(logits_all + tok * n_expert, n_expert, k, chosen[w], chosen_p[w], p[w], &rule);
+  RouteRule r = rule;
+  if (r.replay) r.replay += tok * r.replay_stride;
+  warp_route(logits_all + tok * n_expert, n_expert, k, chosen[w], chosen_p[w], p[w], &r);
   warp_route_store(chosen[w], chosen_p[w], k, norm_topk, ids_all + tok * k, weights_all + tok * k, nullptr, rule.scale);
 }
 

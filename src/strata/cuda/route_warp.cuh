@@ -112,8 +112,37 @@ static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int 
 // beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
 // in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
 // (an earlier kernel or another block wrote them).
+// Replayed routing (RouteRule::replay): the picks are given; their weights are what the router gives
+// those ids: the softmax probability over all n_expert logits (relative to the largest, the sum in
+// double, as warp_route), or the sigmoid score (no selection bias).
+static __device__ __noinline__ void warp_route_replayed(const float* logits, int n_expert, int k, int* chosen,
+                                                         float* chosen_p, const RouteRule& rule) {
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  double sum = 0.0;
+  if (!rule.sigmoid) {
+    for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, __ldcg(logits + i));
+    mx = warp_max(mx);
+    for (int i = lane; i < n_expert; i += 32) sum += expf(__ldcg(logits + i) - mx);
+    sum = warp_sum_d(sum);
+  }
+  const float inv = rule.sigmoid ? 1.0f : static_cast<float>(1.0 / sum);
+  for (int j = lane; j < k; j += 32) {
+    const int e = __ldcg(rule.replay + j);
+    float l = __ldcg(logits + e);
+    if (rule.sigmoid && rule.softcap > 0.0f) l = tanhf(l / rule.softcap) * rule.softcap;
+    chosen[j] = e;
+    chosen_p[j] = rule.sigmoid ? 1.0f / (1.0f + expf(-l)) : expf(l - mx) * inv;
+  }
+  __syncwarp();
+}
+
 static __device__ __noinline__ void warp_route(const float* logits, int n_expert, int k, int* chosen, float* chosen_p,
                                         float* p, const RouteRule* rule = nullptr) {
+  if (rule && rule->replay) {
+    warp_route_replayed(logits, n_expert, k, chosen, chosen_p, *rule);
+    return;
+  }
   if (rule && rule->sigmoid) {
     warp_route_sigmoid(logits, n_expert, k, chosen, chosen_p, p, *rule);
     return;

@@ -248,4 +248,11 @@ void TraceReplay::next(int n_tokens, int* picks) {
   }
 }
 
+void check_replay_shape(const RoutingSource& source, int n_routed, int n_expert, int k) {
+  if (source.n_layer() != n_routed || source.n_expert() != n_expert || source.k() != k)
+    fail("--routing ", source.label(), ": routing of ", source.n_layer(), " layers x ", source.n_expert(),
+         " experts top-", source.k(), " does not fit the model (", n_routed, " routed layers x ", n_expert,
+         " experts top-", k, ")");
+}
+
 }  // namespace strata

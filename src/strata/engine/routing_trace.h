@@ -103,6 +103,10 @@ class RoutingSource {
   virtual std::string label() const = 0;
 };
 
+// Fails unless the source's shape is the model's routed layers x n_expert experts top-k (every backend's
+// set_routing_replay checks it here).
+void check_replay_shape(const RoutingSource& source, int n_routed, int n_expert, int k);
+
 // Replays a trace's tokens: its streams one after another in file order, from the start again after
 // the last token (so any number of tokens can be driven; wrapped() says whether it happened).
 class TraceReplay : public RoutingSource {

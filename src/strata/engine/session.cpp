@@ -84,11 +84,7 @@ void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
 
 void Session::set_routing_replay(RoutingSource* source) {
   const ModelConfig& c = model_.config();
-  const int n_routed = static_cast<int>(c.routed_layers().size());
-  if (source && (source->n_layer() != n_routed || source->n_expert() != c.n_expert || source->k() != c.n_expert_used))
-    fail("--routing ", source->label(), ": routing of ", source->n_layer(), " layers x ", source->n_expert(),
-         " experts top-", source->k(), " does not fit the model (", n_routed, " routed layers x ", c.n_expert,
-         " experts top-", c.n_expert_used, ")");
+  if (source) check_replay_shape(*source, static_cast<int>(c.routed_layers().size()), c.n_expert, c.n_expert_used);
   replay_ = source;
 }
 

@@ -23,8 +23,6 @@ void check_backend_options(const BackendOptions& o) {
     fail("--collect-routing records the router's own picks; it cannot be combined with --routing");
   if (o.gpu && !o.collect_routing.empty())
     fail("--collect-routing is not implemented for --gpu yet (record the trace on the CPU engine: leave out --gpu)");
-  if (o.gpu && !o.routing.empty())
-    fail("--routing (replayed expert picks) is not implemented for --gpu yet (it drives the CPU engine only)");
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");
