@@ -36,6 +36,20 @@ TEST(RoutingGenerator, DeterministicFromTheSeed) {
 // Targets (Qwen3-30B-A3B, 128 experts top-8): hottest 40% take 67.6-72.6% of picks on held-out
 // prompts; 45% of picks repeat at t+1; 80% within 8 tokens; median reuse distance 2; LRU hits
 // 36.6 / 74.1 / 89.4 / 96.2% at 5 / 15 / 30 / 50% residency and 90-95% at 40%.
+// Targets (Laguna-XS.2, 256 experts top-8): a calibrated hot set of 60% of the experts leaves 6.6% of
+// held-out picks cold (so the hottest 60% take ~93%); a layer of a 256-expert top-8 model sees ~39.4 /
+// ~58.9 distinct experts in 8 / 15 tokens.
+TEST(RoutingGenerator, LagunaLikeReproducesThePublishedFigures) {
+  const strata::RoutingStats st = stats_of("laguna-xs2-like", 1);
+  EXPECT_NEAR(strata::stat_coverage(st, 60), 0.934, 0.03);
+  ASSERT_EQ(st.distinct.size(), 2u);
+  EXPECT_EQ(st.distinct[0].first, 8);
+  EXPECT_NEAR(st.distinct[0].second, 39.4, 3.0);
+  EXPECT_EQ(st.distinct[1].first, 16);
+  EXPECT_GT(st.distinct[1].second, 58.9);  // 16 tokens: a little more than 15's
+  EXPECT_LT(st.distinct[1].second, 65.0);
+}
+
 TEST(RoutingGenerator, Qwen3LikeReproducesThePublishedFigures) {
   const strata::RoutingStats st = stats_of("qwen3-30b-a3b-like", 1);
   EXPECT_NEAR(strata::stat_coverage(st, 40), 0.70, 0.04);

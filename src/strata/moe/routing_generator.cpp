@@ -34,6 +34,9 @@ const std::vector<RoutingSetting>& routing_settings() {
       {"qwen3-30b-a3b-like", 48, 128, 8, 0.45, 0.21, 24, 40.0, 0.01,
        "Qwen3-30B-A3B: ~70% of picks on the hottest 40% of experts, ~45% repeat at t+1, ~80% within 8 tokens, "
        "median reuse distance 2, LRU at 5/15/30/40/50% residency ~37/74/89/90-95/96% hits"},
+      {"laguna-xs2-like", 40, 256, 8, 0.9, 0.1, 96, 2.0, 0.05,
+       "Laguna-XS.2 agent traffic: ~93% of picks on the hottest 60% of experts (a calibrated hot set leaves "
+       "6.6% cold); 256 experts top-8: ~39 / ~59 distinct experts per layer in 8 / 15 tokens"},
   };
   return settings;
 }

@@ -29,7 +29,7 @@ struct RoutingSetting {
   std::string note;                      // what it is calibrated to
 };
 
-// "uniform", "qwen3-30b-a3b-like": the named settings.
+// "uniform", "qwen3-30b-a3b-like", "laguna-xs2-like": the named settings.
 const std::vector<RoutingSetting>& routing_settings();
 // A named setting (fails listing the names).
 const RoutingSetting& routing_setting(const std::string& name);

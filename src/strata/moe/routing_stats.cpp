@@ -11,7 +11,7 @@
 namespace strata {
 namespace {
 
-constexpr double kCoveragePercents[] = {25, 40, 50, 75};
+constexpr double kCoveragePercents[] = {25, 40, 50, 60, 75};
 constexpr int kReuseWithin[] = {1, 2, 4, 8, 16, 64};
 constexpr int kLruSlots[] = {8, 16, 32, 64};
 constexpr double kLruPercents[] = {5, 15, 30, 40, 50, 60};
