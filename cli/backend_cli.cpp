@@ -49,8 +49,8 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                  "with --gpu, hybrid: N VRAM cache slots per MoE layer beyond the pinned experts, carved out of "
                  "the expert budget and filled while serving with the experts the CPU computed (default 0: none)");
   sub.add_option("--expert-cache-policy", o.expert_cache_policy,
-                 "with --expert-cache: lru (default: routing reuses the experts of the last few tokens) or lfu "
-                 "(pick counts halving every 16 steps)");
+                 "with --expert-cache: lfu (default: pick counts halving every 16 steps; it catches more than lru "
+                 "at every residency and size routing-stats --cache-sim tries) or lru");
   sub.add_option("--cache-type-k", o.cache_type_k,
                  "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
   sub.add_option("--cache-type-v", o.cache_type_v,

@@ -158,6 +158,19 @@ void setup_bench(CLI::App& sub) {
                        {"cold_picks_per_token", dec.cold_picks_per_token},
                        {"cold_hit_rate", dec.cold_hit_rate},
                        {"cold_picks_per_layer", dec.cold_picks_per_layer}}}};
+      if (t.cache_slots > 0) {
+        const double per_token = t.tokens ? 1.0 / static_cast<double>(t.tokens) : 0.0;
+        hybrid_json["expert_cache"] = {{"policy", t.cache_policy},
+                                       {"slots", t.cache_slots},
+                                       {"hits", t.cache_hits},
+                                       {"misses", t.cold_picks},
+                                       {"hit_rate", t.cache_hit_rate()},
+                                       {"hits_per_layer", t.cache_hits_per_layer},
+                                       {"copies", t.cache_copies},
+                                       {"copy_bytes", t.cache_copy_bytes},
+                                       {"copy_bytes_per_token", static_cast<double>(t.cache_copy_bytes) * per_token},
+                                       {"evictions", t.cache_evictions}};
+      }
     }
 #endif
 

@@ -288,4 +288,19 @@ TEST(RoutingTrace, CommandLine) {
   r = run_cli("routing-stats --seed 3 " + trace);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--seed needs --generate"), std::string::npos) << r.err;
+
+  // The expert cache simulated on generated routing at a model's shape: a line per residency.
+  r = run_cli("routing-stats --generate qwen3-30b-a3b-like --layers 3 --experts 64 --tokens 600 --cache-sim");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("shape: 3 layers x 64 experts, top-8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expert cache, simulated"), std::string::npos) << r.out;
+  for (const char* line : {"residency 25%: no cache", "residency 50%: no cache", "residency 75%: no cache"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_NE(r.out.find("lfu 32:"), std::string::npos) << r.out;
+  r = run_cli("routing-stats --generate uniform --cache-copy-experts 4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--cache-copy-experts needs --cache-sim"), std::string::npos) << r.err;
+  r = run_cli("routing-stats " + trace + " --experts 16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--experts needs --generate"), std::string::npos) << r.err;
 }

@@ -47,7 +47,7 @@ struct GpuSessionOptions {
   // map changes only between steps. expert_cache_copy_bytes bounds the bytes of the copies started per
   // step (0: n_expert_used experts of the largest layer).
   int expert_cache_slots = 0;
-  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lru;
+  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;
   uint64_t expert_cache_copy_bytes = 0;
   // Prompts (forward with n > 1) run through the batched prefill (prefill.h: chunks of prefill_chunk
   // tokens, matrix-matrix products) in the arithmetic prefill_math names (prefill_math.h); false: token

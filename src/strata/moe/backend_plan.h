@@ -46,7 +46,7 @@ struct BackendOptions {
   std::string routing;
   // --expert-cache N (with --gpu): VRAM cache slots per MoE layer beyond the pinned hot experts, carved
   // out of the expert budget and filled while serving (moe/expert_cache.h); 0: none.
-  // --expert-cache-policy lru|lfu ("": lru).
+  // --expert-cache-policy lru|lfu ("": lfu).
   int expert_cache = 0;
   std::string expert_cache_policy;
 };
@@ -72,7 +72,7 @@ struct BackendPlan {
   int cpu_threads = 0;          // cold-expert workers (0: a default from the core count)
   int prefill_chunk = 512;      // tokens per batched-prefill pass (sizes its workspaces)
   KvCacheTypes kv_types;        // --cache-type-k / --cache-type-v
-  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lru;  // gpu_plan.cache_slots says whether a cache is used
+  ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;  // gpu_plan.cache_slots says whether a cache is used
 };
 
 // The GPU's memory as the plan sees it (device 0, read once the CUDA context exists).

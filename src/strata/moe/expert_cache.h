@@ -37,7 +37,7 @@ std::vector<int> expert_cache_slots_per_layer(const std::vector<std::vector<int>
 struct ExpertCacheConfig {
   std::vector<std::vector<int>> pinned;  // [layer][expert] -> pinned slot 0..n_pinned-1, or -1 (cold)
   int slots_per_layer = 0;               // requested; capped per layer (expert_cache_slots_per_layer)
-  ExpertCachePolicy policy = ExpertCachePolicy::Lru;
+  ExpertCachePolicy policy = ExpertCachePolicy::Lfu;
   std::vector<uint64_t> expert_bytes;    // [layer]: bytes one expert's copy moves (0 for a dense layer)
   double lfu_half_life = 16.0;           // steps (observe() calls) over which an LFU count halves
   // A miss becomes a candidate for admission while its last pick is at most this many steps old.

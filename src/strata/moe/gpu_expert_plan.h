@@ -38,7 +38,7 @@ struct GpuPlanRequest {
   // of a hybrid plan (an all-GPU plan has nothing to cache); expert_cache_policy names the policy on
   // the receipt.
   int expert_cache_slots = 0;
-  std::string expert_cache_policy = "lru";
+  std::string expert_cache_policy = "lfu";
 };
 
 struct GpuExpertPlan {
