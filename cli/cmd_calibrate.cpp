@@ -6,9 +6,15 @@
 // does). Lower is better. The text runs on the backend the run flags choose (the CPU engine, or --gpu
 // through the same SequenceFactory as run: every backend routes with fp32 routers and counts the same
 // way), so a large model is calibrated at GPU speed.
+// `strata calibrate -m MODEL --routing TRACE|generate:NAME[:SEED] [--tokens N] -o PROFILE`: the same
+// profile and report from replayed routing instead of text: the counts are the source's picks (the
+// model is not run; it gives the shape, the fingerprint and the expert bytes), the held-out part the
+// source's next tokens. For benchmarks under replayed routing, whose static profile must come from the
+// same routing.
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -24,6 +30,7 @@
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
 #include "strata/moe/calibration.h"
+#include "strata/moe/routing_generator.h"
 #include "strata/moe/routing_heatmap.h"
 #include "strata/moe/routing_profile.h"
 #include "strata/moe/vram_budget.h"
@@ -41,6 +48,8 @@ struct CalibrateOptions {
   std::string plot;  // --plot FILE.svg: the training counts as a heatmap
   bool json = false;
   bool holdout_given = false;
+  int tokens = 4096;  // with --routing
+  bool tokens_given = false;
   strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
 };
@@ -88,19 +97,36 @@ std::string percent(double rate) {
   return buf;
 }
 
-void print_text_report(const strata::ModelIdentity& id, const strata::CorpusSplit& split, const std::string& output,
+// The training / held-out parts as the report names them: documents of a corpus, or a routing source.
+struct ReportParts {
+  std::vector<std::string> train_names, heldout_names;
+  size_t train_docs = 0, heldout_docs = 0;
+  uint64_t train_tokens = 0;
+  std::string routing;  // the replayed source, or "" for text
+};
+
+ReportParts parts_of(const strata::CorpusSplit& split) {
+  return {split.train.names, split.heldout.names, split.train.docs.size(), split.heldout.docs.size(),
+          split.train.n_tokens(), ""};
+}
+
+void print_text_report(const strata::ModelIdentity& id, const ReportParts& split, const std::string& output,
                        const std::string& heldout_counts, uint64_t heldout_tokens,
                        const std::vector<strata::BudgetComparison>& results) {
   std::printf("model: %s (%s, fingerprint %s), %d layers x %d experts, top-%d\n", id.name.c_str(), id.arch.c_str(),
               id.fingerprint.c_str(), id.n_layer, id.n_expert, id.n_expert_used);
-  std::printf("training: %zu doc(s), %llu tokens; held-out: ", split.train.docs.size(),
-              static_cast<unsigned long long>(split.train.n_tokens()));
-  if (heldout_counts.empty()) {
-    std::printf("%zu doc(s), %llu tokens\n", split.heldout.docs.size(),
-                static_cast<unsigned long long>(heldout_tokens));
+  const auto train_tokens = static_cast<unsigned long long>(split.train_tokens);
+  const auto held_tokens = static_cast<unsigned long long>(heldout_tokens);
+  if (!split.routing.empty()) {
+    std::printf("routing: %s drove the counts (the model was not run): training %llu tokens; held-out the next "
+                "%llu\n",
+                split.routing.c_str(), train_tokens, held_tokens);
+  } else if (heldout_counts.empty()) {
+    std::printf("training: %zu doc(s), %llu tokens; held-out: %zu doc(s), %llu tokens\n", split.train_docs,
+                train_tokens, split.heldout_docs, held_tokens);
   } else {
-    std::printf("counts from %s, %llu tokens\n", heldout_counts.c_str(),
-                static_cast<unsigned long long>(heldout_tokens));
+    std::printf("training: %zu doc(s), %llu tokens; held-out: counts from %s, %llu tokens\n", split.train_docs,
+                train_tokens, heldout_counts.c_str(), held_tokens);
   }
   std::printf("profile written: %s\n", output.c_str());
   if (results.empty()) return;
@@ -127,15 +153,16 @@ void print_text_report(const strata::ModelIdentity& id, const strata::CorpusSpli
   }
 }
 
-void print_json_report(const strata::ModelIdentity& id, const strata::CorpusSplit& split, const std::string& output,
+void print_json_report(const strata::ModelIdentity& id, const ReportParts& split, const std::string& output,
                        const std::string& heldout_counts, uint64_t heldout_tokens,
                        const std::vector<strata::BudgetComparison>& results) {
   nlohmann::json j;
   j["model"] = {{"name", id.name},         {"arch", id.arch},         {"fingerprint", id.fingerprint},
                 {"n_layer", id.n_layer},   {"n_expert", id.n_expert}, {"n_expert_used", id.n_expert_used}};
   j["profile"] = output;
-  j["train"] = {{"docs", split.train.names}, {"tokens", split.train.n_tokens()}};
-  j["heldout"] = {{"docs", split.heldout.names}, {"tokens", heldout_tokens}};
+  j["train"] = {{"docs", split.train_names}, {"tokens", split.train_tokens}};
+  j["heldout"] = {{"docs", split.heldout_names}, {"tokens", heldout_tokens}};
+  if (!split.routing.empty()) j["routing"] = split.routing;
   if (!heldout_counts.empty()) j["heldout"]["counts_file"] = heldout_counts;
   j["budgets"] = nlohmann::json::array();
   for (const auto& b : results) {
@@ -151,7 +178,63 @@ void print_json_report(const strata::ModelIdentity& id, const strata::CorpusSpli
   std::printf("%s\n", j.dump(1).c_str());
 }
 
+// Counts n tokens of the source's picks into c (the model's layer numbering: traces hold routed layers).
+void count_replayed(strata::RoutingSource& src, const std::vector<int>& routed, int n, strata::RoutingCounts& c) {
+  const size_t stride = routed.size() * static_cast<size_t>(src.k());
+  std::vector<int> picks(stride);
+  for (int t = 0; t < n; ++t) {
+    src.next(1, picks.data());
+    for (size_t j = 0; j < routed.size(); ++j)
+      for (int q = 0; q < src.k(); ++q) c.add(routed[j], picks[j * static_cast<size_t>(src.k()) + static_cast<size_t>(q)]);
+    ++c.n_tokens;
+  }
+}
+
+// calibrate --routing: the profile and the report from the source's picks (see the top of this file).
+void run_calibrate_replayed(const CalibrateOptions& o, const std::vector<double>& percents) {
+  if (!o.corpus.empty()) strata::fail("calibrate: --routing replaces the corpus; give one or the other");
+  if (!o.heldout_counts.empty()) strata::fail("calibrate: --heldout-counts needs a corpus run, not --routing");
+  if (o.backend.gpu) strata::fail("calibrate --routing runs no model: leave out --gpu");
+  if (o.tokens < 1) strata::fail("--tokens must be >= 1, got ", o.tokens);
+  if (!(o.holdout >= 0.0 && o.holdout < 1.0)) strata::fail("--holdout must be in [0, 1), got ", o.holdout);
+  auto model = strata::cli::load_model_for_cli(strata::cli::resolve_model_path(o.model));
+  const strata::ModelIdentity id = strata::model_identity(*model);
+  const auto source = strata::cli::open_routing_replay(*model, o.backend);
+  const std::vector<int> routed = model->config().routed_layers();
+  const int n_heldout = static_cast<int>(std::lround(o.holdout * o.tokens));
+  strata::RoutingCounts train, heldout;
+  train.reset(id.n_layer, id.n_expert);
+  heldout.reset(id.n_layer, id.n_expert);
+  count_replayed(*source, routed, o.tokens - n_heldout, train);
+  strata::save_profile_atomic(o.output, id, train);
+  if (!o.plot.empty()) {
+    strata::write_routing_heatmap(o.plot, train, "routing of " + id.name + " (" + source->label() + ")");
+    std::fprintf(stderr, "calibrate: heatmap written: %s\n", o.plot.c_str());
+  }
+  count_replayed(*source, routed, n_heldout, heldout);
+  std::vector<strata::BudgetComparison> results;
+  if (heldout.n_tokens > 0) {
+    const strata::ModelFootprint fp = strata::model_footprint(*model, o.ctx, 1);
+    results = strata::compare_placements(fp.expert_bytes, train, heldout, id.n_expert_used, percents);
+  }
+  ReportParts parts;
+  parts.routing = source->label();
+  parts.train_tokens = train.n_tokens;
+  if (o.json) {
+    print_json_report(id, parts, o.output, "", heldout.n_tokens, results);
+  } else {
+    print_text_report(id, parts, o.output, "", heldout.n_tokens, results);
+  }
+}
+
 void run_calibrate(const CalibrateOptions& o) {
+  if (!o.backend.routing.empty()) {
+    if (o.output.empty()) strata::fail("calibrate: give the profile to write with -o PROFILE");
+    strata::cli::check_backend_options(o.backend);
+    run_calibrate_replayed(o, strata::parse_percent_list(o.budgets, "--budget"));
+    return;
+  }
+  if (o.tokens_given) strata::fail("--tokens needs --routing");
   if (o.corpus.empty()) strata::fail("calibrate: give at least one --corpus FILE");
   if (o.output.empty()) strata::fail("calibrate: give the profile to write with -o PROFILE");
   if (o.ctx <= 0) strata::fail("--ctx must be > 0, got ", o.ctx);
@@ -207,9 +290,9 @@ void run_calibrate(const CalibrateOptions& o) {
     results = strata::compare_placements(fp.expert_bytes, train, heldout, id.n_expert_used, percents);
   }
   if (o.json) {
-    print_json_report(id, split, o.output, o.heldout_counts, heldout.n_tokens, results);
+    print_json_report(id, parts_of(split), o.output, o.heldout_counts, heldout.n_tokens, results);
   } else {
-    print_text_report(id, split, o.output, o.heldout_counts, heldout.n_tokens, results);
+    print_text_report(id, parts_of(split), o.output, o.heldout_counts, heldout.n_tokens, results);
   }
 }
 
@@ -233,10 +316,16 @@ void setup_calibrate(CLI::App& sub) {
   strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_backend_options(sub, o->backend);
   strata::cli::add_collect_routing_option(sub, o->backend);
+  sub.add_option("--routing", o->backend.routing,
+                 "count a routing trace FILE or generate:NAME[:SEED] (" + strata::routing_setting_names() +
+                     ") instead of running text through the model; the profile then describes that routing "
+                     "(for bench --routing)");
+  sub.add_option("--tokens", o->tokens, "with --routing: tokens of routing to count, held-out part included (default 4096)");
   // The profile calibrate writes is -o; the placement it would guide does not change the counts.
   sub.remove_option(sub.get_option("--profile"));
   sub.callback([o, &sub] {
     o->holdout_given = sub.get_option("--holdout")->count() > 0;
+    o->tokens_given = sub.get_option("--tokens")->count() > 0;
     run_calibrate(*o);
   });
 }

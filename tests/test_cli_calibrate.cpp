@@ -11,6 +11,7 @@
 
 #include "cli_runner.h"
 #include "strata/engine/model.h"
+#include "strata/moe/routing_generator.h"
 #include "strata/moe/routing_profile.h"
 
 namespace strata {
@@ -187,4 +188,43 @@ TEST(CliCalibrate, HeldOutCountsFromTheTinyModelsTrainingRun) {
 }
 
 }  // namespace
+// calibrate --routing: the profile counts exactly the source's picks (the model is not run), the report
+// holds the tokens after them, and the flags that do not go with it are refused.
+TEST(CliCalibrate, ProfileFromReplayedRouting) {
+  const fs::path dir = work_dir();
+  const std::string profile = (dir / "replayed.json").string();
+  const nlohmann::json j = run_json(cat("--routing generate:qwen3-30b-a3b-like:3 --tokens 600 --holdout 0.25 -o ", profile));
+  EXPECT_EQ(j["routing"], "generated qwen3-30b-a3b-like seed 3");
+  EXPECT_EQ(j["train"]["tokens"], 450);
+  EXPECT_EQ(j["heldout"]["tokens"], 150);
+  ASSERT_EQ(j["budgets"].size(), 3u);
+  for (const auto& b : j["budgets"])  // a profile of this routing beats the uniform placement on its next tokens
+    EXPECT_LT(b["profile"]["heldout_cold_hit_rate"].get<double>(), b["uniform"]["heldout_cold_hit_rate"].get<double>());
+
+  const auto model = Model::load(kModel.string());
+  const RoutingProfile p = load_profile(profile, *model);
+  EXPECT_EQ(p.counts.n_tokens, 450u);
+  const auto& c = model->config();
+  for (int l = 0; l < c.n_layer; ++l) EXPECT_EQ(p.counts.layer_total(l), 450u * c.n_expert_used) << l;
+  // The same picks as the generator's first 450 tokens.
+  const std::vector<int> routed = c.routed_layers();
+  RoutingGenerator g(routing_setting("qwen3-30b-a3b-like"), static_cast<int>(routed.size()), c.n_expert,
+                     c.n_expert_used, 3);
+  std::vector<int> picks(450 * routed.size() * c.n_expert_used);
+  g.next(450, picks.data());
+  RoutingCounts want;
+  want.reset(c.n_layer, c.n_expert);
+  for (size_t i = 0; i < picks.size(); ++i)
+    want.add(routed[(i / c.n_expert_used) % routed.size()], picks[i]);
+  EXPECT_EQ(p.counts.counts, want.counts);
+
+  const std::string corpus = write(dir / "doc.py", python_doc(1, 4));
+  auto r = run_cli(cat("calibrate -m ", kModel.string(), " --routing generate:uniform --corpus ", corpus, " -o ", profile));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--routing replaces the corpus"), std::string::npos) << r.err;
+  r = run_cli(cat("calibrate -m ", kModel.string(), " --corpus ", corpus, " --tokens 10 -o ", profile));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--tokens needs --routing"), std::string::npos) << r.err;
+}
+
 }  // namespace strata
