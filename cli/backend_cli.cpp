@@ -249,6 +249,12 @@ std::string telemetry_text(const Sequence& sequence) {
                   static_cast<unsigned long long>(t.cache_copies), static_cast<double>(t.cache_copy_bytes) / 1048576.0,
                   static_cast<double>(t.cache_copy_bytes) / 1024.0 / n, static_cast<unsigned long long>(t.cache_evictions));
     s += buf;
+    s += "telemetry: cache hits per layer per token:";
+    for (uint64_t v : t.cache_hits_per_layer) {
+      std::snprintf(buf, sizeof buf, " %.2f", static_cast<double>(v) / n);
+      s += buf;
+    }
+    s += "\n";
   }
   return s;
 #else
@@ -286,6 +292,12 @@ std::string telemetry_metrics(const Sequence& sequence) {
        "# TYPE strata_hybrid_layer_cold_picks_total counter\n";
   for (size_t l = 0; l < t.cold_picks_per_layer.size(); ++l)
     s += cat("strata_hybrid_layer_cold_picks_total{layer=\"", l, "\"} ", t.cold_picks_per_layer[l], "\n");
+  if (t.cache_slots > 0) {
+    s += "# HELP strata_hybrid_layer_cache_hits_total Routed expert picks served from the VRAM expert cache, per layer.\n"
+         "# TYPE strata_hybrid_layer_cache_hits_total counter\n";
+    for (size_t l = 0; l < t.cache_hits_per_layer.size(); ++l)
+      s += cat("strata_hybrid_layer_cache_hits_total{layer=\"", l, "\"} ", t.cache_hits_per_layer[l], "\n");
+  }
   return s;
 #else
   (void)sequence;
