@@ -166,13 +166,6 @@ struct GpuSession::Impl {
     return g;
   }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
-  // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
-  int max_heads() const {
-    int h = c.n_head;
-    for (const LayerSpec& l : c.layers) h = std::max(h, l.n_head);
-    return h;
-  }
-
   void allocate() {
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMallocHost(&h_io, 2 * sizeof(int)), "cudaMallocHost");
@@ -182,7 +175,7 @@ struct GpuSession::Impl {
     x = dalloc<float>(d);
     xn = dalloc<float>(d);
     if (c.n_attention_layers() > 0) {
-      const int H = max_heads();
+      const int H = c.max_attention_heads();
       q = dalloc<float>(static_cast<size_t>(H) * q_stride_head());
       kk = dalloc<float>(kv_width());
       vv = dalloc<float>(kv_width());
@@ -703,10 +696,8 @@ struct GpuSession::Impl {
     destroy_graphs();
     replay_src = src;
     if (!src || d_replay_step) return;
-    replay_row.assign(static_cast<size_t>(c.n_layer), -1);
-    const std::vector<int> routed = c.routed_layers();
-    for (size_t j = 0; j < routed.size(); ++j) replay_row[static_cast<size_t>(routed[j])] = static_cast<int>(j);
-    replay_stride = routed.size() * static_cast<size_t>(c.n_expert_used);
+    replay_row = c.routed_index();
+    replay_stride = c.routed_layers().size() * static_cast<size_t>(c.n_expert_used);
     d_replay_step = dalloc<int>(replay_stride);
     check_cuda(cudaMallocHost(&h_replay_ring, kReplaySlots * replay_stride * sizeof(int)), "cudaMallocHost(replay)");
   }

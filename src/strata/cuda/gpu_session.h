@@ -123,11 +123,11 @@ class GpuSession : public Sequence {
   // flush (or detaching) moves what was counted since the last one into *counts (one small copy), so
   // the decode loop, its lookahead included, runs as without counting. n_tokens grows by the tokens
   // whose routes were counted (the busiest layer's picks / k). Implemented in gpu_session_routing.cpp.
+  void set_routing_counts(RoutingCounts* counts) override;
+  void flush_routing_counts() override;
   // Replayed routing (Sequence::set_routing_replay): every decode step and prefill takes its picks from
   // *source, in the order the tokens run (a dropped lookahead step has taken its token too).
   void set_routing_replay(RoutingSource* source) override;
-  void set_routing_counts(RoutingCounts* counts) override;
-  void flush_routing_counts() override;
 
  private:
   struct Impl;

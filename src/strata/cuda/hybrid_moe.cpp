@@ -591,7 +591,7 @@ class HybridMoeImpl final : public HybridMoe {
   // while the other fills) with the copies each carries, the copy stream, the writes' event that copies
   // wait for, the pick-counter snapshot the policy learns from.
   int cache_slots_ = 0;
-  ExpertCachePolicy cache_policy_ = ExpertCachePolicy::Lru;
+  ExpertCachePolicy cache_policy_ = ExpertCachePolicy::Lfu;
   uint64_t copy_budget_ = 0;  // bytes of copies started per step boundary
   std::unique_ptr<ExpertCache> cache_;
   ExpertCache::Stats cache_base_;  // stats at the last telemetry reset

@@ -67,6 +67,7 @@ struct GpuPrefill::Impl {
   size_t bytes = 0;
   int chunk;
   std::vector<int> routed_index;     // layer -> its row in a replay's token (-1: routes nothing)
+  int replay_stride = 0;             // ints per token of a replay (routed layers x k)
   const int* replay_chunk = nullptr;  // this chunk's first token's replayed picks, or null
   int64_t wcap = 0;  // elements of the weight scratch
   int64_t xcap = 0;  // elements of the half input scratch
@@ -104,9 +105,8 @@ struct GpuPrefill::Impl {
 
   Impl(const DeviceModel& m, PrefillOptions o_) : dm(m), c(m.config()), opt(o_), profiling(o_.profile || env_profile()) {
     if (opt.max_chunk <= 0) fail("prefill chunk size must be positive, got ", opt.max_chunk);
-    routed_index.assign(static_cast<size_t>(c.n_layer), -1);
-    const std::vector<int> routed = c.routed_layers();
-    for (size_t j = 0; j < routed.size(); ++j) routed_index[static_cast<size_t>(routed[j])] = static_cast<int>(j);
+    routed_index = c.routed_index();
+    replay_stride = static_cast<int>(c.routed_layers().size()) * c.n_expert_used;
     chunk = opt.max_chunk;
     cache_on = opt.math == PrefillMath::Fast && opt.cache_dense_f16;
     try {
@@ -139,13 +139,6 @@ struct GpuPrefill::Impl {
 
   int q_stride_head() const { return c.attn_output_gate ? 2 * c.head_dim : c.head_dim; }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
-  // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
-  int max_heads() const {
-    int h = c.n_head;
-    for (const LayerSpec& l : c.layers)
-      if (is_attention(l.mixer)) h = std::max(h, l.n_head);
-    return h;
-  }
   int v_dim() const { return c.ssm_v_heads * c.ssm_head_v; }
 
   void allocate() {
@@ -190,11 +183,12 @@ struct GpuPrefill::Impl {
     xh = dalloc<__half>(C * xcap);
     if (opt.math == PrefillMath::Fast) xe_h = dalloc<__half>(C * d);
     if (has_attn) {
-      q = dalloc<float>(C * max_heads() * q_stride_head());
+      const int64_t H = c.max_attention_heads();
+      q = dalloc<float>(C * H * q_stride_head());
       kk = dalloc<float>(C * kv_width());
       // o also carries the values on their way into a cache they are not written to directly.
-      o = dalloc<float>(C * std::max(max_heads() * c.head_dim, kv_width()));
-      if (c.attn_gate != AttnGate::None) ag = dalloc<float>(C * max_heads() * c.head_dim);
+      o = dalloc<float>(C * std::max<int64_t>(H * c.head_dim, kv_width()));
+      if (c.attn_gate != AttnGate::None) ag = dalloc<float>(C * H * c.head_dim);
     }
     if (has_dn) {
       qkv = dalloc<float>(C * c.ssm_conv_channels());
@@ -408,7 +402,7 @@ struct GpuPrefill::Impl {
       RouteRule rule = route_rule(c, w.selection_bias);
       if (replay_chunk) {
         rule.replay = replay_chunk + static_cast<size_t>(routed_index[static_cast<size_t>(il)]) * k;
-        rule.replay_stride = static_cast<int>(c.routed_layers().size()) * k;
+        rule.replay_stride = replay_stride;
       }
       prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, rule, ids, wts, s);
       prefill::group_by_expert(ids, pairs, k, c.n_expert, prefill::kGroupTileM, groups, s, slot_of);
@@ -465,7 +459,6 @@ struct GpuPrefill::Impl {
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            HybridMoe* hybrid, unsigned long long* route_counts, const int* replay) {
-    const size_t replay_stride = c.routed_layers().size() * static_cast<size_t>(c.n_expert_used);
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
     marks.clear();
     next_event = 0;
@@ -484,7 +477,7 @@ struct GpuPrefill::Impl {
     for (int c0 = 0; c0 < n; c0 += step) {
       const int m = std::min(step, n - c0);
       const int pos0 = st.n_past;
-      replay_chunk = replay ? replay + static_cast<size_t>(c0) * replay_stride : nullptr;
+      replay_chunk = replay ? replay + static_cast<size_t>(c0) * static_cast<size_t>(replay_stride) : nullptr;
       {
         Timed t(*this, kEmbedNormAdd);
         check_cuda(cudaMemcpyAsync(tokens_d, tokens + c0, sizeof(int) * m, cudaMemcpyHostToDevice, s), "copy tokens");

@@ -34,15 +34,17 @@ __device__ __forceinline__ void warp_argmax_lowest(float& best, int& bi) {
 }
 
 // RouteRule (kernels.h): softmax (null or !sigmoid) or the sigmoid rule below.
+// The sigmoid rule's score of one logit: sigmoid of the logit, soft-capped first when the rule says so.
+__device__ __forceinline__ float sigmoid_score(float l, const RouteRule& rule) {
+  if (rule.softcap > 0.0f) l = tanhf(l / rule.softcap) * rule.softcap;
+  return 1.0f / (1.0f + expf(-l));
+}
+
 // The sigmoid rule of warp_route (same lane layout and tie rule: the lower id among equal keys).
 static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int n_expert, int k, int* chosen,
                                                        float* chosen_p, float* p, const RouteRule& rule) {
   const int lane = threadIdx.x & 31;
-  auto score = [&](int i) {
-    float l = __ldcg(logits + i);
-    if (rule.softcap > 0.0f) l = tanhf(l / rule.softcap) * rule.softcap;
-    return 1.0f / (1.0f + expf(-l));
-  };
+  auto score = [&](int i) { return sigmoid_score(__ldcg(logits + i), rule); };
   if (n_expert <= 32 * kRouteRegs) {
     float sc[kRouteRegs], key[kRouteRegs];
 #pragma unroll
@@ -104,14 +106,6 @@ static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int 
   __syncwarp();
 }
 
-// Every lane of one warp calls it. Leaves the k picks in chosen[] / chosen_p[] (written by lane 0;
-// visible to the warp on return). p: n_expert floats of shared memory, used only past 256 experts.
-// Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in flight at
-// once, and a round's arg-max is two warp reductions (the largest float_order_key, then the lowest id
-// holding it);
-// beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
-// in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
-// (an earlier kernel or another block wrote them).
 // Replayed routing (RouteRule::replay): the picks are given; their weights are what the router gives
 // those ids: the softmax probability over all n_expert logits (relative to the largest, the sum in
 // double, as warp_route), or the sigmoid score (no selection bias).
@@ -129,14 +123,21 @@ static __device__ __noinline__ void warp_route_replayed(const float* logits, int
   const float inv = rule.sigmoid ? 1.0f : static_cast<float>(1.0 / sum);
   for (int j = lane; j < k; j += 32) {
     const int e = __ldcg(rule.replay + j);
-    float l = __ldcg(logits + e);
-    if (rule.sigmoid && rule.softcap > 0.0f) l = tanhf(l / rule.softcap) * rule.softcap;
+    const float l = __ldcg(logits + e);
     chosen[j] = e;
-    chosen_p[j] = rule.sigmoid ? 1.0f / (1.0f + expf(-l)) : expf(l - mx) * inv;
+    chosen_p[j] = rule.sigmoid ? sigmoid_score(l, rule) : expf(l - mx) * inv;
   }
   __syncwarp();
 }
 
+// Every lane of one warp calls it. Leaves the k picks in chosen[] / chosen_p[] (written by lane 0;
+// visible to the warp on return). p: n_expert floats of shared memory, used only past 256 experts.
+// Up to 256 experts each lane holds its eight (ids lane + 32 m) in registers, all loads in flight at
+// once, and a round's arg-max is two warp reductions (the largest float_order_key, then the lowest id
+// holding it);
+// beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
+// in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
+// (an earlier kernel or another block wrote them).
 static __device__ __noinline__ void warp_route(const float* logits, int n_expert, int k, int* chosen, float* chosen_p,
                                         float* p, const RouteRule* rule = nullptr) {
   if (rule && rule->replay) {

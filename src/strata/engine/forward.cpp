@@ -43,10 +43,8 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   const size_t k = static_cast<size_t>(c.n_expert_used);
   // Traces and replays hold the routed layers only (ModelConfig::routed_layers): layer il is their
   // layer trace_layer[il] (-1 for a dense layer).
-  std::vector<int> trace_layer(static_cast<size_t>(c.n_layer), -1);
-  int n_routed = 0;
-  for (int il : c.routed_layers()) trace_layer[static_cast<size_t>(il)] = n_routed++;
-  const size_t token_stride = static_cast<size_t>(n_routed) * k;
+  const std::vector<int> trace_layer = c.routed_index();
+  const size_t token_stride = c.routed_layers().size() * k;
 
   // Replayed picks, [row x layer x k], -1 for rows the router picks for; asked for before anything
   // changes so a failing source leaves the states as they were.

@@ -72,7 +72,6 @@ void Session::keep(const int* path, int m) {
   keep_pending(model_, state_, path, m, routing_counts_, trace_, trace_stream_);
 }
 
-
 void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
   const ModelConfig& c = model_.config();
   // A trace records the routed layers only (dense ones route nothing).

@@ -1,5 +1,7 @@
 #include "strata/model/config.h"
 
+#include <algorithm>
+
 #include "strata/base/error.h"
 #include "strata/gguf/gguf.h"
 #include "strata/model/arch.h"
@@ -62,6 +64,20 @@ std::vector<int> ModelConfig::routed_layers() const {
   for (int il = 0; il < n_layer; ++il)
     if (layer(il).ffn == FfnKind::Moe) r.push_back(il);
   return r;
+}
+
+std::vector<int> ModelConfig::routed_index() const {
+  std::vector<int> r(static_cast<size_t>(n_layer), -1);
+  int j = 0;
+  for (int il : routed_layers()) r[static_cast<size_t>(il)] = j++;
+  return r;
+}
+
+int ModelConfig::max_attention_heads() const {
+  int h = n_head;
+  for (const LayerSpec& l : layers)
+    if (is_attention(l.mixer)) h = std::max(h, l.n_head);
+  return h;
 }
 
 int ModelConfig::n_full_attention_layers() const {

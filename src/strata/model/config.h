@@ -105,6 +105,10 @@ struct ModelConfig {
   // The layers with routed experts (FfnKind::Moe), in model order: what routing traces record, their
   // layer j being model layer routed_layers()[j].
   std::vector<int> routed_layers() const;
+  // [layer] -> its index in routed_layers() (a trace's layer), -1 for a layer that routes nothing.
+  std::vector<int> routed_index() const;
+  // The most query heads of any attention layer (layers may have their own, LayerSpec::n_head).
+  int max_attention_heads() const;
   int n_attention_layers() const;  // full and sliding: the layers with a KV cache
   int n_deltanet_layers() const;
 };

@@ -22,22 +22,7 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   const bool fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
   if (request.expert_cache_slots < 0) fail("--expert-cache must be >= 0, got ", request.expert_cache_slots);
   if (fits) {
-    // The cache's slots come out of the budget first (a slot per layer holds the layer's largest expert);
-    // a budget that holds every expert needs no cache.
-    uint64_t cache_bytes = 0;
-    const bool cache = request.expert_cache_slots > 0 && out.receipt.expert_budget < out.receipt.all_expert_bytes;
-    if (cache) {
-      for (const std::vector<uint64_t>& row : footprint.expert_bytes)
-        if (!row.empty())
-          cache_bytes += static_cast<uint64_t>(request.expert_cache_slots) * *std::max_element(row.begin(), row.end());
-      if (cache_bytes > out.receipt.expert_budget)
-        fail("--expert-cache ", request.expert_cache_slots, " needs ", format_binary_size(cache_bytes),
-             " of the expert budget, which has ", format_binary_size(out.receipt.expert_budget),
-             "\nhint: lower --expert-cache or raise --expert-budget / --gpu-mem");
-    }
-    // A layer gets no more slots than it has cold experts (a placement may keep whole layers hot): the
-    // bytes such layers leave unused go back to the pinned experts, pass by pass, keeping only plans
-    // whose slots fit what was set aside for them.
+    // Bytes of `slots` cache slots per layer: a slot holds the layer's largest expert.
     auto slot_bytes = [&footprint](const std::vector<int>& slots) {
       uint64_t b = 0;
       for (size_t l = 0; l < slots.size(); ++l)
@@ -46,6 +31,19 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
                *std::max_element(footprint.expert_bytes[l].begin(), footprint.expert_bytes[l].end());
       return b;
     };
+    // The cache's slots come out of the budget first; a budget that holds every expert needs no cache.
+    uint64_t cache_bytes = 0;
+    const bool cache = request.expert_cache_slots > 0 && out.receipt.expert_budget < out.receipt.all_expert_bytes;
+    if (cache) {
+      cache_bytes = slot_bytes(std::vector<int>(footprint.expert_bytes.size(), request.expert_cache_slots));
+      if (cache_bytes > out.receipt.expert_budget)
+        fail("--expert-cache ", request.expert_cache_slots, " needs ", format_binary_size(cache_bytes),
+             " of the expert budget, which has ", format_binary_size(out.receipt.expert_budget),
+             "\nhint: lower --expert-cache or raise --expert-budget / --gpu-mem");
+    }
+    // A layer gets no more slots than it has cold experts (a placement may keep whole layers hot): the
+    // bytes such layers leave unused go back to the pinned experts, pass by pass, keeping only plans
+    // whose slots fit what was set aside for them.
     auto place = [&](uint64_t reserved) {
       return plan_placement(
           placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget - reserved));
