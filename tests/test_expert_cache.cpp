@@ -132,6 +132,7 @@ TEST(ExpertCache, LfuEvictsTheRarestAndAdmitsOnlyWhatBeatsIt) {
 TEST(ExpertCache, LfuCountsAge) {
   ExpertCacheConfig cfg = one_layer(6, 2, ExpertCachePolicy::Lfu);
   cfg.lfu_half_life = 8.0;
+  cfg.admit_margin = 0.0;  // the ageing alone decides here
   ExpertCache c(cfg);
   c.observe(picks(6, {1}, 10), 6);
   admit_and_load(c);
@@ -146,6 +147,29 @@ TEST(ExpertCache, LfuCountsAge) {
   EXPECT_EQ(p.writes[0].expert, 1);
   ASSERT_EQ(p.copies.size(), 1u);
   EXPECT_EQ(p.copies[0].expert, 3);
+}
+
+TEST(ExpertCache, LfuAdmitsOnlyAMissClearlyAheadOfItsVictim) {
+  // Two slots held by experts of aged count ~0.6 and ~1.2; a miss of one pick is ahead of the 0.6 but
+  // by less than the default margin of one pick, so nothing moves; a miss of two picks displaces it.
+  ExpertCacheConfig cfg = one_layer(6, 2, ExpertCachePolicy::Lfu);
+  cfg.lfu_half_life = 8.0;
+  ExpertCache c(cfg);
+  c.observe(picks(6, {1}, 10), 6);
+  admit_and_load(c);
+  c.observe(picks(6, {2}, 3), 6);
+  admit_and_load(c);
+  for (int i = 0; i < 32; ++i) c.observe(picks(6, {}), 6);
+  c.observe(picks(6, {2}, 1), 6);
+  c.observe(picks(6, {3}, 1), 6);
+  EXPECT_TRUE(c.between_steps(1000).copies.empty());
+  c.observe(picks(6, {4}, 2), 6);
+  const auto p = c.between_steps(1000);
+  ASSERT_EQ(p.copies.size(), 1u);
+  EXPECT_EQ(p.copies[0].expert, 4);
+  ASSERT_EQ(p.writes.size(), 1u);
+  EXPECT_EQ(p.writes[0].expert, 1);
+  EXPECT_EQ(p.writes[0].slot, -1);
 }
 
 TEST(ExpertCache, CopiesPerStepStayWithinTheBudget) {

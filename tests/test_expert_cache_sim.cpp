@@ -85,9 +85,9 @@ TEST(ExpertCacheSim, RepeatedPicksAreCaughtAfterTheDelays) {
 }
 
 TEST(ExpertCacheSim, NothingRepeatsNothingIsCaught) {
-  // Every measured token picks four experts none picked within the last 8 tokens.
-  const strata::RoutingTrace tr = make_trace(1, 64, 4, 120, [](int t, int) {
-    const int b = (t % 16) * 4;
+  // Every token picks four experts never picked before or after.
+  const strata::RoutingTrace tr = make_trace(1, 480, 4, 120, [](int t, int) {
+    const int b = t * 4;
     return std::vector<int>{b, b + 1, b + 2, b + 3};
   });
   strata::CacheSimConfig c;

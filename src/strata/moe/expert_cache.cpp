@@ -32,6 +32,7 @@ ExpertCache::ExpertCache(ExpertCacheConfig config) : cfg_(std::move(config)) {
   if (cfg_.expert_bytes.size() != nl)
     fail("expert cache: ", cfg_.expert_bytes.size(), " expert sizes for ", nl, " layers");
   if (!(cfg_.lfu_half_life > 0.0)) fail("expert cache: the LFU half-life must be > 0");
+  if (!(cfg_.admit_margin >= 0.0)) fail("expert cache: the admission margin must be >= 0");
   const std::vector<int> n_slots = expert_cache_slots_per_layer(cfg_.pinned, cfg_.slots_per_layer);
   map_ = cfg_.pinned;
   n_pinned_.assign(nl, 0);
@@ -141,8 +142,9 @@ ExpertCache::StepPlan ExpertCache::between_steps(uint64_t budget_bytes) {
         if (victim < 0 || s < worst) victim = static_cast<int>(i), worst = s;
       }
       // Admission: the miss must be worth more than what it would displace, so two experts picked in
-      // the same step do not evict each other in turn.
-      if (victim < 0 || !(c.score > worst)) continue;
+      // the same step do not evict each other in turn (LRU scores are steps: any later pick wins).
+      const double margin = cfg_.policy == ExpertCachePolicy::Lfu ? cfg_.admit_margin : 0.0;
+      if (victim < 0 || !(c.score > worst + margin)) continue;
     }
     Slot& s = row[static_cast<size_t>(victim)];
     const int slot = n_pinned_[l] + victim;

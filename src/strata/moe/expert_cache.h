@@ -22,7 +22,7 @@ namespace strata {
 enum class ExpertCachePolicy {
   Lru,  // evicts the expert picked longest ago; admits a miss when the victim was picked earlier
   Lfu,  // evicts the smallest aged pick count (halved every lfu_half_life steps); admits a miss only
-        // when its aged count beats the victim's
+        // when its aged count beats the victim's by admit_margin
 };
 
 // "lru" / "lfu"; fails naming the flag and the choices.
@@ -42,6 +42,10 @@ struct ExpertCacheConfig {
   double lfu_half_life = 16.0;           // steps (observe() calls) over which an LFU count halves
   // A miss becomes a candidate for admission while its last pick is at most this many steps old.
   int candidate_window = 8;
+  // A miss displaces a resident expert only when its score beats the victim's by this much (LFU: aged
+  // picks), so near-ties do not trade places every step: each copy moves an expert's bytes through
+  // host memory and PCIe, and one extra expected pick barely repays that.
+  double admit_margin = 1.0;
 };
 
 class ExpertCache {
