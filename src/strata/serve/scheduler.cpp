@@ -276,7 +276,7 @@ void Scheduler::run(Slot& slot, Job& job) {
     if (out.kind == JobOutcome::Kind::Cancelled) metrics_.count_cancelled();
     metrics_.add_generation(r.stats.prompt_tokens + prefilled, r.stats.prefill_seconds + prefill_seconds,
                             out.cached_tokens, out.completion_tokens,
-                            r.stats.decode_steps, r.stats.decode_seconds);
+                            r.stats.decode_tokens, r.stats.decode_seconds);
   } catch (const std::exception& e) {
     // The session may be half-updated: start the slot over.
     session.reset();
