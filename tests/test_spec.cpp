@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "spec_lossless.h"
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
@@ -685,3 +686,22 @@ TEST_F(SpecLimits, ConstraintTurnsSpeculationOff) {
 }
 
 }  // namespace
+
+// ---- the command line -------------------------------------------------------------------------
+
+TEST(SpecCli, RunAndBenchSpeculateWithoutChangingTheOutput) {
+  const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef area(w, h):\\n    return\"";
+  const auto plain = testing_cli::run_cli("run " + prompt + " --temp 0 -n 24 -t 1");
+  const auto spec = testing_cli::run_cli("run " + prompt + " --temp 0 -n 24 -t 1 --spec ngram --draft-max 4");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_NE(spec.err.find("spec ngram:"), std::string::npos) << spec.err;
+  const auto bad = testing_cli::run_cli("run x --spec draft");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--spec draft needs the draft model"), std::string::npos) << bad.err;
+  const auto bench = testing_cli::run_cli("bench --spec ngram -n 8 -r 1 -t 1 --draft-max 3");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("verify cost"), std::string::npos) << bench.out;
+}
