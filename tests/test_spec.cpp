@@ -52,7 +52,13 @@ const bool one_thread = [] {
   return true;
 }();
 
-constexpr float kBan = -std::numeric_limits<float>::infinity();
+using spec_test::expect_accepts_and_rejects;
+using spec_test::greedy_no_end;
+using spec_test::load;
+using spec_test::Loaded;
+using spec_test::kBan;
+using spec_test::pattern_prompt;
+using spec_test::ScriptDrafter;
 
 fs::path tmp_file(const std::string& name) {
   const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test_tmp";
@@ -71,59 +77,6 @@ std::string convert_fixture(const std::string& name) {
   return out;
 }
 
-// A copy of `src` whose F32 / BF16 tensors are scaled by 1 + rel * N(0, 1) element by element: another
-// model with the same vocabulary, agreeing with the original often but not always.
-std::string perturbed_copy(const std::string& src, const std::string& name, double rel) {
-  const std::string out = tmp_file(name).string();
-  const GgufFile in = GgufFile::open(src);
-  GgufWriter w;
-  for (const auto& [key, value] : in.metadata())
-    if (key != "general.alignment") w.set(key, value);
-  std::mt19937 rng(7);
-  std::normal_distribution<double> noise(0.0, rel);
-  std::vector<std::vector<uint8_t>> keep;
-  for (const GgufTensorInfo& t : in.tensors()) {
-    keep.emplace_back(t.data, t.data + t.nbytes);
-    std::vector<uint8_t>& b = keep.back();
-    if (t.type == GgmlType::F32) {
-      for (size_t i = 0; i + 4 <= b.size(); i += 4) {
-        float x;
-        std::memcpy(&x, &b[i], 4);
-        x = static_cast<float>(x * (1.0 + noise(rng)));
-        std::memcpy(&b[i], &x, 4);
-      }
-    } else if (t.type == GgmlType::BF16) {
-      for (size_t i = 0; i + 2 <= b.size(); i += 2) {
-        uint16_t h;
-        std::memcpy(&h, &b[i], 2);
-        h = fp32_to_bf16(static_cast<float>(bf16_to_fp32(h) * (1.0 + noise(rng))));
-        std::memcpy(&b[i], &h, 2);
-      }
-    }
-    w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), b.data(), b.size());
-  }
-  w.write(out);
-  return out;
-}
-
-struct Loaded {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::string path;
-};
-
-// A fixture GGUF without a tokenizer gets the byte-level test tokenizer (ids only matter here).
-Loaded load(const std::string& path) {
-  Loaded l;
-  l.path = path;
-  l.model = Model::load(path);
-  if (l.model->file().has("tokenizer.ggml.tokens"))
-    l.tokenizer = std::make_unique<Tokenizer>(vocab_from_gguf(l.model->file()));
-  else
-    l.tokenizer = std::make_unique<Tokenizer>(testing_fixture::byte_vocab(static_cast<int32_t>(l.model->config().n_vocab)));
-  return l;
-}
-
 spec_test::MakeSequence cpu_sequences(const Model& m) {
   return [&m](int ctx) -> std::unique_ptr<Sequence> { return std::make_unique<Session>(m, ctx); };
 }
@@ -139,39 +92,6 @@ spec_test::MakeDrafter draft_model(const Model& draft, int ctx, const SamplerPar
 spec_test::MakeDrafter ngram(int min_n = 2, int max_n = 4) {
   return [min_n, max_n]() -> std::unique_ptr<Drafter> { return std::make_unique<NgramDrafter>(NgramParams{min_n, max_n}); };
 }
-
-// Greedy with every end-of-generation token banned, so runs have their full length.
-SamplerParams greedy_no_end(const Tokenizer& tok, int32_t n_vocab) {
-  SamplerParams p;
-  p.temperature = 0;
-  for (int32_t id = 0; id < n_vocab; ++id)
-    if (tok.is_end_of_generation(id)) p.logit_bias[id] = kBan;
-  return p;
-}
-
-// Proposes the continuation of a known output (the plain run's), so every draft is accepted, or with
-// every `corrupt_every`-th drafted token changed, so verification rejects there.
-class ScriptDrafter final : public Drafter {
- public:
-  ScriptDrafter(size_t prompt_size, std::vector<int32_t> reference, int corrupt_every = 0, int32_t n_vocab = 2)
-      : prompt_size_(prompt_size), reference_(std::move(reference)), corrupt_every_(corrupt_every), n_vocab_(n_vocab) {}
-  std::string name() const override { return "script"; }
-  void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) override {
-    out.clear();
-    for (size_t i = history.size() - prompt_size_; i < reference_.size() && static_cast<int>(out.tokens.size()) < max_tokens; ++i) {
-      int32_t t = reference_[i];
-      if (corrupt_every_ > 0 && ++count_ % corrupt_every_ == 0) t = (t + 1) % n_vocab_;
-      out.tokens.push_back(t);
-    }
-  }
-
- private:
-  size_t prompt_size_;
-  std::vector<int32_t> reference_;
-  int corrupt_every_;
-  int32_t n_vocab_;
-  int count_ = 0;
-};
 
 // ---- the acceptance rule ----------------------------------------------------------------------
 
@@ -365,15 +285,9 @@ TEST(DraftModel, RefusesAnotherVocabulary) {
 
 // ---- lossless greedy generation ---------------------------------------------------------------
 
-void expect_accepts_and_rejects(const GenerationStats& s, const std::string& what) {
-  EXPECT_GT(s.spec_steps, 0) << what;
-  EXPECT_GT(s.accepted_tokens, 0) << what << ": no draft was accepted, so acceptance was not exercised";
-  EXPECT_LT(s.accepted_tokens, s.drafted_tokens) << what << ": no draft was rejected";
-}
-
 TEST(SpecLossless, BundledModel) {
   const Loaded tiny = load(std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf");
-  const Loaded other = load(perturbed_copy(tiny.path, "spec_tiny_perturbed", 0.08));
+  const Loaded other = load(spec_test::perturbed_copy(tiny.path, tmp_file("spec_tiny_perturbed").string(), 0.08));
   const int32_t V = static_cast<int32_t>(tiny.model->config().n_vocab);
   spec_test::Case c;
   c.prompt = tiny.tokenizer->encode(
@@ -395,14 +309,6 @@ TEST(SpecLossless, BundledModel) {
   c.sampling.repetition_penalty = 1.1f;
   spec_test::expect_lossless(make, *tiny.tokenizer, c, ngram(1, 3), true, "tiny, ngram, penalties");
   spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, draft, penalties");
-}
-
-// A repeating prompt of ids (the fixtures' random weights make text meaningless anyway).
-std::vector<int32_t> pattern_prompt() {
-  std::vector<int32_t> p;
-  for (int r = 0; r < 4; ++r)
-    for (int32_t id : {300, 41, 302, 77, 304, 41}) p.push_back(id);
-  return p;
 }
 
 void check_fixture(const std::string& name, const std::string& other_name) {
@@ -446,7 +352,7 @@ double chi2_bound(int df) {
 
 TEST(SpecSampled, FirstTokensKeepTheirDistribution) {
   const Loaded target = load(convert_fixture("qwen3_5_moe"));
-  const Loaded other = load(perturbed_copy(target.path, "spec_qwen35_perturbed", 0.3));
+  const Loaded other = load(spec_test::perturbed_copy(target.path, tmp_file("spec_qwen35_perturbed").string(), 0.3));
   const int32_t V = static_cast<int32_t>(target.model->config().n_vocab);
   SamplerParams sp = greedy_no_end(*target.tokenizer, V);
   sp.temperature = 1.0f;
