@@ -41,7 +41,7 @@ void check_draft_vocabulary(const Model& target, const Model& draft) {
 }
 
 DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Sequence> sequence, const SamplerParams& sampling,
-                                     int32_t n_allowed, std::unique_ptr<const Model> owned)
+                                     int32_t n_allowed, std::shared_ptr<const Model> owned)
     : owned_(std::move(owned)),
       sequence_(std::move(sequence)),
       sampler_(sampling),

@@ -23,9 +23,10 @@ class DraftModelDrafter final : public Drafter {
   // sequence: an empty sequence of the draft model (any backend). sampling: how drafts are picked;
   // greedy (temperature <= 0) or sampled with temperature, top-k, top-p and min-p, after the logit bias
   // (the target's bans are the draft's too); penalties are the target's alone (no history here). Ids >= n_allowed are never drafted (the target's
-  // tokenizer ends there). owned (optional): the draft Model, kept alive as long as the sequence.
+  // tokenizer ends there). owned (optional): the draft Model, kept alive as long as the sequence (shared:
+  // several drafters' sequences may run over one loaded draft model).
   DraftModelDrafter(std::unique_ptr<Sequence> sequence, const SamplerParams& sampling, int32_t n_allowed,
-                    std::unique_ptr<const Model> owned = nullptr);
+                    std::shared_ptr<const Model> owned = nullptr);
   ~DraftModelDrafter() override;
   std::string name() const override { return "draft"; }
   void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) override;
@@ -35,7 +36,7 @@ class DraftModelDrafter final : public Drafter {
   void start_over();
   int32_t pick(float* logits, Draft& out);
 
-  std::unique_ptr<const Model> owned_;  // before sequence_: destroyed after it
+  std::shared_ptr<const Model> owned_;  // before sequence_: destroyed after it
   std::unique_ptr<Sequence> sequence_;
   Sampler sampler_;
   bool greedy_;

@@ -43,18 +43,28 @@ SamplerParams draft_sampling(const SamplerParams& target) {
   return ds;
 }
 
+DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                               DraftSequenceMaker make_sequence)
+    : kind_(choice.kind), ngram_(o.ngram), make_sequence_(std::move(make_sequence)) {
+  if (kind_ != SpecKind::DraftModel) return;
+  draft_ = Model::load(choice.draft_path);
+  check_draft_vocabulary(target, *draft_);
+}
+
+std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& sampling, int32_t n_allowed) const {
+  switch (kind_) {
+    case SpecKind::None: return nullptr;
+    case SpecKind::Ngram: return std::make_unique<NgramDrafter>(ngram_);
+    case SpecKind::DraftModel: break;
+  }
+  std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);
+  return std::make_unique<DraftModelDrafter>(std::move(seq), draft_sampling(sampling), n_allowed, draft_);
+}
+
 std::unique_ptr<Drafter> make_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target, int max_ctx,
                                       const SamplerParams& sampling, int32_t n_allowed,
                                       const DraftSequenceMaker& make_sequence) {
-  switch (choice.kind) {
-    case SpecKind::None: return nullptr;
-    case SpecKind::Ngram: return std::make_unique<NgramDrafter>(o.ngram);
-    case SpecKind::DraftModel: break;
-  }
-  std::unique_ptr<const Model> draft = Model::load(choice.draft_path);
-  check_draft_vocabulary(target, *draft);
-  std::unique_ptr<Sequence> seq = make_sequence ? make_sequence(*draft, max_ctx) : std::make_unique<Session>(*draft, max_ctx);
-  return std::make_unique<DraftModelDrafter>(std::move(seq), draft_sampling(sampling), n_allowed, std::move(draft));
+  return DrafterFactory(choice, o, target, make_sequence).make(max_ctx, sampling, n_allowed);
 }
 
 }  // namespace strata

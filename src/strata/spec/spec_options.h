@@ -42,6 +42,25 @@ SamplerParams draft_sampling(const SamplerParams& target);
 // Makes the draft model's sequence of max_ctx tokens (a command's backend factory); empty: a CPU Session.
 using DraftSequenceMaker = std::function<std::unique_ptr<Sequence>(const Model& draft, int max_ctx)>;
 
+// Drafters for several sequences of one target (serve's slots): a draft model is loaded and its
+// vocabulary checked once (check_draft_vocabulary), then shared; each drafter made has a sequence and
+// state of its own.
+class DrafterFactory {
+ public:
+  DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                 DraftSequenceMaker make_sequence = {});
+  // A drafter for sequences of max_ctx tokens (nullptr for SpecKind::None); sampling and n_allowed as
+  // make_drafter's.
+  std::unique_ptr<Drafter> make(int max_ctx, const SamplerParams& sampling, int32_t n_allowed) const;
+  const Model* draft_model() const { return draft_.get(); }  // null unless a draft model drafts
+
+ private:
+  SpecKind kind_;
+  NgramParams ngram_;
+  std::shared_ptr<const Model> draft_;
+  DraftSequenceMaker make_sequence_;
+};
+
 // The drafter `choice` names for `target` (nullptr for SpecKind::None). A draft model is loaded,
 // its vocabulary checked against the target's (check_draft_vocabulary), and drafts like `sampling`
 // (greedy when the target is greedy; else with its temperature and truncation, its own seed stream;
