@@ -103,7 +103,8 @@ std::string expand_short_alias(const std::string& arg) {
   for (const auto& [alias, name] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
                                     std::pair<std::string, std::string>{"-ctv", "--cache-type-v"},
                                     std::pair<std::string, std::string>{"-ngl", "--n-gpu-layers"},
-                                    std::pair<std::string, std::string>{"-np", "--parallel"}}) {
+                                    std::pair<std::string, std::string>{"-np", "--parallel"},
+                                    std::pair<std::string, std::string>{"-md", "--model-draft"}}) {
     if (arg == alias) return name;
     if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
   }

@@ -31,10 +31,10 @@ using strata::check_backend_options;
 
 using strata::kv_cache_types;
 
-// llama.cpp's short spellings -ctk / -ctv / -ngl / -np / -no-cnv, which CLI11 cannot declare
+// llama.cpp's short spellings -ctk / -ctv / -ngl / -np / -md / -no-cnv, which CLI11 cannot declare
 // (one-character short names only; "-ngl 99" would read as "-n gl"): main() rewrites them to
-// --cache-type-k / --cache-type-v / --n-gpu-layers / --parallel / --no-conversation (also "-ctk=f16")
-// before parsing.
+// --cache-type-k / --cache-type-v / --n-gpu-layers / --parallel / --model-draft / --no-conversation
+// (also "-ctk=f16") before parsing.
 std::string expand_short_alias(const std::string& arg);
 
 // --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --profile, --telemetry,

@@ -16,12 +16,14 @@
 #include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
+#include "cli/spec_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/bench_backend.h"
 #include "strata/engine/bench_report.h"
 #include "strata/engine/cli_support.h"
 #include "strata/engine/thread_policy.h"
 #include "strata/engine/model.h"
+#include "strata/spec/spec_bench.h"
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/bench_gpu.h"
 #include "strata/cuda/gpu_session.h"
@@ -37,7 +39,60 @@ struct BenchArgs {
   bool json = false;
   size_t triad_mib = 256;
   strata::cli::BackendOptions backend;
+  strata::SpecOptions spec;
+  std::string spec_prompt_file;
 };
+
+// Code to edit: most of the answer is already in the prompt, where prompt lookup pays off.
+constexpr const char* kCopyHeavyPrompt =
+    "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n\n\n"
+    "def variance(values):\n    m = mean(values)\n    total = 0\n    for v in values:\n        total += (v - m) ** 2\n"
+    "    return total / len(values)\n\n\n# The same two functions, with `values` renamed to `xs`:\n\n"
+    "def mean(xs):\n    total = 0\n";
+
+// bench --spec: greedy generation of a text prompt with and without the drafter.
+void run_spec_bench_command(const BenchArgs& a, const strata::SpecChoice& choice) {
+  const auto model = strata::cli::load_model_for_cli(a.model);
+  const auto tokenizer = strata::cli::load_tokenizer_for_cli(*model);
+  const std::string text = a.spec_prompt_file.empty() ? std::string(kCopyHeavyPrompt)
+                                                      : strata::cli::read_text_file(a.spec_prompt_file, "--spec-prompt");
+  std::vector<int32_t> prompt;
+  if (tokenizer->vocab().add_bos && tokenizer->bos_id() >= 0) prompt.push_back(tokenizer->bos_id());
+  const std::vector<int32_t> body = tokenizer->encode(text);
+  prompt.insert(prompt.end(), body.begin(), body.end());
+  if (prompt.empty()) strata::fail("--spec-prompt: the prompt is empty");
+  const int max_ctx = static_cast<int>(prompt.size()) + a.params.n_gen + choice.params.draft_max + 16;
+  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, nullptr);
+  const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
+  strata::SamplerParams greedy;
+  greedy.temperature = 0;
+  const auto drafter = strata::cli::make_cli_drafter(choice, a.spec, *model, max_ctx, greedy, n_text);
+  if (!a.json)
+    std::fprintf(stderr, "speculative bench: %zu prompt tokens, %d generated, %d repetitions (+1 warm-up)...\n",
+                 prompt.size(), a.params.n_gen, a.params.reps);
+  const strata::SpecBenchResult r = strata::run_spec_bench([&] { return factory.make(); }, *tokenizer, prompt,
+                                                           a.params.n_gen, a.params.reps, *drafter, choice.params);
+  if (a.json) {
+    nlohmann::json doc = {{"model", a.model},
+                          {"backend", factory.backend_name()},
+                          {"drafter", r.drafter},
+                          {"draft_max", choice.params.draft_max},
+                          {"prompt_tokens", prompt.size()},
+                          {"n_gen", a.params.n_gen},
+                          {"decode_tps_without", r.plain_tps.median},
+                          {"decode_tps_with", r.spec_tps.median},
+                          {"drafted", r.drafted},
+                          {"accepted", r.accepted},
+                          {"verifications", r.verifies},
+                          {"verify_tokens", r.verify_tokens},
+                          {"verify_ms", r.verify_ms},
+                          {"step_ms", r.step_ms},
+                          {"token_identical", r.same_tokens}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("model: %s (%s)\n%s", a.model.c_str(), factory.backend_name(), strata::format_spec_bench(r).c_str());
+  }
+}
 
 void setup_bench(CLI::App& sub) {
   auto a = std::make_shared<BenchArgs>();
@@ -52,16 +107,27 @@ void setup_bench(CLI::App& sub) {
   sub.add_flag("--json", a->json, "print JSON instead of the table");
   strata::cli::add_backend_options(sub, a->backend);
   strata::cli::add_routing_replay_option(sub, a->backend);
+  strata::cli::add_spec_options(sub, a->spec);
+  sub.add_option("--spec-prompt", a->spec_prompt_file,
+                 "with --spec: a text prompt file (default: a built-in copy-heavy code prompt)");
   // Random prompt tokens would skew a profile: bench only reads it.
   sub.get_option("--profile")
       ->description("with --gpu: routing profile (strata calibrate) the expert placement is made from (read only)");
   sub.callback([a] {
     const strata::cli::BackendOptions& bo = a->backend;
     strata::cli::check_backend_options(bo);
+    const strata::SpecChoice spec = strata::check_spec_options(a->spec);
     if (!bo.profile.empty() && !bo.gpu) strata::fail("--profile needs --gpu in bench (it only guides the expert placement)");
+    if (!a->spec_prompt_file.empty() && spec.kind == strata::SpecKind::None) strata::fail("--spec-prompt needs --spec");
+    if (spec.kind != strata::SpecKind::None && !bo.routing.empty())
+      strata::fail("--spec runs the model's own routing: drop --routing");
     strata::cli::require_gpu_if_asked(bo);
     a->model = strata::cli::resolve_model_path(a->model);
     strata::apply_thread_policy({a->threads.threads, a->threads.force, 1, 0});
+    if (spec.kind != strata::SpecKind::None) {
+      run_spec_bench_command(*a, spec);
+      return;
+    }
     strata::BenchReport r;
     r.command_line = strata::own_command_line();
     r.date = strata::local_iso_datetime();

@@ -5,6 +5,7 @@
 // (end of input) or /exit leaves.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
+#include "cli/spec_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/cli_support.h"
 #include "strata/engine/generate.h"
@@ -36,6 +38,8 @@ struct ChatCliOptions {
   int ctx = 0;  // 0: the model's training context, at most 4096
   strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
+  strata::SpecOptions spec;
+  strata::SpecChoice spec_choice;
   strata::cli::SamplingOptions sampling;
 };
 
@@ -139,6 +143,8 @@ void run_chat(const ChatCliOptions& o) {
   auto profile = strata::cli::open_profile(*model, o.backend);
   auto session_ptr = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
   strata::Sequence& session = *session_ptr;
+  const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
+  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text);
   strata::cli::ProfileRecorder recorder(profile.get(), session);  // --profile: saved after every reply
 
   strata::ChatOptions render_options;
@@ -215,6 +221,9 @@ void run_chat(const ChatCliOptions& o) {
     strata::GenerationParams params;
     params.max_new_tokens = o.n_predict;
     params.cancel = &interrupted;
+    params.spec = o.spec_choice.params;
+    params.spec.drafter = drafter.get();
+    params.spec.preceding = &in_session;
     ThinkStyler styler(tty_out);
     // On a terminal each reply gets its own labelled block, so turns stay apart when scrolling back.
     if (tty_out) std::fputs(kAssistantMarker, stdout);
@@ -262,8 +271,10 @@ void setup_chat(CLI::App& sub) {
   strata::cli::add_thread_options(sub, o->threads);
   strata::cli::add_sampling_options(sub, o->sampling);
   strata::cli::add_backend_options(sub, o->backend);
+  strata::cli::add_spec_options(sub, o->spec);
   sub.callback([o] {
     strata::cli::check_backend_options(o->backend);
+    o->spec_choice = strata::check_spec_options(o->spec);
     run_chat(*o);
   });
 }

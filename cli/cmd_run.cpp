@@ -18,6 +18,7 @@
 #include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
+#include "cli/spec_cli.h"
 #include "strata/base/error.h"
 #include "strata/engine/cli_support.h"
 #include "strata/engine/generate.h"
@@ -45,6 +46,8 @@ struct RunOptions {
   int ctx = 0;  // 0: prompt + n_predict
   strata::cli::ThreadOptions threads;
   strata::cli::BackendOptions backend;
+  strata::SpecOptions spec;
+  strata::SpecChoice spec_choice;
 };
 
 // Prompt given as token ids: greedy continuation, ids printed on one line.
@@ -53,6 +56,8 @@ void run_token_ids(const RunOptions& o) {
   const float temp = o.temp_given ? o.sampling.temp : 0.0f;
   if (temp != 0.0f) strata::fail("--temp ", temp, ": only greedy decoding (--temp 0) is implemented for --prompt-tokens");
   if (!o.print_token_ids) strata::fail("--prompt-tokens needs --print-token-ids (text output needs the tokenizer)");
+  if (o.spec_choice.kind != strata::SpecKind::None)
+    strata::fail("--spec needs a text prompt (--prompt-tokens runs the plain greedy loop)");
   if (o.n_predict < 0) strata::fail("-n must be >= 0, got ", o.n_predict);
   const std::vector<int32_t> prompt = strata::parse_token_list(o.prompt_tokens, "--prompt-tokens");
   // Weight size left unknown: this path keeps all cores for any model (the engine tests drive it).
@@ -109,8 +114,13 @@ void run_text(const RunOptions& o) {
   session->set_routing_trace(trace.get(), 0);
   strata::cli::ProfileRecorder recorder(profile.get(), *session);
 
+  const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
+  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text);
+
   strata::cli::install_interrupt_handler();
   strata::GenerationParams params;
+  params.spec = o.spec_choice.params;
+  params.spec.drafter = drafter.get();
   // Raw completions end wherever the user stopped typing: heal the last token (see generate.h).
   if (!o.chat && !o.no_token_healing) params.healed_prefix = strata::heal_prompt_end(*tokenizer, ids);
   params.max_new_tokens = o.n_predict;
@@ -152,8 +162,10 @@ void setup_run(CLI::App& sub) {
   sub.add_flag("--no-conversation", o->no_conversation, "-no-cnv: accepted for llama.cpp habits (run is never interactive)");
   strata::cli::add_backend_options(sub, o->backend);
   strata::cli::add_collect_routing_option(sub, o->backend);
+  strata::cli::add_spec_options(sub, o->spec);
   sub.callback([o, &sub] {
     strata::cli::check_backend_options(o->backend);
+    o->spec_choice = strata::check_spec_options(o->spec);
     o->temp_given = sub.get_option("--temp")->count() > 0;
     if (sub.get_option("prompt")->count() > 0 && sub.get_option("--prompt")->count() > 0)
       strata::fail("give the prompt once: as an argument or with -p/--prompt, not both");

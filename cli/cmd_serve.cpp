@@ -12,6 +12,7 @@
 #include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "cli/generation_cli.h"
+#include "cli/spec_cli.h"
 #include "strata/base/error.h"
 #include "strata/serve/server.h"
 
@@ -82,8 +83,11 @@ void setup_serve(CLI::App& sub) {
   auto backend = std::make_shared<strata::cli::BackendOptions>();
   strata::cli::add_backend_options(sub, *backend);
   strata::cli::add_collect_routing_option(sub, *backend);
-  sub.callback([o, backend] {
+  auto spec = std::make_shared<strata::SpecOptions>();
+  strata::cli::add_spec_options(sub, *spec);
+  sub.callback([o, backend, spec] {
     strata::cli::check_backend_options(*backend);
+    const strata::SpecChoice spec_choice = strata::check_spec_options(*spec);
     if (backend->gpu) o->backend = "gpu";
     if (!o->api_key_file.empty()) {
       if (!o->api_key.empty()) strata::fail("give either --api-key or --api-key-file, not both");
@@ -130,6 +134,25 @@ void setup_serve(CLI::App& sub) {
       o->expert_placement = [factory]() -> std::optional<strata::serve::ExpertPlacement> {
         if (!*factory) return std::nullopt;
         return expert_placement((*factory)->plan());
+      };
+    }
+    if (spec_choice.kind != strata::SpecKind::None) {
+      // One drafter per slot; a draft model is loaded once (by the first slot) and shared. A slot's
+      // drafter serves requests of any sampling, so a draft model drafts greedily (verification keeps
+      // sampled output's distribution either way).
+      auto drafters = std::make_shared<std::unique_ptr<strata::DrafterFactory>>();
+      o->spec = spec_choice.params;
+      o->make_drafter = [drafters, spec_choice, spec](const strata::Model& target, int ctx, int32_t n_allowed) {
+        if (!*drafters) {
+          *drafters = std::make_unique<strata::DrafterFactory>(spec_choice, *spec, target);
+          std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
+                       spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
+                                                                  : ("draft model " + spec_choice.draft_path + " (cpu)").c_str(),
+                       spec_choice.params.draft_max);
+        }
+        strata::SamplerParams greedy;
+        greedy.temperature = 0;
+        return (*drafters)->make(ctx, greedy, n_allowed);
       };
     }
     strata::cli::set_exit_code(strata::serve::run_server(*o));

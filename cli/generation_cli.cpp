@@ -143,7 +143,16 @@ std::string format_stats_line(const GenerationStats& s) {
   std::snprintf(buf, sizeof buf, "prompt: %d tok, %.1f tok/s | decode: %d tok, %.1f tok/s | ttft: %.0f ms",
                 s.prompt_tokens, s.prompt_tokens_per_second(), s.generated_tokens, s.decode_tokens_per_second(),
                 s.ttft_seconds * 1000.0);
-  return buf;
+  std::string line = buf;
+  if (!s.spec_off.empty()) {
+    line += " | spec: off (" + s.spec_off + ")";
+  } else if (!s.drafter.empty()) {
+    std::snprintf(buf, sizeof buf, " | spec %s: %d/%d drafts accepted (%.0f%%), %.2f tok/verify over %d verifies",
+                  s.drafter.c_str(), s.accepted_tokens, s.drafted_tokens, 100.0 * s.acceptance_rate(),
+                  s.tokens_per_spec_step(), s.spec_steps);
+    line += buf;
+  }
+  return line;
 }
 
 void print_stats_line(const GenerationStats& stats) {

@@ -65,7 +65,8 @@ std::unique_ptr<Tokenizer> load_tokenizer_for_cli(const Model& model);
 void install_interrupt_handler();
 std::atomic<bool>& interrupt_flag();
 
-// "prompt: N tok, X tok/s | decode: M tok, Y tok/s | ttft: Z ms", written to stderr.
+// "prompt: N tok, X tok/s | decode: M tok, Y tok/s | ttft: Z ms", written to stderr; with speculative
+// decoding, then "| spec ngram: A/D drafts accepted (P%), T tok/verify over V verifies" (or why it was off).
 void print_stats_line(const GenerationStats& stats);
 std::string format_stats_line(const GenerationStats& stats);
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "strata/base/error.h"
+#include "strata/sample/speculative.h"
 #include "strata/text/detokenizer.h"
 
 namespace strata {
@@ -26,7 +27,22 @@ double GenerationStats::prompt_tokens_per_second() const {
 }
 
 double GenerationStats::decode_tokens_per_second() const {
-  return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0;
+  return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0;
+}
+
+double GenerationStats::acceptance_rate() const {
+  return drafted_tokens > 0 ? static_cast<double>(accepted_tokens) / drafted_tokens : 0.0;
+}
+
+double GenerationStats::tokens_per_spec_step() const {
+  return spec_steps > 0 ? static_cast<double>(accepted_tokens + spec_steps) / spec_steps : 0.0;
+}
+
+void validate_speculative_params(const SpeculativeParams& spec) {
+  if (spec.draft_max < 1) fail("--draft-max must be >= 1, got ", spec.draft_max);
+  if (spec.draft_min < 0) fail("--draft-min must be >= 0, got ", spec.draft_min);
+  if (spec.draft_min > spec.draft_max)
+    fail("--draft-min ", spec.draft_min, " exceeds --draft-max ", spec.draft_max);
 }
 
 // ---- stop strings -----------------------------------------------------------------------------
@@ -105,6 +121,64 @@ void constrain_to_prefix(const Tokenizer& tokenizer, const std::string& prefix, 
 
 }  // namespace
 
+// ---- speculative verification -----------------------------------------------------------------
+
+namespace {
+
+struct SpecScratch {
+  Draft draft;
+  std::vector<int32_t> batch;
+  std::vector<float> logits;
+  TokenDistribution p, residual;
+};
+
+// What a drafter returned, checked before it reaches the model.
+void check_draft(const Draft& d, int max_tokens, int32_t n_vocab) {
+  const size_t n = d.tokens.size();
+  if (n > static_cast<size_t>(max_tokens))
+    fail("speculative decoding: the drafter proposed ", n, " tokens where at most ", max_tokens, " were asked for");
+  if (!d.parents.empty())
+    fail("speculative decoding: the drafter proposed a token tree; the generation loop verifies chains only");
+  if (!d.q.empty() && d.q.size() != n)
+    fail("speculative decoding: the drafter gave ", d.q.size(), " distributions for ", n, " tokens");
+  for (const int32_t id : d.tokens)
+    if (id < 0 || id >= n_vocab) fail("speculative decoding: drafted token ", id, " is outside the vocabulary of ", n_vocab);
+}
+
+// Runs [current, drafts...] as pending tokens in one forward and verifies the drafts in order, each
+// position's distribution computed with the accepted drafts before it in the history (penalties see
+// them). `out` gets the accepted drafts, then the target's own token: the replacement of the first
+// rejected draft, or, when all were accepted, one more from the last row. Every pending token stays
+// pending: the caller keeps the ones it uses.
+void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScratch& sc, int32_t n_text,
+                   std::vector<int32_t>& history, std::vector<int32_t>& out) {
+  const Draft& d = sc.draft;
+  const int k = static_cast<int>(d.tokens.size());
+  const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);
+  sc.batch.assign(1, current);
+  sc.batch.insert(sc.batch.end(), d.tokens.begin(), d.tokens.end());
+  sc.logits.resize(static_cast<size_t>(k + 1) * static_cast<size_t>(n_vocab));
+  session.forward_pending(sc.batch.data(), k + 1, nullptr, sc.logits.data());
+  const size_t history_size = history.size();
+  for (int j = 0; j <= k; ++j) {
+    float* row = sc.logits.data() + static_cast<size_t>(j) * static_cast<size_t>(n_vocab);
+    ban_ids_from(row, n_text, n_vocab);
+    sampler.distribution(row, n_vocab, history, sc.p);
+    if (j == k) {
+      out.push_back(sampler.draw(sc.p));
+      break;
+    }
+    const DraftVerdict v = verify_draft(sampler, sc.p, d.tokens[static_cast<size_t>(j)],
+                                        d.q.empty() ? nullptr : &d.q[static_cast<size_t>(j)], sc.residual);
+    out.push_back(v.token);
+    if (!v.accepted) break;
+    history.push_back(v.token);
+  }
+  history.resize(history_size);
+}
+
+}  // namespace
+
 // ---- the loop ---------------------------------------------------------------------------------
 
 namespace {
@@ -149,6 +223,23 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
     if (on_piece && !on_piece(text)) emitting = false;
   };
 
+  Drafter* drafter = params.spec.drafter;
+  if (drafter) {
+    validate_speculative_params(params.spec);
+    if (sampler.constrained()) {
+      r.stats.spec_off = "a token constraint (grammar) is set";
+      drafter = nullptr;
+    } else {
+      r.stats.drafter = drafter->name();
+    }
+  }
+  SpecScratch spec;
+  std::vector<int32_t> drafter_history;  // preceding tokens + history, when a drafter runs
+  if (drafter) {
+    if (params.spec.preceding) drafter_history = *params.spec.preceding;
+    drafter_history.insert(drafter_history.end(), prompt.begin(), prompt.end());
+  }
+
   const auto prefill_start = Clock::now();
   session.forward(prompt.data(), static_cast<int>(prompt.size()), logits.data(), false);
   r.stats.prefill_seconds = seconds_since(prefill_start);
@@ -156,9 +247,11 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
 
   r.stop_reason = StopReason::MaxTokens;
   Clock::time_point decode_start{};
-  for (int i = 0; i < params.max_new_tokens; ++i) {
-    int32_t id;
-    if (i > 0) {
+  std::vector<int32_t> step;  // the tokens one pass produced, in order
+  while (static_cast<int>(r.tokens.size()) < params.max_new_tokens) {
+    bool verified = false;  // step came from a verification: its tokens are pending in the session
+    step.clear();
+    if (!r.tokens.empty()) {
       if (cancelled()) {
         r.stop_reason = StopReason::Cancelled;
         break;
@@ -167,35 +260,71 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
         r.stop_reason = StopReason::ContextFull;
         break;
       }
-      // Decode and pick in one call: a GPU session picks greedy tokens on the device.
-      id = session.decode_and_pick(r.tokens.back(), sampler, history, n_text, logits);
-      ++r.tokens_in_session;
+      // Drafts fit where their verification's output still fits: the context after the current token,
+      // and the tokens left to generate after the one the pass produces anyway.
+      const int room = std::min({params.spec.draft_max, session.max_ctx() - session.n_past() - 1,
+                                 params.max_new_tokens - static_cast<int>(r.tokens.size()) - 1});
+      if (drafter && room >= std::max(1, params.spec.draft_min)) {
+        drafter->propose(drafter_history, room, spec.draft);
+        check_draft(spec.draft, room, n_vocab);
+        if (!spec.draft.tokens.empty() && static_cast<int>(spec.draft.tokens.size()) >= params.spec.draft_min) {
+          verify_drafts(session, sampler, r.tokens.back(), spec, n_text, history, step);
+          verified = true;
+          ++r.stats.spec_steps;
+          r.stats.drafted_tokens += static_cast<int>(spec.draft.tokens.size());
+          r.stats.accepted_tokens += static_cast<int>(step.size()) - 1;
+        }
+      }
+      // Otherwise decode and pick in one call: a GPU session picks greedy tokens on the device.
+      if (!verified) step.push_back(session.decode_and_pick(r.tokens.back(), sampler, history, n_text, logits));
       ++r.stats.decode_steps;
     } else {
       ban_ids_from(logits.data(), n_text, n_vocab);
       if (!params.healed_prefix.empty()) constrain_to_prefix(tokenizer, params.healed_prefix, logits.data(), n_text);
-      id = sampler.sample(logits.data(), n_vocab, history);
-    }
-    if (i == 0) {
+      step.push_back(sampler.sample(logits.data(), n_vocab, history));
       r.stats.ttft_seconds = seconds_since(start);
       decode_start = Clock::now();
     }
-    r.tokens.push_back(id);
-    history.push_back(id);
-    if (tokenizer.is_end_of_generation(id)) {
-      r.stop_reason = StopReason::EndOfGeneration;
-      break;
+
+    // The step's tokens in order, as if each came from a pass of its own: the first that ends the
+    // generation drops the rest, and the session keeps the current token and the drafts before it.
+    const bool first = r.tokens.empty();
+    int used = 0;
+    bool stop = false;
+    try {
+      for (const int32_t id : step) {
+        ++used;
+        r.tokens.push_back(id);
+        history.push_back(id);
+        if (drafter) drafter_history.push_back(id);
+        if (tokenizer.is_end_of_generation(id)) {
+          r.stop_reason = StopReason::EndOfGeneration;
+          stop = true;
+          break;
+        }
+        emit(filter.push(drop_healed(detok.push(id))));
+        if (!emitting) {
+          r.stop_reason = StopReason::Cancelled;
+          stop = true;
+          break;
+        }
+        if (filter.stopped()) {
+          r.stop_reason = StopReason::StopString;
+          r.stop_string = filter.matched();
+          stop = true;
+          break;
+        }
+      }
+    } catch (...) {
+      if (verified) session.keep_first(used);
+      throw;
     }
-    emit(filter.push(drop_healed(detok.push(id))));
-    if (!emitting) {
-      r.stop_reason = StopReason::Cancelled;
-      break;
+    if (verified) session.keep_first(used);
+    if (!first) {
+      r.tokens_in_session += verified ? used : 1;
+      r.stats.decode_tokens += used;  // a verified step's tokens after the stop were never produced
     }
-    if (filter.stopped()) {
-      r.stop_reason = StopReason::StopString;
-      r.stop_string = filter.matched();
-      break;
-    }
+    if (stop) break;
   }
   if (!r.tokens.empty()) r.stats.decode_seconds = r.stats.decode_steps > 0 ? seconds_since(decode_start) : 0.0;
   r.stats.generated_tokens = static_cast<int>(r.tokens.size());

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/engine/drafter.h"
 #include "strata/engine/session.h"
 #include "strata/sample/sampler.h"
 #include "strata/text/tokenizer.h"
@@ -26,6 +27,22 @@ enum class StopReason {
 };
 const char* stop_reason_name(StopReason reason);  // "eos", "length", "stop", "context", "cancelled"
 
+// Speculative decoding: after each sampled token the drafter proposes up to draft_max tokens, the
+// target runs the token and the proposal in one pending forward, and verification keeps the drafts the
+// target agrees with plus one token of its own (sample/speculative.h). Greedy output is token for token
+// what plain decoding gives; sampled output has the same distribution. Off under a token constraint
+// (GenerationStats::spec_off says so).
+struct SpeculativeParams {
+  Drafter* drafter = nullptr;  // nullptr: no speculation
+  int draft_max = 16;          // >= 1; also clamped to the context and max_new_tokens left
+  int draft_min = 0;           // >= 0, <= draft_max: a shorter proposal runs a plain step instead
+  // The tokens the session held before this call's prompt (a chat's earlier turns), which the drafter
+  // sees before the prompt; nullptr: the drafter's history starts with the prompt.
+  const std::vector<int32_t>* preceding = nullptr;
+};
+// Throws strata::Error naming the field when a value is out of range.
+void validate_speculative_params(const SpeculativeParams& spec);
+
 struct GenerationParams {
   int max_new_tokens = 128;                // >= 0
   std::vector<std::string> stop_strings;   // empty strings are ignored
@@ -34,6 +51,7 @@ struct GenerationParams {
   // Token healing: bytes the caller cut from the end of the prompt (see heal_prompt_end). The first
   // sampled token must start with them, and they are not emitted again (they were the user's text).
   std::string healed_prefix;
+  SpeculativeParams spec;
 };
 
 // Token healing for raw completions. A prompt that ends inside what the tokenizer would merge with
@@ -50,10 +68,20 @@ struct GenerationStats {
   double prefill_seconds = 0;   // the prompt's forward pass
   double decode_seconds = 0;    // every later forward pass, with sampling and detokenizing
   double ttft_seconds = 0;      // call start -> first token sampled (0 when none was)
-  int decode_steps = 0;         // single-token forward passes timed by decode_seconds
+  int decode_steps = 0;         // forward passes timed by decode_seconds (plain steps and verifications)
+  int decode_tokens = 0;        // tokens those passes produced (decode_steps without speculation)
+  // Speculative decoding (GenerationParams::spec).
+  int spec_steps = 0;       // verification passes (each: the last token and its drafts)
+  int drafted_tokens = 0;   // drafted tokens verified
+  int accepted_tokens = 0;  // of those, the ones the target agreed with
+  std::string drafter;      // the drafter's name while speculation ran ("" without)
+  std::string spec_off;     // why a drafter was given but not used ("" when it was, or none was given)
 
   double prompt_tokens_per_second() const;  // 0 when nothing was timed
   double decode_tokens_per_second() const;
+  double acceptance_rate() const;  // accepted / drafted, 0 when nothing was drafted
+  // Tokens per verification pass: accepted drafts + the target's own one; 0 without verifications.
+  double tokens_per_spec_step() const;
 };
 
 struct GenerationResult {

@@ -64,7 +64,92 @@ int32_t Sampler::sample(float* logits, int32_t n_vocab, const std::vector<int32_
   return id;
 }
 
+double TokenDistribution::prob(int32_t id) const {
+  const auto it = std::lower_bound(ids.begin(), ids.end(), id);
+  if (it == ids.end() || *it != id || total <= 0) return 0.0;
+  return weights[static_cast<size_t>(it - ids.begin())] / total;
+}
+
+void TokenDistribution::set_one_hot(int32_t id) {
+  ids.assign(1, id);
+  weights.assign(1, 1.0);
+  total = 1.0;
+}
+
+void Sampler::distribution(float* logits, int32_t n_vocab, const std::vector<int32_t>& history,
+                           TokenDistribution& out) {
+  if (n_vocab <= 0) fail("sampler: empty vocabulary");
+  if (constraint_) fail("sampler: no per-position distribution under a token constraint");
+  double total = 0;
+  const int32_t greedy = prepare(logits, n_vocab, history, &total);
+  if (greedy >= 0) {
+    out.set_one_hot(greedy);
+    return;
+  }
+  out.ids.clear();
+  out.weights.clear();
+  out.total = 0;
+  // Summed in id order, as the draw walks them.
+  auto add = [&out](int32_t id, double w) {
+    if (w <= 0) return;
+    out.ids.push_back(id);
+    out.weights.push_back(w);
+    out.total += w;
+  };
+  if (candidates_.size() <= 4096) {
+    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    for (const Candidate& c : candidates_) add(c.id, probs_[c.id]);
+  } else {  // many candidates: walk the vocabulary in id order instead of sorting them
+    weights_.assign(static_cast<size_t>(n_vocab), 0.0);
+    for (const Candidate& c : candidates_) weights_[c.id] = probs_[c.id];
+    for (int32_t t = 0; t < n_vocab; ++t) add(t, weights_[t]);
+  }
+  if (out.ids.empty()) fail("sampler: no token has a finite logit (all banned or NaN)");
+}
+
+int32_t Sampler::draw(const TokenDistribution& d) {
+  if (d.ids.empty() || d.ids.size() != d.weights.size()) fail("sampler: draw from an empty distribution");
+  if (d.ids.size() == 1) return d.ids[0];
+  const double u = uniform() * d.total;
+  double acc = 0;
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    acc += d.weights[i];
+    if (u < acc) return d.ids[i];
+  }
+  return d.ids.back();  // u landed on the rounding slack at the very end
+}
+
 int32_t Sampler::pick(float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
+  double total = 0;
+  const int32_t greedy = prepare(logits, n_vocab, history, &total);
+  if (greedy >= 0) return greedy;
+  const size_t n = candidates_.size();
+
+  // Draw: walk the candidates in a fixed order (by id) so the result depends only on the seed.
+  const double u = uniform() * total;
+  double acc = 0;
+  if (n <= 4096) {
+    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    for (size_t i = 0; i < n; ++i) {
+      acc += probs_[candidates_[i].id];
+      if (u < acc) return candidates_[i].id;
+    }
+    return candidates_[n - 1].id;
+  }
+  // Many candidates: walk the whole vocabulary in id order instead of sorting them.
+  weights_.assign(static_cast<size_t>(n_vocab), 0.0);
+  for (size_t i = 0; i < n; ++i) weights_[candidates_[i].id] = probs_[candidates_[i].id];
+  int32_t last = -1;
+  for (int32_t t = 0; t < n_vocab; ++t) {
+    if (weights_[t] == 0) continue;
+    acc += weights_[t];
+    last = t;
+    if (u < acc) return t;
+  }
+  return last;  // u landed on the rounding slack at the very end
+}
+
+int32_t Sampler::prepare(float* logits, int32_t n_vocab, const std::vector<int32_t>& history, double* total_out) {
   for (const auto& [id, bias] : params_.logit_bias) {
     if (id >= n_vocab) fail("sampler: logit_bias names token ", id, " outside the vocabulary of ", n_vocab);
     logits[id] += bias;
@@ -178,28 +263,8 @@ int32_t Sampler::pick(float* logits, int32_t n_vocab, const std::vector<int32_t>
     candidates_.resize(n);
   }
 
-  // Draw: walk the candidates in a fixed order (by id) so the result depends only on the seed.
-  const double u = uniform() * total;
-  double acc = 0;
-  if (n <= 4096) {
-    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
-    for (size_t i = 0; i < n; ++i) {
-      acc += probs_[candidates_[i].id];
-      if (u < acc) return candidates_[i].id;
-    }
-    return candidates_[n - 1].id;
-  }
-  // Many candidates: walk the whole vocabulary in id order instead of sorting them.
-  weights_.assign(static_cast<size_t>(n_vocab), 0.0);
-  for (size_t i = 0; i < n; ++i) weights_[candidates_[i].id] = probs_[candidates_[i].id];
-  int32_t last = -1;
-  for (int32_t t = 0; t < n_vocab; ++t) {
-    if (weights_[t] == 0) continue;
-    acc += weights_[t];
-    last = t;
-    if (u < acc) return t;
-  }
-  return last;  // u landed on the rounding slack at the very end
+  *total_out = total;
+  return -1;
 }
 
 }  // namespace strata

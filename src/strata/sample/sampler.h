@@ -28,6 +28,17 @@ struct SamplerParams {
 // Throws strata::Error naming the parameter when a value is out of range.
 void validate_sampler_params(const SamplerParams& params);
 
+// A distribution over token ids with finite support: weights relative to `total` (unnormalised, so a
+// draw walks exactly the sums a plain sample() walks). ids ascending, every weight > 0.
+struct TokenDistribution {
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+  double total = 0;
+
+  double prob(int32_t id) const;  // weight / total; 0 outside the support
+  void set_one_hot(int32_t id);
+};
+
 // A rule on which tokens may come next (a grammar: grammar/token_mask.h). The sampler asks it to ban
 // the tokens it does not allow (their logits become -inf, the others are untouched, so the model's
 // relative probabilities among the allowed tokens stay as they were) and tells it the token picked.
@@ -50,6 +61,15 @@ class Sampler {
 
   const SamplerParams& params() const { return params_; }
 
+  // The distribution sample() draws from on these logits (bias and penalties applied in place, then
+  // temperature, top-k, top-p, min-p; one-hot at the arg-max when greedy), for speculative
+  // verification. Draws nothing from the seeded stream. Fails while constrained(): a constraint
+  // advances with every pick, which a distribution of one position cannot express.
+  void distribution(float* logits, int32_t n_vocab, const std::vector<int32_t>& history, TokenDistribution& out);
+  // A token drawn from `d` with the seeded stream (walking ids in ascending order, as sample() does); a
+  // one-token support returns that token without drawing. Fails on an empty distribution.
+  int32_t draw(const TokenDistribution& d);
+
   // While set, every sample() masks the logits with *constraint first and tells it the pick. The
   // caller owns it. A backend that picks on its device must not do so while constrained().
   void set_constraint(TokenConstraint* constraint) { constraint_ = constraint; }
@@ -62,6 +82,9 @@ class Sampler {
  private:
   double uniform();  // [0, 1) from 53 random bits: the same sequence everywhere for a given seed
   int32_t pick(float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
+  // Bias and penalties, then greedy's arg-max (returned) or, when sampling, the kept candidates_
+  // with their weights in probs_ and the sum in *total (returns -1).
+  int32_t prepare(float* logits, int32_t n_vocab, const std::vector<int32_t>& history, double* total);
 
   TokenConstraint* constraint_ = nullptr;
 

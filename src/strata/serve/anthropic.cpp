@@ -182,6 +182,7 @@ OrderedJson usage(const JobOutcome& o) {
   u["cache_creation_input_tokens"] = 0;
   u["cache_read_input_tokens"] = o.cached_tokens;
   u["output_tokens"] = o.completion_tokens;
+  add_speculative_usage(u, o);
   return u;
 }
 
@@ -303,7 +304,8 @@ ChatRequest parse_anthropic_request(const std::string& body, int64_t n_vocab, bo
       r.gen.sampler.temperature = static_cast<float>(get_number(value, key, 0.0, 1.0));
     } else if (key == "metadata") {
       get_object(value, key);
-    } else if (key == "max_tokens" || key == "top_p" || key == "top_k" || key == "stream" || key == "service_tier") {
+    } else if (key == "max_tokens" || key == "top_p" || key == "top_k" || key == "stream" || key == "service_tier" ||
+               key == "speculative") {
       parse_generation_field(key, value, r.gen, n_vocab, max_tokens, unused);
     } else {
       unknown_field(key);

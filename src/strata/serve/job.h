@@ -26,6 +26,11 @@ struct JobOutcome {
   int completion_tokens = 0;  // tokens sampled, an end-of-turn token included
   std::string error;          // Failed / Rejected: why
   std::string stop_string;    // StopString: the stop string that ended it
+  // Speculative decoding: the drafter that ran ("" when the request did not speculate), the tokens it
+  // drafted and of those the ones verification accepted.
+  std::string drafter;
+  int drafted_tokens = 0;
+  int accepted_tokens = 0;
 };
 
 class Job {

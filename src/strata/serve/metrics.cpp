@@ -10,16 +10,16 @@ void Metrics::count_request(const std::string& route, int status) {
 }
 
 void Metrics::add_generation(int prefill_tokens, double prefill_seconds, int cached_tokens, int decode_tokens,
-                             int decode_steps, double decode_seconds) {
+                             int decoded_tokens, double decode_seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
   prompt_tokens_ += static_cast<uint64_t>(prefill_tokens);
   cached_tokens_ += static_cast<uint64_t>(cached_tokens);
   completion_tokens_ += static_cast<uint64_t>(decode_tokens);
-  decode_steps_ += static_cast<uint64_t>(decode_steps);
+  decoded_tokens_ += static_cast<uint64_t>(decoded_tokens);
   prefill_seconds_ += prefill_seconds;
   decode_seconds_ += decode_seconds;
   if (prefill_seconds > 0) prefill_rate_ = prefill_tokens / prefill_seconds;
-  if (decode_seconds > 0) decode_rate_ = decode_steps / decode_seconds;
+  if (decode_seconds > 0) decode_rate_ = decoded_tokens / decode_seconds;
 }
 
 namespace {

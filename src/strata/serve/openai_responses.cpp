@@ -181,6 +181,7 @@ OrderedJson usage(const JobOutcome& o) {
   u["input_tokens_details"] = {{"cached_tokens", o.cached_tokens}};
   u["output_tokens"] = o.completion_tokens;
   u["total_tokens"] = o.prompt_tokens + o.completion_tokens;
+  add_speculative_usage(u, o);
   return u;
 }
 
@@ -346,7 +347,7 @@ ResponsesRequest parse_responses_request(const std::string& body, int64_t n_voca
     } else if (key == "store") {
       get_bool(value, key);  // accepted; nothing is stored either way
     } else if (key == "temperature" || key == "top_p" || key == "stream" || key == "metadata" || key == "user" ||
-               key == "service_tier" || key == "stream_options") {
+               key == "service_tier" || key == "stream_options" || key == "speculative") {
       parse_generation_field(key, value, r.gen, n_vocab, unused, unused);
     } else {
       unknown_field(key);

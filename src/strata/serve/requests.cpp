@@ -234,6 +234,8 @@ bool parse_generation_field(const std::string& key, const OrderedJson& value, Re
     gen.stop = parse_stop(value);
   } else if (key == "stream") {
     gen.stream = get_bool(value, key);
+  } else if (key == "speculative") {
+    gen.speculative = get_bool(value, key);
   } else if (key == "stream_options") {
     for (const auto& [k, v] : get_object(value, key).items()) {
       if (k == "include_usage") gen.include_usage = get_bool(v, "stream_options.include_usage");

@@ -24,6 +24,9 @@ struct RequestParams {
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage
   std::shared_ptr<const grammar::Grammar> grammar;  // structured output: the answer is decoded under it
+  // "speculative" (a strata extension): false turns the server's speculative decoding (serve --spec)
+  // off for this request; true asks for it (400 when the server has none); unset: the server's choice.
+  std::optional<bool> speculative;
 };
 
 enum class ToolChoice { None, Auto, Required, Named };

@@ -27,7 +27,18 @@ OrderedJson usage_json(const JobOutcome& o) {
   u["completion_tokens"] = o.completion_tokens;
   u["total_tokens"] = o.prompt_tokens + o.completion_tokens;
   u["prompt_tokens_details"] = {{"cached_tokens", o.cached_tokens}};
+  // OpenAI's names for predicted-output tokens the model confirmed or not: the same count for drafts.
+  if (!o.drafter.empty())
+    u["completion_tokens_details"] = {{"accepted_prediction_tokens", o.accepted_tokens},
+                                      {"rejected_prediction_tokens", o.drafted_tokens - o.accepted_tokens}};
+  add_speculative_usage(u, o);
   return u;
+}
+
+void add_speculative_usage(OrderedJson& usage, const JobOutcome& o) {
+  if (o.drafter.empty()) return;
+  usage["speculative"] = {
+      {"drafter", o.drafter}, {"drafted_tokens", o.drafted_tokens}, {"accepted_tokens", o.accepted_tokens}};
 }
 
 OrderedJson tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {

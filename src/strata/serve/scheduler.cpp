@@ -28,6 +28,16 @@ bool uses_penalties(const SamplerParams& s) {
   return s.presence_penalty != 0 || s.frequency_penalty != 0 || s.repetition_penalty != 1;
 }
 
+// The outcome of a job that never ran.
+JobOutcome unserved(JobOutcome::Kind kind, int prompt_tokens, const char* error) {
+  JobOutcome o;
+  o.kind = kind;
+  o.stop_reason = StopReason::Cancelled;
+  o.prompt_tokens = prompt_tokens;
+  o.error = error;
+  return o;
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerConfig config, Metrics& metrics)
@@ -36,9 +46,12 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerCo
   if (config_.queue_limit < 0) fail("--queue must be >= 0, got ", config_.queue_limit);
   if (config_.ctx < 2) fail("--ctx must be >= 2, got ", config_.ctx);
   slots_.resize(static_cast<size_t>(config_.slots));
-  for (Slot& s : slots_)
+  if (config_.make_drafter) validate_speculative_params(config_.spec);
+  for (Slot& s : slots_) {
     s.session = config_.make_sequence ? config_.make_sequence(model_, config_.ctx)
                                       : std::unique_ptr<Sequence>(std::make_unique<Session>(model_, config_.ctx));
+    if (config_.make_drafter) s.drafter = config_.make_drafter(config_.ctx);
+  }
   if (config_.cache_bytes > 0) {
     if (!slots_.front().session->can_save_state())
       fail("the prompt cache (--cache-ram) needs sequences that can save their state, which this backend's cannot; "
@@ -68,7 +81,7 @@ Scheduler::~Scheduler() {
     std::lock_guard<std::mutex> lock(mutex_);
     exiting_ = true;
     accepting_ = false;
-    for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down", ""});
+    for (auto& job : queue_) job->finish(unserved(JobOutcome::Kind::Rejected, 0, "the server is shutting down"));
     queue_.clear();
     for (Slot& s : slots_)
       if (s.running) s.running->cancel();
@@ -83,7 +96,7 @@ void Scheduler::drop_cancelled_locked() {
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled()) {
       metrics_.count_cancelled();
-      (*it)->finish({JobOutcome::Kind::Cancelled, StopReason::Cancelled, static_cast<int>((*it)->prompt().size()), 0, 0, "", ""});
+      (*it)->finish(unserved(JobOutcome::Kind::Cancelled, static_cast<int>((*it)->prompt().size()), ""));
       it = queue_.erase(it);
     } else {
       ++it;
@@ -128,7 +141,7 @@ bool Scheduler::wait_for_slot(const std::shared_ptr<Job>& job, std::chrono::stea
 void Scheduler::stop_accepting() {
   std::lock_guard<std::mutex> lock(mutex_);
   accepting_ = false;
-  for (auto& job : queue_) job->finish({JobOutcome::Kind::Rejected, StopReason::Cancelled, 0, 0, 0, "the server is shutting down", ""});
+  for (auto& job : queue_) job->finish(unserved(JobOutcome::Kind::Rejected, 0, "the server is shutting down"));
   queue_.clear();
 }
 
@@ -260,6 +273,14 @@ void Scheduler::run(Slot& slot, Job& job) {
     gp.stop_strings = p.stop;
     gp.cancel = &job.cancel_flag();
     gp.skip_special = true;
+    // The drafter sees what the session holds before the suffix too (a chat's earlier turns): a
+    // lookup finds more there, and a draft model's sequence follows the same text.
+    const std::vector<int32_t> preceding(prompt.begin(), prompt.end() - static_cast<std::ptrdiff_t>(suffix.size()));
+    if (slot.drafter && p.speculative.value_or(true)) {
+      gp.spec = config_.spec;
+      gp.spec.drafter = slot.drafter.get();
+      gp.spec.preceding = &preceding;
+    }
     const GenerationResult r = generate(session, tokenizer_, sampler, suffix, gp, [&](std::string_view piece) {
       job.push_text(piece);
       flush_routes(slot, false);
@@ -272,11 +293,14 @@ void Scheduler::run(Slot& slot, Job& job) {
     out.stop_reason = r.stop_reason;
     out.stop_string = r.stop_string;
     out.completion_tokens = static_cast<int>(r.tokens.size());
+    out.drafter = r.stats.drafter;
+    out.drafted_tokens = r.stats.drafted_tokens;
+    out.accepted_tokens = r.stats.accepted_tokens;
     out.kind = r.stop_reason == StopReason::Cancelled ? JobOutcome::Kind::Cancelled : JobOutcome::Kind::Finished;
     if (out.kind == JobOutcome::Kind::Cancelled) metrics_.count_cancelled();
     metrics_.add_generation(r.stats.prompt_tokens + prefilled, r.stats.prefill_seconds + prefill_seconds,
                             out.cached_tokens, out.completion_tokens,
-                            r.stats.decode_steps, r.stats.decode_seconds);
+                            r.stats.decode_tokens, r.stats.decode_seconds);
   } catch (const std::exception& e) {
     // The session may be half-updated: start the slot over.
     session.reset();

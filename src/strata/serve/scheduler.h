@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "strata/engine/drafter.h"
+#include "strata/engine/generate.h"
 #include "strata/engine/model.h"
 #include "strata/engine/prompt_cache.h"
 #include "strata/engine/routing_counts.h"
@@ -55,6 +57,11 @@ struct SchedulerConfig {
   // forwards); the text it returns (Prometheus lines about the backend the slots share, such as the
   // hybrid MoE's counters) replaces the previous one and is shown on /metrics (sequence_metrics()).
   std::function<std::string(const Sequence&)> sequence_metrics;
+  // serve --spec: makes each slot's drafter (its own state; called once per slot, after its sequence);
+  // every request speculates with it unless it says "speculative": false. spec: draft lengths (its
+  // drafter is the slot's). Empty: no speculation.
+  std::function<std::unique_ptr<Drafter>(int ctx)> make_drafter;
+  SpeculativeParams spec;
 };
 
 class Scheduler {
@@ -87,6 +94,7 @@ class Scheduler {
  private:
   struct Slot {
     std::unique_ptr<Sequence> session;
+    std::unique_ptr<Drafter> drafter;  // serve --spec; null without
     std::vector<int32_t> held;  // the tokens the session holds
     std::shared_ptr<Job> running;
     RoutingCounts routes;          // counted since the last flush

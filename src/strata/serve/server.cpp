@@ -257,6 +257,10 @@ void ApiServer::load() {
     if (opt_.make_route_recorder) sc.record_routes = opt_.make_route_recorder(*model_);
     if (opt_.make_routing_trace) sc.trace = opt_.make_routing_trace(*model_);
     sc.sequence_metrics = opt_.sequence_metrics;
+    if (opt_.make_drafter) {
+      sc.make_drafter = [this](int ctx) { return opt_.make_drafter(*model_, ctx, static_cast<int32_t>(n_vocab_)); };
+      sc.spec = opt_.spec;
+    }
     const ModelConfig& mc = model_->config();
     experts_.reset(mc.n_layer, mc.n_expert, mc.n_expert_used);
     sc.live_routes = [this](const RoutingCounts& c) { experts_.add(c); };
@@ -324,6 +328,8 @@ void ApiServer::check_context(size_t prompt_tokens) const {
 }
 
 std::shared_ptr<Job> ApiServer::admit(std::vector<int32_t> prompt, const RequestParams& params) {
+  if (params.speculative.value_or(false) && !opt_.make_drafter)
+    bad_request("speculative", "'speculative': true needs a server started with --spec or -md/--model-draft");
   auto job = std::make_shared<Job>(std::move(prompt), params);
   switch (scheduler_->submit(job)) {
     case Scheduler::Admission::Accepted: {

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "strata/engine/drafter.h"
+#include "strata/engine/generate.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/sequence.h"
 #include "strata/serve/expert_stats.h"
@@ -57,6 +59,11 @@ struct ServeOptions {
   // Where every routed expert lives and the VRAM receipt, for the experts view and /metrics; called
   // once after the slots' sequences are made. Empty or nullopt: the CPU backend (routing only).
   std::function<std::optional<ExpertPlacement>()> expert_placement;
+  // serve --spec: makes each slot's drafter for the loaded model (ids from n_allowed on are never
+  // drafted); spec: the draft lengths. Every request speculates unless it sends "speculative": false.
+  // Empty: no speculation ("speculative": true is then refused).
+  std::function<std::unique_ptr<Drafter>(const Model& target, int ctx, int32_t n_allowed)> make_drafter;
+  SpeculativeParams spec;
 };
 
 // Every serve option checked in one place (throws strata::Error naming the flag).

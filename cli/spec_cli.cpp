@@ -1,0 +1,24 @@
+#include "cli/spec_cli.h"
+
+#include <cstdio>
+
+namespace strata::cli {
+
+void add_spec_options(CLI::App& sub, SpecOptions& o) {
+  sub.add_option("--spec", o.spec,
+                 "speculative decoding: ngram (prompt lookup), draft (with -md) or draft:FILE (a draft model with "
+                 "the same vocabulary); output is what decoding without it gives");
+  sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
+  sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 16)");
+  sub.add_option("--draft-min", o.draft_min, "fewer drafted tokens than this run a plain step (default 0)");
+  sub.add_option("--spec-ngram-min", o.ngram.min_n, "--spec ngram: shortest n-gram looked up (default 2)");
+  sub.add_option("--spec-ngram-max", o.ngram.max_n, "--spec ngram: longest n-gram looked up (default 4)");
+}
+
+std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed) {
+  if (choice.kind == SpecKind::DraftModel) std::fprintf(stderr, "draft model: %s (cpu)\n", choice.draft_path.c_str());
+  return make_drafter(choice, o, target, max_ctx, sampling, n_allowed);
+}
+
+}  // namespace strata::cli

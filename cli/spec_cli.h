@@ -1,0 +1,23 @@
+// Speculative decoding on the command line (run, chat, bench): --spec ngram|draft|draft:FILE,
+// -md/--model-draft FILE (llama.cpp's spelling; implies --spec draft), --draft-max/--draft N,
+// --draft-min N, --spec-ngram-min/--spec-ngram-max N. Checked by strata::check_spec_options.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "strata/engine/generate.h"
+#include "strata/spec/spec_options.h"
+
+namespace strata::cli {
+
+void add_spec_options(CLI::App& sub, SpecOptions& o);
+
+// The drafter `choice` (check_spec_options(o)) names for a command's target (nullptr: none); with a
+// draft model, says on stderr which file drafts. The draft model runs on the CPU.
+std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed);
+
+}  // namespace strata::cli

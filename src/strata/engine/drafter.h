@@ -1,0 +1,43 @@
+// What speculative decoding drafts with: given the tokens so far, propose tokens the target model is
+// likely to produce next. The generation loop (engine/generate.h) runs the proposal through the target
+// in one pending forward (Sequence::forward_pending) and keeps what verification accepts, so the output
+// is what the target alone would produce (greedy: token for token; sampled: in distribution). The
+// drafters themselves live in the spec module (spec/ngram_drafter.h, spec/draft_model.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/sample/sampler.h"
+
+namespace strata {
+
+// A proposal: a chain (parents empty) or, for tree drafters, a token tree in the shape
+// Sequence::forward_pending takes (parents[t] < t, -1 for a child of the last token). The generation
+// loop verifies chains; a tree is refused until tree verification exists.
+struct Draft {
+  std::vector<int32_t> tokens;
+  std::vector<int> parents;
+  // q[t]: the distribution tokens[t] was drawn from. Empty: the drafter is deterministic (q one-hot at
+  // each token), as a lookup or a greedy draft model is.
+  std::vector<TokenDistribution> q;
+
+  void clear() {
+    tokens.clear();
+    parents.clear();
+    q.clear();
+  }
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string name() const = 0;  // "ngram", "draft" (the stats and the bench say which)
+  // Proposes at most max_tokens (>= 1) tokens to follow `history`: the tokens of this generation so
+  // far (prompt, then every token sampled, the last one included). May propose none. A history that
+  // does not extend the previous call's is a new text: the drafter starts over.
+  virtual void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,70 @@
+#include "strata/spec/spec_options.h"
+
+#include "strata/base/error.h"
+#include "strata/engine/session.h"
+#include "strata/spec/draft_model.h"
+
+namespace strata {
+
+SpecChoice check_spec_options(const SpecOptions& o) {
+  SpecChoice c;
+  const std::string& s = o.spec;
+  if (s.empty()) {
+    if (!o.draft_model.empty()) c.kind = SpecKind::DraftModel, c.draft_path = o.draft_model;
+  } else if (s == "ngram") {
+    if (!o.draft_model.empty()) fail("--spec ngram drafts without a model: drop -md/--model-draft, or use --spec draft");
+    c.kind = SpecKind::Ngram;
+  } else if (s == "draft" || s.rfind("draft:", 0) == 0) {
+    c.kind = SpecKind::DraftModel;
+    c.draft_path = s == "draft" ? o.draft_model : s.substr(6);
+    if (s != "draft" && !o.draft_model.empty()) fail("give the draft model once: --spec draft:FILE or -md/--model-draft FILE");
+    if (c.draft_path.empty()) fail("--spec draft needs the draft model: --spec draft:FILE or -md/--model-draft FILE");
+  } else if (s == "mtp" || s == "dflash") {
+    fail("--spec ", s, ": not implemented yet (available: ngram, draft:FILE)");
+  } else {
+    fail("--spec ", s, ": unknown drafter (available: ngram, draft, draft:FILE)");
+  }
+  c.params.draft_max = o.draft_max;
+  c.params.draft_min = o.draft_min;
+  validate_speculative_params(c.params);
+  if (c.kind == SpecKind::Ngram) validate_ngram_params(o.ngram);
+  return c;
+}
+
+SamplerParams draft_sampling(const SamplerParams& target) {
+  SamplerParams ds;
+  ds.temperature = target.temperature;
+  ds.top_k = target.top_k;
+  ds.top_p = target.top_p;
+  ds.min_p = target.min_p;
+  ds.logit_bias = target.logit_bias;
+  // A stream of its own, so the target's draws are the target's alone.
+  if (target.seed) ds.seed = *target.seed ^ 0x9e3779b97f4a7c15ull;
+  return ds;
+}
+
+DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                               DraftSequenceMaker make_sequence)
+    : kind_(choice.kind), ngram_(o.ngram), make_sequence_(std::move(make_sequence)) {
+  if (kind_ != SpecKind::DraftModel) return;
+  draft_ = Model::load(choice.draft_path);
+  check_draft_vocabulary(target, *draft_);
+}
+
+std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& sampling, int32_t n_allowed) const {
+  switch (kind_) {
+    case SpecKind::None: return nullptr;
+    case SpecKind::Ngram: return std::make_unique<NgramDrafter>(ngram_);
+    case SpecKind::DraftModel: break;
+  }
+  std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);
+  return std::make_unique<DraftModelDrafter>(std::move(seq), draft_sampling(sampling), n_allowed, draft_);
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target, int max_ctx,
+                                      const SamplerParams& sampling, int32_t n_allowed,
+                                      const DraftSequenceMaker& make_sequence) {
+  return DrafterFactory(choice, o, target, make_sequence).make(max_ctx, sampling, n_allowed);
+}
+
+}  // namespace strata

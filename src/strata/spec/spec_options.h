@@ -1,0 +1,73 @@
+// The speculative-decoding options every command takes (--spec, -md/--model-draft, --draft-max,
+// --draft-min, --spec-ngram-min/-max), checked in one place and turned into a drafter.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "strata/engine/drafter.h"
+#include "strata/engine/generate.h"
+#include "strata/engine/model.h"
+#include "strata/engine/sequence.h"
+#include "strata/sample/sampler.h"
+#include "strata/spec/ngram_drafter.h"
+
+namespace strata {
+
+struct SpecOptions {
+  std::string spec;         // "" (none unless a draft model is given), "ngram", "draft" or "draft:FILE"
+  std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
+  int draft_max = 16;
+  int draft_min = 0;
+  NgramParams ngram;
+};
+
+enum class SpecKind { None, Ngram, DraftModel };
+
+struct SpecChoice {
+  SpecKind kind = SpecKind::None;
+  std::string draft_path;  // DraftModel: the draft GGUF
+  SpeculativeParams params;  // drafter unset: the caller makes it (make_drafter)
+};
+
+// Validates the options together (kind, draft model given once and only for a draft, lengths) and
+// says what they choose; throws strata::Error naming the flag.
+SpecChoice check_spec_options(const SpecOptions& o);
+
+// How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
+// logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
+SamplerParams draft_sampling(const SamplerParams& target);
+
+// Makes the draft model's sequence of max_ctx tokens (a command's backend factory); empty: a CPU Session.
+using DraftSequenceMaker = std::function<std::unique_ptr<Sequence>(const Model& draft, int max_ctx)>;
+
+// Drafters for several sequences of one target (serve's slots): a draft model is loaded and its
+// vocabulary checked once (check_draft_vocabulary), then shared; each drafter made has a sequence and
+// state of its own.
+class DrafterFactory {
+ public:
+  DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
+                 DraftSequenceMaker make_sequence = {});
+  // A drafter for sequences of max_ctx tokens (nullptr for SpecKind::None); sampling and n_allowed as
+  // make_drafter's.
+  std::unique_ptr<Drafter> make(int max_ctx, const SamplerParams& sampling, int32_t n_allowed) const;
+  const Model* draft_model() const { return draft_.get(); }  // null unless a draft model drafts
+
+ private:
+  SpecKind kind_;
+  NgramParams ngram_;
+  std::shared_ptr<const Model> draft_;
+  DraftSequenceMaker make_sequence_;
+};
+
+// The drafter `choice` names for `target` (nullptr for SpecKind::None). A draft model is loaded,
+// its vocabulary checked against the target's (check_draft_vocabulary), and drafts like `sampling`
+// (greedy when the target is greedy; else with its temperature and truncation, its own seed stream;
+// with its logit bias either way).
+// n_allowed: ids from here on are never drafted (the target's tokenizer ends there).
+std::unique_ptr<Drafter> make_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target, int max_ctx,
+                                      const SamplerParams& sampling, int32_t n_allowed,
+                                      const DraftSequenceMaker& make_sequence = {});
+
+}  // namespace strata

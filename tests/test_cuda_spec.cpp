@@ -1,0 +1,201 @@
+// Speculative decoding on the GPU: greedy generation with a drafter is token for token what the same GPU
+// sessions give without one (tests/spec_lossless.h), all-GPU and hybrid (most experts cold), on the
+// bundled model and the qwen3_5_moe (DeltaNet) and laguna_swa (sliding window) fixtures, with n-gram
+// lookup, scripted drafts (rejections at every depth) and draft models on the CPU and on the GPU.
+// Two ways to run the target: prompts and verifications token by token through the decode step, where
+// a verification computes exactly what plain decode steps compute (the final state is compared bit for
+// bit); and through the batched prefill in exact math, where a verification's logits come from the
+// prefill's GEMMs (close to the decode step's, not bit-equal: the tokens are compared).
+// Skips where CUDA is not built or no GPU exists.
+#include <gtest/gtest.h>
+
+#ifndef STRATA_HAVE_CUDA
+TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA undefined)"; }
+#else
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_models.h"
+#include "spec_lossless.h"
+#include "strata/cuda/gpu_model.h"
+#include "strata/cuda/gpu_session.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/spec/draft_model.h"
+#include "strata/spec/ngram_drafter.h"
+#include "strata/spec/spec_options.h"
+#include "strata/text/tokenizer.h"
+#include "strata/text/vocab.h"
+#include "text_model_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sc = strata::cuda;
+using namespace strata;
+using spec_test::expect_accepts_and_rejects;
+using spec_test::greedy_no_end;
+using spec_test::load;
+using spec_test::Loaded;
+using SlotMap = std::vector<std::vector<int>>;
+
+const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf").string();
+
+std::string tmp_path(const std::string& name) { return (cuda_test::tmp_dir() / (name + ".gguf")).string(); }
+
+// A third of each MoE layer's experts hot (slots in ascending id), the rest cold; dense layers: empty rows.
+SlotMap third_hot(const Model& m) {
+  const auto& c = m.config();
+  SlotMap s(static_cast<size_t>(c.n_layer), std::vector<int>(static_cast<size_t>(c.n_expert), -1));
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.layer(l).ffn != FfnKind::Moe) {
+      s[static_cast<size_t>(l)].clear();
+      continue;
+    }
+    int next = 0;
+    for (int e = 0; e < c.n_expert; ++e)
+      if ((e + l) % 3 == 0) s[static_cast<size_t>(l)][static_cast<size_t>(e)] = next++;
+  }
+  return s;
+}
+
+// How the target runs: decode-step prompts and verifications (exact: bit-equal state) or the batched
+// prefill in exact math; all experts on the GPU or a third of them.
+struct Backend {
+  std::string name;
+  bool hybrid = false;
+  bool batched_prefill = false;
+};
+
+std::shared_ptr<sc::GpuModel> gpu_model(const Model& m, const Backend& b) {
+  sc::GpuSessionOptions o;
+  o.batched_prefill = b.batched_prefill;
+  o.prefill_math = sc::PrefillMath::Exact;
+  if (b.hybrid) {
+    o.expert_slots = third_hot(m);
+    o.cpu_threads = 2;
+  }
+  return sc::make_gpu_model(m, o);
+}
+
+spec_test::MakeSequence gpu_sequences(const std::shared_ptr<sc::GpuModel>& gm) {
+  return [gm](int ctx) -> std::unique_ptr<Sequence> { return sc::make_gpu_session(gm, ctx); };
+}
+
+// A draft model drafting greedily (the target is greedy), on the CPU or in GPU sessions over `gm`.
+spec_test::MakeDrafter cpu_draft(const Model& draft, int ctx, const SamplerParams& target) {
+  return [&draft, ctx, target]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<DraftModelDrafter>(std::make_unique<Session>(draft, ctx), draft_sampling(target),
+                                               static_cast<int32_t>(draft.config().n_vocab));
+  };
+}
+spec_test::MakeDrafter gpu_draft(const std::shared_ptr<sc::GpuModel>& gm, const Model& draft, int ctx,
+                                 const SamplerParams& target) {
+  return [gm, &draft, ctx, target]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<DraftModelDrafter>(sc::make_gpu_session(gm, ctx), draft_sampling(target),
+                                               static_cast<int32_t>(draft.config().n_vocab));
+  };
+}
+spec_test::MakeDrafter ngram(int min_n, int max_n) {
+  return [min_n, max_n]() -> std::unique_ptr<Drafter> { return std::make_unique<NgramDrafter>(NgramParams{min_n, max_n}); };
+}
+
+void add(GenerationStats& sum, const GenerationStats& s) {
+  sum.spec_steps += s.spec_steps;
+  sum.drafted_tokens += s.drafted_tokens;
+  sum.accepted_tokens += s.accepted_tokens;
+}
+
+void print(const std::string& what, const GenerationStats& s) {
+  std::printf("[cuda-spec] %s: %d/%d drafts accepted over %d verifications\n", what.c_str(), s.accepted_tokens,
+              s.drafted_tokens, s.spec_steps);
+}
+
+// Every drafter against the target on each backend. `draft` is another model of the target's
+// vocabulary (agreeing with it often, not always).
+void check_model(const Loaded& target, const Loaded& draft, const spec_test::Case& c, const std::string& label) {
+  const int32_t V = static_cast<int32_t>(target.model->config().n_vocab);
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+  const auto draft_gm = sc::make_gpu_model(*draft.model);
+  const auto self_gm = sc::make_gpu_model(*target.model);
+  for (const Backend& b : {Backend{"all-GPU decode-step", false, false}, Backend{"all-GPU prefill", false, true},
+                           Backend{"hybrid decode-step", true, false}, Backend{"hybrid prefill", true, true}}) {
+    const std::string where = label + ", " + b.name;
+    SCOPED_TRACE(where);
+    const auto gm = gpu_model(*target.model, b);
+    const auto make = gpu_sequences(gm);
+    const bool exact = !b.batched_prefill;
+    GenerationStats all;
+
+    const GenerationStats ng = spec_test::expect_lossless(make, *target.tokenizer, c, ngram(1, 4), exact, where + ", ngram");
+    print(where + ", ngram", ng);
+    EXPECT_GT(ng.accepted_tokens, 0) << where << ": n-gram lookup on a repeating prompt";
+    add(all, ng);
+
+    for (const auto& [name, make_drafter] :
+         {std::pair<std::string, spec_test::MakeDrafter>{"draft on the CPU", cpu_draft(*draft.model, ctx, c.sampling)},
+          std::pair<std::string, spec_test::MakeDrafter>{"draft on the GPU", gpu_draft(draft_gm, *draft.model, ctx, c.sampling)},
+          std::pair<std::string, spec_test::MakeDrafter>{"itself as draft on the GPU",
+                                                          gpu_draft(self_gm, *target.model, ctx, c.sampling)}}) {
+      const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, make_drafter, exact, where + ", " + name);
+      print(where + ", " + name, s);
+      EXPECT_GT(s.spec_steps, 0) << where << ", " << name;
+      add(all, s);
+    }
+
+    // Drafts right but for every k-th token: rejections at every depth of the chain.
+    const spec_test::Outcome plain = spec_test::generate_case(make, *target.tokenizer, c, nullptr);
+    for (int every : {2, 3, 5}) {
+      const std::vector<int32_t> ref = plain.result.tokens;
+      const size_t n_prompt = c.prompt.size();
+      const GenerationStats s = spec_test::expect_lossless(
+          make, *target.tokenizer, c,
+          [ref, n_prompt, every, V] { return std::make_unique<spec_test::ScriptDrafter>(n_prompt, ref, every, V); },
+          exact, where + ", scripted");
+      expect_accepts_and_rejects(s, where + ", scripted every " + std::to_string(every));
+      add(all, s);
+    }
+    expect_accepts_and_rejects(all, where + ", all drafters");
+  }
+}
+
+TEST(CudaSpec, BundledModel) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  const Loaded other = load(spec_test::perturbed_copy(kTiny, tmp_path("cuda_spec_tiny_perturbed"), 0.08));
+  spec_test::Case c;
+  c.prompt = tiny.tokenizer->encode(
+      "def area(width, height):\n    return width * height\n\n\ndef area(width, height):\n    return width * height\n\n\n"
+      "def perimeter(width, height):\n    return 2 * (width + height)\n\n\ndef");
+  c.n_new = 64;
+  c.sampling = greedy_no_end(*tiny.tokenizer, static_cast<int32_t>(tiny.model->config().n_vocab));
+  check_model(tiny, other, c, "strata-tiny");
+}
+
+void check_fixture(const std::string& name) {
+  const Loaded target = load(cuda_test::convert_fixture(name, "f32", "cuda_spec_"));
+  const Loaded other = load(spec_test::perturbed_copy(target.path, tmp_path("cuda_spec_" + name + "_perturbed"), 0.05));
+  spec_test::Case c;
+  c.prompt = spec_test::pattern_prompt();
+  c.n_new = 48;
+  c.sampling = greedy_no_end(*target.tokenizer, static_cast<int32_t>(target.model->config().n_vocab));
+  check_model(target, other, c, name);
+}
+
+TEST(CudaSpec, Qwen35DeltaNetFixture) {
+  REQUIRE_GPU();
+  check_fixture("qwen3_5_moe");
+}
+
+TEST(CudaSpec, LagunaSlidingWindowFixture) {
+  REQUIRE_GPU();
+  check_fixture("laguna_swa");
+}
+
+}  // namespace
+
+#endif  // STRATA_HAVE_CUDA

@@ -1,0 +1,613 @@
+// Speculative decoding (engine/drafter.h, spec/, sample/speculative.h): the acceptance rule reproduces
+// the target's distribution exactly; greedy generation with every drafter is token for token what
+// plain generation gives, on the bundled model and on HF fixtures with DeltaNet layers and sliding
+// windows (tests/spec_lossless.h); sampled generation keeps its distribution; the loop's limits (token
+// count, end token, stop strings, context, cancellation) cut a verified step exactly where plain
+// decoding would stop.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_runner.h"
+#include "spec_lossless.h"
+#include "strata/base/error.h"
+#include "strata/convert/converter.h"
+#include "strata/engine/generate.h"
+#include "strata/engine/model.h"
+#include "strata/engine/session.h"
+#include "strata/gguf/gguf.h"
+#include "strata/gguf/writer.h"
+#include "strata/quant/fp16.h"
+#include "strata/sample/speculative.h"
+#include "strata/spec/draft_model.h"
+#include "strata/spec/ngram_drafter.h"
+#include "strata/spec/spec_options.h"
+#include "strata/text/tokenizer.h"
+#include "strata/text/vocab.h"
+#include "text_model_fixture.h"
+
+using namespace strata;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Models this small run on one thread (the thread policy's choice under 256 MiB); OpenMP teams only
+// slow them down.
+const bool one_thread = [] {
+  omp_set_num_threads(1);
+  return true;
+}();
+
+using spec_test::expect_accepts_and_rejects;
+using spec_test::greedy_no_end;
+using spec_test::load;
+using spec_test::Loaded;
+using spec_test::kBan;
+using spec_test::pattern_prompt;
+using spec_test::ScriptDrafter;
+
+fs::path tmp_file(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test_tmp";
+  fs::create_directories(dir);
+  return dir / (name + "-" + std::to_string(::getpid()) + ".gguf");
+}
+
+// An HF fixture as an F32 GGUF without a tokenizer.
+std::string convert_fixture(const std::string& name) {
+  const std::string out = tmp_file("spec_" + name).string();
+  convert::ConvertOptions opt;
+  opt.hf_dir = std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+  opt.out_path = out;
+  opt.type = "f32";
+  convert::convert_hf_to_gguf(opt);
+  return out;
+}
+
+spec_test::MakeSequence cpu_sequences(const Model& m) {
+  return [&m](int ctx) -> std::unique_ptr<Sequence> { return std::make_unique<Session>(m, ctx); };
+}
+
+// A draft model drafting as make_drafter sets it up for a target sampling with `target`.
+spec_test::MakeDrafter draft_model(const Model& draft, int ctx, const SamplerParams& target) {
+  return [&draft, ctx, target]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<DraftModelDrafter>(std::make_unique<Session>(draft, ctx), draft_sampling(target),
+                                               static_cast<int32_t>(draft.config().n_vocab));
+  };
+}
+
+spec_test::MakeDrafter ngram(int min_n = 2, int max_n = 4) {
+  return [min_n, max_n]() -> std::unique_ptr<Drafter> { return std::make_unique<NgramDrafter>(NgramParams{min_n, max_n}); };
+}
+
+// ---- the acceptance rule ----------------------------------------------------------------------
+
+TokenDistribution dist(std::map<int32_t, double> w) {
+  TokenDistribution d;
+  for (const auto& [id, x] : w) {
+    d.ids.push_back(id);
+    d.weights.push_back(x);
+    d.total += x;
+  }
+  return d;
+}
+
+// P(out = t) of one verification: x ~ q accepted with min(1, p/q), else a draw from the residual.
+std::map<int32_t, double> exact_output(const TokenDistribution& p, const TokenDistribution* q, int32_t fixed_x) {
+  std::map<int32_t, double> out;
+  TokenDistribution r;
+  auto add_draft = [&](int32_t x, double qx_weight, double qx) {
+    const double accept = std::min(1.0, p.prob(x) / qx);
+    out[x] += qx_weight * accept;
+    residual_distribution(p, x, q, r);
+    for (size_t i = 0; i < r.ids.size(); ++i) out[r.ids[i]] += qx_weight * (1 - accept) * r.weights[i] / r.total;
+  };
+  if (q) {
+    for (size_t i = 0; i < q->ids.size(); ++i) add_draft(q->ids[i], q->prob(q->ids[i]), q->prob(q->ids[i]));
+  } else {
+    add_draft(fixed_x, 1.0, 1.0);
+  }
+  return out;
+}
+
+TEST(SpecVerify, OutputDistributionIsTheTargetsExactly) {
+  const TokenDistribution p = dist({{1, 0.5}, {2, 0.3}, {4, 0.15}, {7, 0.05}});
+  const std::vector<TokenDistribution> qs = {dist({{1, 0.2}, {2, 0.2}, {3, 0.4}, {4, 0.2}}),
+                                             dist({{7, 1.0}, {9, 3.0}}), dist({{1, 5.0}, {2, 3.0}, {4, 1.5}, {7, 0.5}})};
+  for (const TokenDistribution& q : qs) {
+    const auto got = exact_output(p, &q, -1);
+    for (const auto& [id, prob] : got) EXPECT_NEAR(prob, p.prob(id), 1e-12) << "token " << id;
+  }
+  for (int32_t x : {1, 3, 7}) {  // a deterministic drafter: x, in p's support or not
+    const auto got = exact_output(p, nullptr, x);
+    for (const auto& [id, prob] : got) EXPECT_NEAR(prob, p.prob(id), 1e-12) << "draft " << x << ", token " << id;
+  }
+}
+
+TEST(SpecVerify, SampledVerdictsFollowTheTarget) {
+  const TokenDistribution p = dist({{1, 0.5}, {2, 0.3}, {4, 0.15}, {7, 0.05}});
+  const TokenDistribution q = dist({{1, 0.1}, {2, 0.5}, {3, 0.3}, {7, 0.1}});
+  SamplerParams sp;
+  sp.seed = 11;
+  Sampler sampler(sp);
+  std::mt19937_64 rng(3);
+  TokenDistribution scratch;
+  std::map<int32_t, int> counts;
+  const int n = 200000;
+  int accepted = 0;
+  for (int i = 0; i < n; ++i) {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    int32_t x = q.ids.back();
+    double acc = 0;
+    for (size_t k = 0; k < q.ids.size(); ++k)
+      if (u < (acc += q.weights[k] / q.total)) {
+        x = q.ids[k];
+        break;
+      }
+    const DraftVerdict v = verify_draft(sampler, p, x, &q, scratch);
+    accepted += v.accepted;
+    ++counts[v.token];
+  }
+  double tv = 0;
+  for (int32_t id : {1, 2, 3, 4, 7}) tv += std::abs(counts[id] / static_cast<double>(n) - p.prob(id));
+  EXPECT_LT(tv / 2, 0.006);
+  EXPECT_EQ(counts[3], 0);  // outside p's support
+  // Acceptance probability: sum_x min(p(x), q(x)) = 0.1 + 0.3 + 0 + 0.05.
+  EXPECT_NEAR(accepted / static_cast<double>(n), 0.45, 0.006);
+}
+
+TEST(SpecVerify, GreedyKeepsExactlyTheArgmax) {
+  SamplerParams sp;
+  sp.temperature = 0;
+  Sampler sampler(sp);
+  std::vector<float> logits = {0.1f, 2.0f, 2.0f, -1.0f};
+  TokenDistribution p, scratch;
+  sampler.distribution(logits.data(), 4, {}, p);
+  ASSERT_EQ(p.ids, std::vector<int32_t>{1});  // lowest id among equals, as sample() picks
+  EXPECT_TRUE(verify_draft(sampler, p, 1, nullptr, scratch).accepted);
+  const DraftVerdict v = verify_draft(sampler, p, 2, nullptr, scratch);
+  EXPECT_FALSE(v.accepted);
+  EXPECT_EQ(v.token, 1);
+  // A drafter reporting q must give its own token probability.
+  EXPECT_THROW(verify_draft(sampler, p, 2, &p, scratch), Error);
+}
+
+TEST(SpecVerify, DistributionIsWhatSampleDrawsFrom) {
+  // Same seed: drawing from distribution() walks the same sums as sample() does.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0, 2);
+  for (int n : {50, 6000}) {
+    std::vector<float> logits(static_cast<size_t>(n));
+    for (float& x : logits) x = d(rng);
+    SamplerParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.9f;
+    sp.presence_penalty = 0.5f;
+    sp.seed = 99;
+    Sampler a(sp), b(sp);
+    const std::vector<int32_t> history = {1, 2, 3, 3};
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> la = logits, lb = logits;
+      TokenDistribution p;
+      b.distribution(lb.data(), n, history, p);
+      EXPECT_EQ(a.sample(la.data(), n, history), b.draw(p)) << "vocab " << n << ", draw " << i;
+    }
+  }
+}
+
+// ---- drafters ---------------------------------------------------------------------------------
+
+TEST(NgramDrafter, ProposesWhatFollowedTheLongestRecentMatch) {
+  NgramDrafter d(NgramParams{1, 3});
+  Draft out;
+  // "5 6 7" occurred, followed by 8 9; the later "6 7 1" match is shorter.
+  d.propose({5, 6, 7, 8, 9, 6, 7, 1, 2, 5, 6, 7}, 4, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{8, 9, 6, 7}));
+  EXPECT_TRUE(out.q.empty());
+  // The most recent occurrence wins; running into the end continues with the proposal itself.
+  d.propose({1, 2, 3, 1, 2, 4, 1, 2}, 5, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{4, 1, 2, 4, 1}));
+  d.propose({1, 2, 3}, 4, out);
+  EXPECT_TRUE(out.tokens.empty());
+  NgramDrafter two(NgramParams{2, 2});
+  two.propose({1, 2, 9, 2}, 4, out);  // a single-token match does not count
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_THROW(NgramDrafter(NgramParams{0, 2}), Error);
+  EXPECT_THROW(NgramDrafter(NgramParams{3, 2}), Error);
+}
+
+TEST(SpecOptions, CheckedInOnePlace) {
+  SpecOptions o;
+  EXPECT_EQ(check_spec_options(o).kind, SpecKind::None);
+  o.draft_model = "d.gguf";
+  SpecChoice c = check_spec_options(o);
+  EXPECT_EQ(c.kind, SpecKind::DraftModel);
+  EXPECT_EQ(c.draft_path, "d.gguf");
+  o.spec = "ngram";
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.spec = "draft:e.gguf";
+  EXPECT_THROW(check_spec_options(o), Error);  // two draft models
+  o.draft_model.clear();
+  EXPECT_EQ(check_spec_options(o).draft_path, "e.gguf");
+  o.spec = "draft";
+  EXPECT_THROW(check_spec_options(o), Error);  // no draft model
+  o.spec = "ngram";
+  o.draft_max = 0;
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.draft_max = 4;
+  o.draft_min = 5;
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.draft_min = 0;
+  o.ngram.max_n = 1;
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.ngram = {};
+  o.spec = "bogus";
+  try {
+    check_spec_options(o);
+    ADD_FAILURE() << "an unknown drafter was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ngram"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DraftModel, RefusesAnotherVocabulary) {
+  const Loaded qwen = load(convert_fixture("qwen3_5_moe"));  // 512 ids, no tokenizer
+  const Loaded laguna = load(convert_fixture("laguna"));     // 384 ids, no tokenizer
+  EXPECT_THROW(check_draft_vocabulary(*qwen.model, *laguna.model), Error);
+  EXPECT_NO_THROW(check_draft_vocabulary(*qwen.model, *qwen.model));
+  const Loaded tiny = load(std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf");
+  EXPECT_THROW(check_draft_vocabulary(*tiny.model, *qwen.model), Error);  // one tokenizer, one none
+  const Loaded text = load(testing_fixture::make_text_model("test_spec_vocab"));
+  try {
+    check_draft_vocabulary(*tiny.model, *text.model);
+    ADD_FAILURE() << "different tokenizers were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("draft model"), std::string::npos) << e.what();
+  }
+  // Through the options: the draft file is loaded and checked.
+  SpecOptions o;
+  o.spec = "draft:" + laguna.path;
+  EXPECT_THROW(make_drafter(check_spec_options(o), o, *qwen.model, 64, {}, 512), Error);
+}
+
+// ---- lossless greedy generation ---------------------------------------------------------------
+
+TEST(SpecLossless, BundledModel) {
+  const Loaded tiny = load(std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf");
+  const Loaded other = load(spec_test::perturbed_copy(tiny.path, tmp_file("spec_tiny_perturbed").string(), 0.08));
+  const int32_t V = static_cast<int32_t>(tiny.model->config().n_vocab);
+  spec_test::Case c;
+  c.prompt = tiny.tokenizer->encode(
+      "def area(width, height):\n    return width * height\n\n\ndef area(width, height):\n    return width * height\n\n\n"
+      "def perimeter(width, height):\n    return 2 * (width + height)\n\n\ndef");
+  c.n_new = 64;
+  c.sampling = greedy_no_end(*tiny.tokenizer, V);
+  const auto make = cpu_sequences(*tiny.model);
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+  expect_accepts_and_rejects(spec_test::expect_lossless(make, *tiny.tokenizer, c, ngram(), true, "tiny, ngram"), "tiny, ngram");
+  const GenerationStats self = spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*tiny.model, ctx, c.sampling), true, "tiny, self draft");
+  EXPECT_EQ(self.accepted_tokens, self.drafted_tokens) << "the model as its own draft agrees with itself";
+  EXPECT_GT(self.tokens_per_spec_step(), 4.0);
+  expect_accepts_and_rejects(
+      spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, perturbed draft"),
+      "tiny, perturbed draft");
+  // Penalties depend on the history: each verified position must see the accepted drafts before it.
+  c.sampling.frequency_penalty = 0.4f;
+  c.sampling.repetition_penalty = 1.1f;
+  spec_test::expect_lossless(make, *tiny.tokenizer, c, ngram(1, 3), true, "tiny, ngram, penalties");
+  spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, draft, penalties");
+}
+
+void check_fixture(const std::string& name, const std::string& other_name) {
+  const Loaded target = load(convert_fixture(name));
+  const Loaded other = load(convert_fixture(other_name));
+  const int32_t V = static_cast<int32_t>(target.model->config().n_vocab);
+  spec_test::Case c;
+  c.prompt = pattern_prompt();
+  c.n_new = 48;
+  c.sampling = greedy_no_end(*target.tokenizer, V);
+  const auto make = cpu_sequences(*target.model);
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+  expect_accepts_and_rejects(spec_test::expect_lossless(make, *target.tokenizer, c, ngram(1, 4), true, name + ", ngram"),
+                             name + ", ngram");
+  const GenerationStats self =
+      spec_test::expect_lossless(make, *target.tokenizer, c, draft_model(*target.model, ctx, c.sampling), true, name + ", self draft");
+  EXPECT_EQ(self.accepted_tokens, self.drafted_tokens) << name;
+  spec_test::expect_lossless(make, *target.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, name + ", " + other_name);
+  // Drafts that are right except every third token: rejections at every depth of the chain.
+  const spec_test::Outcome plain = spec_test::generate_case(make, *target.tokenizer, c, nullptr);
+  for (int every : {2, 3, 5}) {
+    const GenerationStats s = spec_test::expect_lossless(
+        make, *target.tokenizer, c,
+        [&] { return std::make_unique<ScriptDrafter>(c.prompt.size(), plain.result.tokens, every, V); }, true,
+        name + ", scripted");
+    expect_accepts_and_rejects(s, name + ", scripted");
+  }
+}
+
+TEST(SpecLossless, Qwen35DeltaNetFixture) { check_fixture("qwen3_5_moe", "qwen3_5_moe_interval2"); }
+TEST(SpecLossless, LagunaSlidingWindowFixture) { check_fixture("laguna_swa", "laguna"); }
+
+// ---- sampled generation keeps its distribution -------------------------------------------------
+
+// The chi-square statistic's bound at significance 1e-4 for `df` degrees of freedom (Wilson-Hilferty).
+double chi2_bound(int df) {
+  const double z = 3.719, k = df;
+  const double t = 1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k));
+  return k * t * t * t;
+}
+
+TEST(SpecSampled, FirstTokensKeepTheirDistribution) {
+  const Loaded target = load(convert_fixture("qwen3_5_moe"));
+  const Loaded other = load(spec_test::perturbed_copy(target.path, tmp_file("spec_qwen35_perturbed").string(), 0.3));
+  const int32_t V = static_cast<int32_t>(target.model->config().n_vocab);
+  SamplerParams sp = greedy_no_end(*target.tokenizer, V);
+  sp.temperature = 1.0f;
+  sp.top_k = 2;
+  sp.presence_penalty = 0.7f;  // each position's distribution depends on the tokens before it
+  const std::vector<int32_t> prompt = pattern_prompt();
+  constexpr int K = 4;
+  const int ctx = static_cast<int>(prompt.size()) + K + 1;
+
+  // The exact distribution of the first K tokens, enumerated over the top-2 tree.
+  std::map<std::vector<int32_t>, double> exact;
+  std::function<void(std::vector<int32_t>, double)> walk = [&](std::vector<int32_t> prefix, double prob) {
+    if (static_cast<int>(prefix.size()) == K) {
+      exact[prefix] = prob;
+      return;
+    }
+    Session s(*target.model, ctx);
+    std::vector<int32_t> seen = prompt;
+    seen.insert(seen.end(), prefix.begin(), prefix.end());
+    std::vector<float> logits(static_cast<size_t>(V));
+    s.forward(seen.data(), static_cast<int>(seen.size()), logits.data(), false);
+    Sampler sampler(sp);
+    TokenDistribution p;
+    sampler.distribution(logits.data(), V, seen, p);
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+      std::vector<int32_t> next = prefix;
+      next.push_back(p.ids[i]);
+      walk(next, prob * p.weights[i] / p.total);
+    }
+  };
+  walk({}, 1.0);
+  ASSERT_EQ(exact.size(), 16u);
+
+  const int runs = 1500;
+  auto histogram = [&](Drafter* drafter, GenerationStats* sum) {
+    std::map<std::vector<int32_t>, int> counts;
+    for (int seed = 0; seed < runs; ++seed) {
+      Session s(*target.model, ctx);
+      SamplerParams p = sp;
+      p.seed = static_cast<uint64_t>(seed);
+      Sampler sampler(p);
+      GenerationParams gp;
+      gp.max_new_tokens = K;
+      gp.spec.drafter = drafter;
+      gp.spec.draft_max = 3;
+      const GenerationResult r = generate(s, *target.tokenizer, sampler, prompt, gp, {});
+      ++counts[r.tokens];
+      if (sum) {
+        sum->spec_steps += r.stats.spec_steps;
+        sum->drafted_tokens += r.stats.drafted_tokens;
+        sum->accepted_tokens += r.stats.accepted_tokens;
+      }
+    }
+    return counts;
+  };
+  auto chi2 = [&](const std::map<std::vector<int32_t>, int>& counts, const std::string& what) {
+    double x2 = 0;
+    int total = 0;
+    for (const auto& [seq, n] : counts) {
+      EXPECT_TRUE(exact.count(seq)) << what << ": a sequence outside the top-2 tree";
+      total += n;
+    }
+    for (const auto& [seq, prob] : exact) {
+      const double e = prob * runs;
+      const auto it = counts.find(seq);
+      const double o = it == counts.end() ? 0.0 : it->second;
+      x2 += (o - e) * (o - e) / e;
+    }
+    EXPECT_EQ(total, runs);
+    EXPECT_LT(x2, chi2_bound(static_cast<int>(exact.size()) - 1)) << what;
+  };
+  chi2(histogram(nullptr, nullptr), "plain sampling");
+
+  GenerationStats other_stats, fixed_stats;
+  DraftModelDrafter sampled_draft(std::make_unique<Session>(*other.model, ctx), draft_sampling(sp), V);
+  chi2(histogram(&sampled_draft, &other_stats), "a perturbed model's sampled drafts");
+  expect_accepts_and_rejects(other_stats, "sampled drafts");
+  // Deterministic drafts: the most likely sequence, accepted with probability p at each position.
+  std::vector<int32_t> likely;
+  double best = 0;
+  for (const auto& [seq, prob] : exact)
+    if (prob > best) best = prob, likely = seq;
+  ScriptDrafter fixed(prompt.size(), likely);
+  chi2(histogram(&fixed, &fixed_stats), "deterministic drafts");
+  expect_accepts_and_rejects(fixed_stats, "deterministic drafts");
+}
+
+// ---- a verified step stops where plain decoding stops ------------------------------------------
+
+class SpecLimits : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { text_ = new Loaded(load(testing_fixture::make_text_model("test_spec_limits"))); }
+  static void TearDownTestSuite() { delete text_; }
+
+  static int32_t n_vocab() { return static_cast<int32_t>(text_->model->config().n_vocab); }
+  // The plain greedy continuation of the prompt, ends banned: what the scripted drafter proposes.
+  static std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int n) {
+    spec_test::Case c;
+    c.prompt = prompt;
+    c.n_new = n;
+    c.sampling = greedy_no_end(*text_->tokenizer, n_vocab());
+    return spec_test::generate_case(cpu_sequences(*text_->model), *text_->tokenizer, c, nullptr).result.tokens;
+  }
+  static spec_test::MakeDrafter script(const std::vector<int32_t>& prompt, int n) {
+    const std::vector<int32_t> ref = reference(prompt, n);
+    return [prompt, ref] { return std::make_unique<ScriptDrafter>(prompt.size(), ref); };
+  }
+  std::vector<int32_t> prompt() const { return text_->tokenizer->encode("def fibonacci(n):"); }
+
+  static Loaded* text_;
+};
+Loaded* SpecLimits::text_ = nullptr;
+
+TEST_F(SpecLimits, TokenLimitInsideAcceptedDrafts) {
+  for (int n : {1, 2, 5, 9}) {
+    spec_test::Case c;
+    c.prompt = prompt();
+    c.n_new = n;
+    c.draft_max = 16;
+    c.sampling = greedy_no_end(*text_->tokenizer, n_vocab());
+    const GenerationStats s =
+        spec_test::expect_lossless(cpu_sequences(*text_->model), *text_->tokenizer, c, script(c.prompt, 40), true, "n " + std::to_string(n));
+    EXPECT_EQ(s.generated_tokens, n);
+    if (n > 1) {
+      EXPECT_EQ(s.accepted_tokens, n - 2) << "one verification: drafts clamped to the tokens left";
+    }
+  }
+}
+
+TEST_F(SpecLimits, EndTokenInsideAcceptedDrafts) {
+  const std::vector<int32_t> p = prompt();
+  const std::vector<int32_t> ref = reference(p, 24);
+  // A tokenizer whose end token is the reference's sixth token: plain decoding stops there.
+  Vocab v = testing_fixture::byte_vocab(n_vocab());
+  v.tokens[256] = "<|end_not_here|>";
+  v.eos_id = ref[5];
+  const Tokenizer tok(v);
+  spec_test::Case c;
+  c.prompt = p;
+  c.n_new = 24;
+  c.draft_max = 16;
+  c.sampling.temperature = 0;
+  const GenerationStats s = spec_test::expect_lossless(
+      cpu_sequences(*text_->model), tok, c, [&] { return std::make_unique<ScriptDrafter>(p.size(), ref); });
+  const spec_test::Outcome plain = spec_test::generate_case(cpu_sequences(*text_->model), tok, c, nullptr);
+  EXPECT_EQ(plain.result.stop_reason, StopReason::EndOfGeneration);
+  EXPECT_LT(s.generated_tokens, 24);
+  EXPECT_GT(s.accepted_tokens, s.generated_tokens - 1) << "the end token came inside a verified step";
+}
+
+TEST_F(SpecLimits, StopStringInsideAcceptedDrafts) {
+  spec_test::Case c;
+  c.prompt = prompt();
+  c.n_new = 24;
+  c.draft_max = 16;
+  c.sampling = greedy_no_end(*text_->tokenizer, n_vocab());
+  const spec_test::Outcome plain = spec_test::generate_case(cpu_sequences(*text_->model), *text_->tokenizer, c, nullptr);
+  const std::string text = plain.result.text;
+  ASSERT_GT(text.size(), 12u);
+  c.stop_strings = {text.substr(text.size() / 2, 3)};
+  const GenerationStats s =
+      spec_test::expect_lossless(cpu_sequences(*text_->model), *text_->tokenizer, c, script(c.prompt, 24));
+  const spec_test::Outcome stopped = spec_test::generate_case(cpu_sequences(*text_->model), *text_->tokenizer, c, nullptr);
+  EXPECT_EQ(stopped.result.stop_reason, StopReason::StopString);
+  EXPECT_GT(s.accepted_tokens, s.generated_tokens - 1) << "the stop string came inside a verified step";
+}
+
+TEST_F(SpecLimits, ContextNearlyFull) {
+  for (int room : {1, 2, 3, 6}) {
+    spec_test::Case c;
+    c.prompt = prompt();
+    c.n_new = 24;
+    c.draft_max = 16;
+    c.max_ctx = static_cast<int>(c.prompt.size()) + room;
+    c.sampling = greedy_no_end(*text_->tokenizer, n_vocab());
+    spec_test::expect_lossless(cpu_sequences(*text_->model), *text_->tokenizer, c, script(c.prompt, 24), true,
+                               "room " + std::to_string(room));
+    const spec_test::Outcome r = spec_test::generate_case(cpu_sequences(*text_->model), *text_->tokenizer, c, nullptr);
+    EXPECT_EQ(r.result.stop_reason, StopReason::ContextFull);
+  }
+}
+
+TEST_F(SpecLimits, CallbackStopInsideAcceptedDrafts) {
+  const std::vector<int32_t> p = prompt();
+  auto run = [&](Drafter* d) {
+    Session s(*text_->model, 64);
+    Sampler sampler(greedy_no_end(*text_->tokenizer, n_vocab()));
+    GenerationParams gp;
+    gp.max_new_tokens = 20;
+    gp.spec.drafter = d;
+    int pieces = 0;
+    GenerationResult r = generate(s, *text_->tokenizer, sampler, p, gp, [&](std::string_view) { return ++pieces < 4; });
+    return std::make_pair(r, s.n_past());
+  };
+  const auto plain = run(nullptr);
+  auto drafter = script(p, 20)();
+  const auto spec = run(drafter.get());
+  EXPECT_EQ(spec.first.stop_reason, StopReason::Cancelled);
+  EXPECT_EQ(spec.first.tokens, plain.first.tokens);
+  EXPECT_EQ(spec.first.text, plain.first.text);
+  EXPECT_EQ(spec.first.tokens_in_session, plain.first.tokens_in_session);
+  EXPECT_EQ(spec.second, plain.second);
+  EXPECT_GT(spec.first.stats.accepted_tokens, 0);
+}
+
+// Bans every odd id: verification would have to advance the constraint per drafted position, so
+// speculation is off and says so.
+class EvenOnly final : public TokenConstraint {
+ public:
+  void mask(float* logits, int32_t n_vocab) override {
+    for (int32_t id = 1; id < n_vocab; id += 2) logits[id] = kBan;
+  }
+  void accept(int32_t) override { ++accepted; }
+  int accepted = 0;
+};
+
+TEST_F(SpecLimits, ConstraintTurnsSpeculationOff) {
+  const std::vector<int32_t> p = prompt();
+  auto run = [&](Drafter* d) {
+    Session s(*text_->model, 64);
+    Sampler sampler(greedy_no_end(*text_->tokenizer, n_vocab()));
+    EvenOnly even;
+    sampler.set_constraint(&even);
+    GenerationParams gp;
+    gp.max_new_tokens = 12;
+    gp.spec.drafter = d;
+    return generate(s, *text_->tokenizer, sampler, p, gp, {});
+  };
+  const GenerationResult plain = run(nullptr);
+  NgramDrafter lookup(NgramParams{1, 4});
+  const GenerationResult spec = run(&lookup);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  for (int32_t id : spec.tokens) EXPECT_EQ(id % 2, 0);
+  EXPECT_FALSE(spec.stats.spec_off.empty());
+  EXPECT_TRUE(spec.stats.drafter.empty());
+  EXPECT_EQ(spec.stats.spec_steps, 0);
+}
+
+}  // namespace
+
+// ---- the command line -------------------------------------------------------------------------
+
+TEST(SpecCli, RunAndBenchSpeculateWithoutChangingTheOutput) {
+  const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef area(w, h):\\n    return\"";
+  const auto plain = testing_cli::run_cli("run " + prompt + " --temp 0 -n 24 -t 1");
+  const auto spec = testing_cli::run_cli("run " + prompt + " --temp 0 -n 24 -t 1 --spec ngram --draft-max 4");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_NE(spec.err.find("spec ngram:"), std::string::npos) << spec.err;
+  const auto bad = testing_cli::run_cli("run x --spec draft");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--spec draft needs the draft model"), std::string::npos) << bad.err;
+  const auto bench = testing_cli::run_cli("bench --spec ngram -n 8 -r 1 -t 1 --draft-max 3");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("verify cost"), std::string::npos) << bench.out;
+}
