@@ -744,7 +744,6 @@ void dot_rows_fused(GgmlType type, const uint8_t* const* rows, int nr, const I8A
   }
 }
 
-
 // ------------------------------------------------------------------------------------------
 // Batched fused int8 path (dot_tile_fused; see cpu_kernels.h). A panel per row and super-block:
 // eight 32-byte code vectors transposed to the activations' interleaved layout (interleave_act_i8),
@@ -755,7 +754,8 @@ void dot_rows_fused(GgmlType type, const uint8_t* const* rows, int nr, const I8A
 
 #if STRATA_X86_512
 constexpr int kTileG = 2;
-// Row groups x tokens per register tile (4 rows x 4 tokens).
+// Row groups x tokens per register tile: 4 rows x 4 tokens; Q6_K (two integer accumulators per
+// row group and token) 4 x 3, which keeps its accumulators in the 32 registers.
 constexpr int kTileRG = 2, kTileT = 4, kTileT6 = 3;
 using TileI = __m512i;
 using TileF = __m512;
