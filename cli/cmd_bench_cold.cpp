@@ -1,6 +1,8 @@
 // `strata bench-cold [-m FILE] [--types q4_k,q5_k,q6_k,q8_0] [--picks 8,4] [--threads N]`: the CPU
 // cold-expert path of hybrid decode alone (engine/bench_cold.h), as GB/s of expert weights read beside
-// the host's triad bandwidth measured in the same run. Without -m it times random in-memory experts of
+// the host's triad bandwidth measured in the same run. With --batch T,..: the batched products instead
+// (an expert's gate/up/down matmuls with T tokens), GOPS with the batched kernel and the per-token one,
+// weights in cache and from DRAM, on each --batch-threads count. Without -m it times random in-memory experts of
 // each --types entry at a preset's shapes (default qwen3.6-35b-a3b); with -m, the file's own MoE layers.
 #include <omp.h>
 
@@ -35,6 +37,8 @@ struct BenchColdArgs {
   double seconds = 1.0;
   size_t triad_mib = 256;
   std::string kernels;
+  std::string batch;
+  std::string batch_threads = "1";
 };
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -59,6 +63,57 @@ void print_row(const std::string& what, const strata::ColdBenchResult& r, double
   std::fflush(stdout);
 }
 
+// The experts --batch times: the file's MoE layers (-m) or in-memory ones per --types entry.
+template <class Fn>
+void for_each_expert_set(const BenchColdArgs& a, Fn fn) {
+  if (!a.model.empty()) {
+    const auto model = strata::Model::load(a.model);
+    std::vector<strata::ExpertFfn> layers;
+    for (const auto& l : model->weights().layers)
+      if (l.moe.gate.n_expert > 0) layers.push_back(l.moe);
+    if (layers.empty()) strata::fail(a.model, ": no MoE layers");
+    fn("file " + type_label(layers.front()), layers);
+    return;
+  }
+  const auto& c = strata::convert::find_synth_preset(a.preset).config;
+  if (c.n_expert <= 0) strata::fail("bench-cold: preset ", a.preset, " has no experts");
+  for (const std::string& t : split_commas(a.types)) {
+    const auto type = strata::type_from_name(t);
+    if (!type) strata::fail("bench-cold: unknown type '", t, "'");
+    const strata::SyntheticExperts ex(*type, c.n_embd, c.n_ff_exp, c.n_expert, a.layers, 1234);
+    fn(type_label(ex.layers().front()), ex.layers());
+  }
+}
+
+void run_batch_bench(const BenchColdArgs& a, const std::vector<int>&) {
+  std::vector<int> tokens, threads;
+  for (const std::string& s : split_commas(a.batch)) tokens.push_back(std::stoi(s));
+  for (const std::string& s : split_commas(a.batch_threads)) threads.push_back(std::stoi(s));
+  if (tokens.empty() || threads.empty()) strata::fail("bench-cold: --batch and --batch-threads need values");
+  std::printf("batched expert products (gate + up + down matmuls, T tokens each), %s kernels\n",
+              strata::cpu_kernel_level_name(strata::cpu_kernel_level()));
+  std::printf("%-14s %5s %7s %6s %12s %12s %7s %12s %12s\n", "experts", "T", "threads", "weights", "per-token", "tiles",
+              "speedup", "tiles/core", "tok/s/core");
+  for_each_expert_set(a, [&](const std::string& label, const std::vector<strata::ExpertFfn>& layers) {
+    const double ops_per_token = 6.0 * static_cast<double>(layers.front().gate.first.n_cols) *
+                                 static_cast<double>(layers.front().gate.first.n_rows);
+    for (int th : threads)
+      for (int dram = 0; dram <= 1; ++dram)
+        for (int t : tokens) {
+          const strata::BatchBenchResult r = strata::bench_batched_experts(layers, t, th, dram != 0, a.seconds);
+          std::printf("%-14s %5d %7d %6s %8.1f GOPS %7.1f GOPS %6.2fx %7.1f GOPS %12.0f\n", label.c_str(), t, th,
+                      dram ? "dram" : "cache", r.per_token_gops, r.tiles_gops, r.tiles_gops / r.per_token_gops,
+                      r.tiles_gops / th, r.tiles_gops / th * 1e9 / ops_per_token);
+          std::fflush(stdout);
+        }
+  });
+  std::printf("GOPS: 2 x multiply-adds per second; per-token: one token at a time (dot_rows_fused), tiles: the "
+              "batched kernel (dot_tile_fused), bitwise the same results; tok/s/core: one expert's tokens per second "
+              "per thread (tiles)\ndevice: %s, %u hardware threads; date %s\ncommand: %s\n",
+              strata::cpu_model_name().c_str(), std::thread::hardware_concurrency(), strata::local_iso_datetime().c_str(),
+              strata::own_command_line().c_str());
+}
+
 void setup_bench_cold(CLI::App& sub) {
   auto a = std::make_shared<BenchColdArgs>();
   sub.add_option("-m,--model", a->model, "GGUF file: time its MoE layers' experts (instead of --types)");
@@ -70,6 +125,9 @@ void setup_bench_cold(CLI::App& sub) {
   sub.add_option("-t,--threads", a->threads, "cold-expert pool threads (default: as the hybrid session, cores - 2)");
   sub.add_option("--seconds", a->seconds, "seconds per cold measurement (default 1)");
   sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
+  sub.add_option("--batch", a->batch,
+                 "tokens per expert, comma-separated: time the batched products (prefill's) instead of decode's");
+  sub.add_option("--batch-threads", a->batch_threads, "with --batch: thread counts, comma-separated (default 1)");
   sub.add_option("--kernels", a->kernels, "force a CPU kernel level: scalar, avx2 or avx512 (default: the best)");
   sub.callback([a] {
     if (a->kernels == "scalar") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
@@ -82,6 +140,10 @@ void setup_bench_cold(CLI::App& sub) {
     for (const std::string& s : split_commas(a->picks)) picks.push_back(std::stoi(s));
     if (picks.empty()) strata::fail("bench-cold: --picks is empty");
     const int threads = a->threads > 0 ? a->threads : strata::ColdExpertPool::default_threads();
+    if (!a->batch.empty()) {
+      run_batch_bench(*a, picks);
+      return;
+    }
 
     std::fprintf(stderr, "measuring host DRAM bandwidth (triad, %d threads)...\n", omp_get_max_threads());
     const strata::BandwidthResult bw = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);

@@ -199,8 +199,9 @@ TEST(ColdExpertsPool, RejectsBadInput) {
 // The batched entry point (prefill): many tokens, picks in any order, several per expert, for each CPU
 // kernel level this machine has, quant mixes of real files, and thread counts that split groups
 // unevenly. With run()'s row kernels every output row must equal, bitwise, what run() gives for that
-// token and expert (itself checked against the engine above); with the SIMD float tiles it must be
-// within float rounding of the float64 reference and within int8 rounding of run().
+// token and expert (itself checked against the engine above), and so must it with the batched int8
+// kernel (K-quants); with the SIMD float tiles (other types) it must be within float rounding of the
+// float64 reference and within int8 rounding of run().
 struct BatchCase {
   GgmlType gu, dn;
   int64_t d, ff;
@@ -236,7 +237,9 @@ TEST_P(ColdExpertsBatch, EqualsPerTokenRun) {
     for (bool tiles : {false, true}) {
       // Float tiles (SIMD levels): float math, so within float rounding of the float64 reference and
       // within run()'s int8 rounding of run(); off (and at the scalar level): bitwise equal to run().
-      const bool bitwise = !tiles || level == strata::CpuKernelLevel::Scalar;
+      // K-quant experts take the batched int8 kernel instead of float tiles: bitwise equal to run() too.
+      const bool bitwise = !tiles || level == strata::CpuKernelLevel::Scalar ||
+                           (strata::tile_fused_type(c.gu) && strata::tile_fused_type(c.dn));
       for (int threads : {1, 4, 7}) {
         ColdExpertPool pool(threads);
         pool.set_batch_float_tiles(tiles);

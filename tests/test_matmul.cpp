@@ -356,6 +356,89 @@ TEST_F(MatmulLevels, FusedInt8PathMatchesUnpackedAndReference) {
   }
 }
 
+// The batched fused kernel (dot_tile_fused) against the per-token one (dot_rows_fused), bitwise, at
+// every SIMD level: 1..37 tokens, 1..kMaxTileRows rows (partial register tiles), rows at odd
+// addresses; and matmul over many tokens equals matvec per token bitwise (its tiles are this kernel).
+TEST_F(MatmulLevels, BatchedFusedKernelEqualsPerTokenBitwise) {
+  int cases = 0;
+  for (CpuKernelLevel level : kLevels) {
+    if (level == CpuKernelLevel::Scalar) continue;
+    if (!strata::cpu_supports(level)) {
+      std::printf("  [skip] CPU kernel level %s: not supported by this CPU\n", strata::cpu_kernel_level_name(level));
+      continue;
+    }
+    strata::set_cpu_kernel_level(level);
+    const strata::CpuKernels& k = strata::cpu_kernels();
+    ASSERT_NE(k.dot_tile_fused, nullptr);
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+      ASSERT_TRUE(strata::tile_fused_type(t));
+      for (int64_t cols : {256, 768}) {
+        const int max_tok = cols == 256 ? 37 : 9;
+        const Problem p = make_problem(t, strata::kMaxTileRows, cols, max_tok, 3, 90 + static_cast<uint32_t>(cols));
+        const size_t un = static_cast<size_t>(cols);
+        std::vector<int8_t> xq(un * max_tok), xi(un * max_tok);
+        std::vector<float> xd(un / 32 * max_tok), xs(un / 16 * max_tok), xb(un / 32 * max_tok);
+        std::vector<strata::I8TileAct> acts;
+        for (int tok = 0; tok < max_tok; ++tok) {
+          const size_t o = static_cast<size_t>(tok) * un;
+          strata::quantize_activations_i8(p.X.data() + o, cols, xq.data() + o, xd.data() + o / 32, xs.data() + o / 16);
+          // In two slices, as the cold-expert pool's threads write them.
+          strata::interleave_act_i8(t, xq.data() + o, xs.data() + o / 16, 0, 3, xi.data() + o, xb.data() + o / 32);
+          strata::interleave_act_i8(t, xq.data() + o, xs.data() + o / 16, 3, cols / 32, xi.data() + o, xb.data() + o / 32);
+          acts.push_back({xi.data() + o, xd.data() + o / 32, xs.data() + o / 16, xb.data() + o / 32});
+        }
+        // want[tok][row] from the per-token kernel, one row per call.
+        std::vector<float> want(static_cast<size_t>(max_tok) * strata::kMaxTileRows);
+        for (int tok = 0; tok < max_tok; ++tok) {
+          const size_t o = static_cast<size_t>(tok) * un;
+          const strata::I8Act a{xq.data() + o, xd.data() + o / 32, xs.data() + o / 16};
+          for (int r = 0; r < strata::kMaxTileRows; ++r) {
+            const uint8_t* row = p.w.data + static_cast<size_t>(r) * p.w.row_stride;
+            k.dot_rows_fused(t, &row, 1, a, cols, want.data() + tok * strata::kMaxTileRows + r);
+          }
+        }
+        std::vector<uint8_t> scratch(strata::fused_tile_scratch_bytes(cols) + 1);
+        for (int nr = 1; nr <= strata::kMaxTileRows; ++nr) {
+          for (int nt = 1; nt <= max_tok; nt += (nr == strata::kMaxTileRows || nr == 3) ? 1 : 5) {
+            const int r_first = strata::kMaxTileRows - nr;  // the last nr rows
+            const uint8_t* rows[strata::kMaxTileRows];
+            for (int i = 0; i < nr; ++i) rows[i] = p.w.data + static_cast<size_t>(r_first + i) * p.w.row_stride;
+            std::vector<float> got(static_cast<size_t>(nt) * nr, NAN);
+            std::vector<float*> outs;
+            for (int tok = 0; tok < nt; ++tok) outs.push_back(got.data() + tok * nr);
+            k.dot_tile_fused(t, rows, nr, acts.data(), nt, cols, scratch.data() + 1, outs.data());  // unaligned scratch
+            ++cases;
+            for (int tok = 0; tok < nt; ++tok)
+              for (int i = 0; i < nr; ++i)
+                ASSERT_EQ(0, std::memcmp(&got[tok * nr + i], &want[tok * strata::kMaxTileRows + r_first + i], 4))
+                    << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name << " cols " << cols
+                    << " rows " << nr << " tokens " << nt << ": token " << tok << " row " << i << " got "
+                    << got[tok * nr + i] << " want " << want[tok * strata::kMaxTileRows + r_first + i];
+          }
+        }
+      }
+      // matmul (tiles of kMaxTileRows, token chunks) equals matvec token by token; 21 rows leave a
+      // partial tile.
+      for (int64_t n_tok : {3, 4, 9, 70}) {
+        const Problem p = make_problem(t, 21, 512, n_tok, 5, 120 + static_cast<uint32_t>(n_tok));
+        std::vector<float> all(static_cast<size_t>(n_tok * 21)), one(21);
+        strata::matmul(p.w, p.X.data(), n_tok, all.data());
+        for (int64_t tok = 0; tok < n_tok; ++tok) {
+          strata::matvec(p.w, p.X.data() + tok * 512, one.data());
+          ASSERT_EQ(0, std::memcmp(one.data(), all.data() + tok * 21, 21 * 4))
+              << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name << " n_tok " << n_tok
+              << " token " << tok;
+        }
+      }
+    }
+  }
+  if (strata::cpu_supports(CpuKernelLevel::Avx2)) {
+    EXPECT_GT(cases, 0);
+  } else {
+    GTEST_SKIP() << "no SIMD kernel level on this CPU: the batched kernel needs AVX2 or AVX-512";
+  }
+}
+
 // Q8_0 decode skips the float buffer (dot_rows_direct) but must give bitwise what decode_row +
 // dot_rows give (the cold-expert pool computes Q8_0 rows that way and must equal matvec).
 TEST_F(MatmulLevels, Q8_0DirectDotEqualsDecodeThenDot) {

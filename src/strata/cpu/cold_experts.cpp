@@ -50,7 +50,7 @@ bool uses_i8(const CpuKernels& k, const WeightMatrix& w, I8Format& fmt) {
 }  // namespace
 
 struct ColdExpertPool::Scratch {
-  std::vector<uint8_t> codes;
+  std::vector<uint8_t> codes, tile;  // tile: dot_tile_fused's panels
   std::vector<float> scales8, bias16, fbuf;
   // run(): pick h_pick's hidden activation of job h_job quantised for down (see do_task).
   std::vector<int8_t> hq;
@@ -64,6 +64,7 @@ struct ColdExpertPool::Scratch {
     scales8.resize(kMaxDotRows * un / 4 + 1);
     bias16.resize(kMaxDotRows * un / 16 + 1);
     fbuf.resize(kMaxDotRows * un);
+    tile.resize(fused_tile_scratch_bytes(n / 256 * 256));
   }
 };
 
@@ -94,7 +95,8 @@ struct ColdExpertPool::BatchJob {
     int expert = 0;
     int64_t first = 0, n = 0;  // sorted picks [first, first + n)
     int64_t a_rows = 0, a_blocks = 0, b_rows = 0, b_blocks = 0;
-    bool tiles = false;  // float tiles (enough tokens to pay for decoding the rows to float)
+    bool tiles = false;     // float tiles (enough tokens to pay for decoding the rows to float)
+    bool i8_tiles = false;  // the batched int8 kernel (fused formats, enough tokens)
   };
   struct Task {
     int phase = 0;  // 0, 1 (A), 2 (B)
@@ -114,6 +116,10 @@ struct ColdExpertPool::BatchJob {
   std::vector<float> g, u, h;          // [sorted pick][ff]
   std::vector<int8_t> hq;
   std::vector<float> hd, hs;
+  // The batched int8 kernel's inputs (interleave_act_i8): tokens for gate/up, hidden rows for down.
+  bool i8_tiles = false;  // gate, up and down all take it
+  std::vector<int8_t> xi, hi;
+  std::vector<float> xb, hb;
   int64_t n_phase0 = 0;
   std::atomic<int64_t> phase0_done{0};
   FloatTileFn tile = nullptr;  // SIMD levels with float tiles on: the float path for every matrix
@@ -325,6 +331,25 @@ void rows_batch(const CpuKernels& k, bool i8, I8Format fmt, const WeightMatrix& 
   }
 }
 
+// Rows [r0, r1) of w for the picks [p0, p1) (at most kBatchTokenChunk) through the batched int8
+// kernel: each kMaxTileRows-row tile unpacked once and dotted with every pick's activation act_of(p)
+// (interleaved); pick p's output row is out_of(p). Bitwise what rows_batch gives.
+template <class Scratch, class ActOf, class OutOf>
+void rows_batch_i8_tiles(const CpuKernels& k, const WeightMatrix& w, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
+                         ActOf act_of, OutOf out_of, Scratch& s) {
+  I8TileAct acts[kBatchTokenChunk];
+  float* outs[kBatchTokenChunk];
+  const int nt = static_cast<int>(p1 - p0);
+  for (int64_t p = p0; p < p1; ++p) acts[p - p0] = act_of(p);
+  for (int64_t r = r0; r < r1; r += kMaxTileRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kMaxTileRows, r1 - r));
+    const uint8_t* rows[kMaxTileRows];
+    raw_tile_rows(w, r, nr, rows);
+    for (int64_t p = p0; p < p1; ++p) outs[p - p0] = out_of(p) + r;
+    k.dot_tile_fused(w.type, rows, nr, acts, nt, w.n_cols, s.tile.data(), outs);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -341,6 +366,8 @@ constexpr int kTileRows = 4;
 // Groups of fewer tokens keep the int8 row kernels: decoding a tile's rows to float costs about as much
 // as a few tokens' int8 dots.
 constexpr int64_t kTileMinTokens = 8;
+// Groups of this many tokens or more take the batched int8 kernel when the formats allow it.
+constexpr int64_t kI8TileMinTokens = 3;
 
 __attribute__((target("avx512f,fma"))) void float_tile_avx512(const float* const* w, const float* const* x, int64_t n,
                                                                float* out) {
@@ -455,6 +482,9 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
       const size_t t = static_cast<size_t>(B.qtokens[static_cast<size_t>(i)]);
       quantize_activations_i8(B.X + t * ud, B.d, B.xq.data() + t * ud, B.xd.data() + t * ud / 32,
                               B.xs.data() + t * ud / 16);
+      if (B.i8_tiles)
+        interleave_act_i8(B.w->gate.first.type, B.xq.data() + t * ud, B.xs.data() + t * ud / 16, 0, B.d / 32,
+                          B.xi.data() + t * ud, B.xb.data() + t * ud / 32);
     }
     B.phase0_done.fetch_add(1, std::memory_order_acq_rel);
     return;
@@ -474,7 +504,15 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
     auto u_of = [&](int64_t p) { return B.u.data() + static_cast<size_t>(p) * uff; };
     for (int64_t p0 = G.first; p0 < G.first + G.n; p0 += kBatchTokenChunk) {
       const int64_t p1 = std::min(G.first + G.n, p0 + kBatchTokenChunk);
-      if (G.tiles) {
+      if (G.i8_tiles) {
+        const auto tile_x = [&](int64_t p) {
+          const size_t t = static_cast<size_t>(B.picks[static_cast<size_t>(p)].token);
+          return I8TileAct{B.xi.data() + t * ud, B.xd.data() + t * ud / 32, B.xs.data() + t * ud / 16,
+                           B.xb.data() + t * ud / 32};
+        };
+        rows_batch_i8_tiles(k, w.gate.expert(e), T.r0, T.r1, p0, p1, tile_x, g_of, s);
+        rows_batch_i8_tiles(k, w.up.expert(e), T.r0, T.r1, p0, p1, tile_x, u_of, s);
+      } else if (G.tiles) {
         rows_batch_tiles(k, B.tile, B.tile_tokens, w.gate.expert(e), T.r0, T.r1, p0, p1, float_x, g_of, s);
         rows_batch_tiles(k, B.tile, B.tile_tokens, w.up.expert(e), T.r0, T.r1, p0, p1, float_x, u_of, s);
       } else {
@@ -489,6 +527,10 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
           quantize_activations_i8(B.h.data() + o + T.r0, T.r1 - T.r0, B.hq.data() + o + T.r0,
                                   B.hd.data() + (o + static_cast<size_t>(T.r0)) / 32,
                                   B.hs.data() + (o + static_cast<size_t>(T.r0)) / 16);
+        // This task's 32-value blocks of the row, in the down kernel's layout (other tasks write the others).
+        if (G.i8_tiles)
+          interleave_act_i8(w.down.first.type, B.hq.data() + o, B.hs.data() + o / 16, T.r0 / 32, T.r1 / 32,
+                            B.hi.data() + o, B.hb.data() + o / 32);
       }
     }
     B.a_done[T.group].fetch_add(1, std::memory_order_acq_rel);
@@ -506,7 +548,13 @@ void ColdExpertPool::do_batch_task(int index, int64_t task) {
   const WeightMatrix down = w.down.expert(G.expert);
   for (int64_t p0 = G.first; p0 < G.first + G.n; p0 += kBatchTokenChunk) {
     const int64_t p1 = std::min(G.first + G.n, p0 + kBatchTokenChunk);
-    if (G.tiles)
+    if (G.i8_tiles) {
+      const auto tile_h = [&](int64_t p) {
+        const size_t o = static_cast<size_t>(p) * uff;
+        return I8TileAct{B.hi.data() + o, B.hd.data() + o / 32, B.hs.data() + o / 16, B.hb.data() + o / 32};
+      };
+      rows_batch_i8_tiles(k, down, T.r0, T.r1, p0, p1, tile_h, out_of, s);
+    } else if (G.tiles)
       rows_batch_tiles(k, B.tile, B.tile_tokens, down, T.r0, T.r1, p0, p1, float_h, out_of, s);
     else
       rows_batch(k, B.down_i8, B.fmt_down, down, T.r0, T.r1, p0, p1, act_h, float_h, out_of, s);
@@ -637,7 +685,18 @@ void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, co
     if (B.groups.empty() || B.groups.back().expert != e) B.groups.push_back({e, i, 0, 0, 0, 0, 0, false});
     ++B.groups.back().n;
   }
-  for (BatchJob::Group& G : B.groups) G.tiles = B.tile != nullptr && G.n >= kTileMinTokens;
+  // The batched int8 kernel where all three matrices are fused formats it takes (gate and up sharing
+  // one activation layout): bitwise run()'s results, so it goes before the float tiles.
+  const auto tileable = [&](const WeightMatrix& m, bool i8, const I8Format& f) {
+    return i8 && f.fused && k.dot_tile_fused != nullptr && cpu_tile_path() && tile_fused_type(m.type) && m.n_cols % 256 == 0;
+  };
+  B.i8_tiles = tileable(w.gate.first, B.gate_i8, B.fmt_gate) && tileable(w.up.first, B.up_i8, B.fmt_up) &&
+               tileable(w.down.first, B.down_i8, B.fmt_down) &&
+               (w.gate.first.type == GgmlType::Q6_K) == (w.up.first.type == GgmlType::Q6_K);
+  for (BatchJob::Group& G : B.groups) {
+    G.i8_tiles = B.i8_tiles && G.n >= kI8TileMinTokens;
+    G.tiles = !G.i8_tiles && B.tile != nullptr && G.n >= kTileMinTokens;
+  }
   const size_t ud = static_cast<size_t>(d), uff = static_cast<size_t>(ff), np = static_cast<size_t>(n_picks);
   B.tasks.clear();
   // Phase 0: the int8 inputs of every token some pick reads.
@@ -653,6 +712,10 @@ void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, co
     if (B.xq.size() < nt * ud) B.xq.resize(nt * ud);
     if (B.xd.size() < nt * ud / 32 + 1) B.xd.resize(nt * ud / 32 + 1);
     if (B.xs.size() < nt * ud / 16 + 1) B.xs.resize(nt * ud / 16 + 1);
+    if (B.i8_tiles && B.xi.size() < nt * ud) {
+      B.xi.resize(nt * ud);
+      B.xb.resize(nt * ud / 32 + 1);
+    }
     const int64_t nq = static_cast<int64_t>(B.qtokens.size());
     for (int64_t i = 0; i < nq; i += kQuantTokens) B.tasks.push_back({0, 0, i, std::min(nq, i + kQuantTokens)});
   }
@@ -667,6 +730,10 @@ void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, co
     B.hq.resize(np * uff);
     B.hd.resize(np * uff / 32 + 1);
     B.hs.resize(np * uff / 16 + 1);
+  }
+  if (B.i8_tiles && B.hi.size() < np * uff) {
+    B.hi.resize(np * uff);
+    B.hb.resize(np * uff / 32 + 1);
   }
   for (auto& sp : scratch_) sp->fit(std::max(d, ff));
   // Row blocks sized so that every task does about the same work (rows x tokens of its group): about

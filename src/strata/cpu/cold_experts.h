@@ -65,7 +65,9 @@ class ColdExpertPool {
   // bitwise, what run() gives for that token and expert (same row kernels, same 4-row tiles, same
   // activation quantisation). Blocking; fails (strata::Error) like run() and on a token outside [0, n_tok).
   void run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks);
-  // At the SIMD kernel levels run_batch multiplies float tiles by default: each 4-row weight tile is
+  // At the SIMD kernel levels, experts whose three matrices are Q4_K/Q5_K/Q6_K take the batched int8
+  // kernel (cpu_kernels.h, dot_tile_fused) for groups of 3 tokens or more: bitwise run()'s results.
+  // For other types run_batch multiplies float tiles by default: each 4-row weight tile is
   // decoded to float once per 64 tokens and multiplied in register blocks of 4 rows x 4 (AVX-512) or 2
   // (AVX2) tokens, with float inputs -- several times the int8 row kernels' speed on batches, which
   // re-decode the quantised blocks for every token. Results then agree with run() to its int8 rounding

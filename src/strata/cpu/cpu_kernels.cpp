@@ -10,6 +10,7 @@ namespace {
 
 std::atomic<int> g_level{-1};
 std::atomic<bool> g_fused{true};
+std::atomic<bool> g_tiles{true};
 
 CpuKernelLevel best_supported() {
   if (cpu_supports(CpuKernelLevel::Avx512)) return CpuKernelLevel::Avx512;
@@ -61,9 +62,10 @@ void set_cpu_kernel_level(CpuKernelLevel level) {
   g_level.store(static_cast<int>(level), std::memory_order_release);
 }
 
-
 void set_cpu_fused_path(bool on) { g_fused.store(on, std::memory_order_relaxed); }
 bool cpu_fused_path() { return g_fused.load(std::memory_order_relaxed); }
+void set_cpu_tile_path(bool on) { g_tiles.store(on, std::memory_order_relaxed); }
+bool cpu_tile_path() { return g_tiles.load(std::memory_order_relaxed); }
 
 void fail_kernel_type(const char* what, GgmlType type) { fail(what, " for ", type_traits(type).name); }
 

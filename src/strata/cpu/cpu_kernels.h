@@ -11,9 +11,16 @@
 //   32), with no unpacked copy: dot_rows_fused on the rows themselves. For those types unpack_i8
 //   just copies the raw row into `codes` and dot_rows_i8 runs the fused kernel on it, so callers of
 //   unpack_i8 + dot_rows_i8 (cpu/cold_experts.cpp) get bitwise the same results as matvec.
+// - batched fused int8 path (dot_tile_fused, SIMD levels, Q4_K/Q5_K/Q6_K): a tile of rows times many
+//   tokens. Each row's blocks are unpacked once per call into a panel whose 32-bit groups are
+//   transposed (lane j of a vector holds activation block j's bytes), so the integer dots land one
+//   block per lane with no horizontal reduction, and every unpacked vector serves several tokens.
+//   The tokens' activations are interleaved to match (interleave_act_i8). The float steps per
+//   (row, token) are the per-token kernel's, in its order: results equal dot_rows_fused's bitwise.
 // tests/test_matmul.cpp checks each level and path against a float64 reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "strata/quant/types.h"
@@ -43,6 +50,32 @@ struct I8Act {
   const float* d32;
   const float* sum16;
 };
+
+// One token's activations for the batched fused kernel: q interleaved for the weight type
+// (interleave_act_i8), d32 and sum16 as in I8Act, bsum32[j] = sum16[2j] + sum16[2j+1].
+struct I8TileAct {
+  const int8_t* q;
+  const float* d32;
+  const float* sum16;
+  const float* bsum32;
+};
+
+// Most rows one dot_tile_fused call takes.
+constexpr int kMaxTileRows = 8;
+// Scratch bytes dot_tile_fused needs for rows of n columns (n % 256 == 0); any alignment.
+constexpr size_t fused_tile_scratch_bytes(int64_t n) {
+  return static_cast<size_t>(kMaxTileRows) * static_cast<size_t>(n / 256) * 448 + 64;
+}
+
+// Whether dot_tile_fused takes this type (Q4_K, Q5_K, Q6_K).
+bool tile_fused_type(GgmlType type);
+
+// Writes the 32-value blocks [j0, j1) of one token's quantised activations (q, sum16: natural
+// layout, as quantize_activations_i8 wrote them; n % 256 == 0) in the layout dot_tile_fused reads
+// for weights of `type`: q_out (n bytes, the same blocks' bytes only) and bsum32 (entries [j0, j1)).
+// Blocks go to disjoint places, so slices of a row may be written by different threads.
+void interleave_act_i8(GgmlType type, const int8_t* q, const float* sum16, int64_t j0, int64_t j1, int8_t* q_out,
+                       float* bsum32);
 
 // What the int8 path knows about a weight type.
 struct I8Format {
@@ -75,6 +108,12 @@ struct CpuKernels {
   // (1 <= nr <= kMaxDotRows), rows[r] pointing at the quantised row itself (any alignment).
   // Each row's result depends only on that row and x (not on nr or its place in the tile).
   void (*dot_rows_fused)(GgmlType type, const uint8_t* const* rows, int nr, const I8Act& x, int64_t n, float* out);
+  // Batched fused int8 path (types with tile_fused_type): out[t][i] = dot(row i, token t) for
+  // i < nr (1 <= nr <= kMaxTileRows), t < nt (nt >= 1), rows[i] pointing at the quantised rows (any
+  // alignment), xs[t] interleaved for this type. Bitwise equal to dot_rows_fused on each row and
+  // token. scratch: fused_tile_scratch_bytes(n) bytes of the caller's. Null at the scalar level.
+  void (*dot_tile_fused)(GgmlType type, const uint8_t* const* rows, int nr, const I8TileAct* xs, int nt, int64_t n,
+                         uint8_t* scratch, float* const* out);
   // SIMD form of quantize_activations_i8 (bitwise the same results); null at the scalar level.
   void (*quantize_i8)(const float* x, int64_t n, int8_t* q, float* d32, float* sum16);
 };
@@ -86,6 +125,10 @@ struct CpuKernels {
 // running: a caller's I8Format and its unpack_i8/dot_rows_i8 calls must see the same setting.
 void set_cpu_fused_path(bool on);
 bool cpu_fused_path();
+// Turns the batched fused kernel (dot_tile_fused) off or on (on by default) in matmul and the
+// cold-expert pool's batches, for benchmarks comparing it with the per-token kernel it equals bitwise.
+void set_cpu_tile_path(bool on);
+bool cpu_tile_path();
 
 // Throws strata::Error "<what> for <type name>" (non-template, so ISA-specific kernel files can call it).
 [[noreturn]] void fail_kernel_type(const char* what, GgmlType type);

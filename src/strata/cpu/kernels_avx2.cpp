@@ -20,7 +20,7 @@ namespace strata {
 
 const CpuKernels& cpu_kernels_avx2() {
   static constexpr CpuKernels k = {CpuKernelLevel::Avx2, decode_row_simd, dot_rows_simd, direct_float, dot_rows_direct, i8_format, unpack_i8, dot_rows_i8,
-                                   dot_rows_fused, quantize_act_simd};
+                                   dot_rows_fused, dot_tile_fused, quantize_act_simd};
   return k;
 }
 

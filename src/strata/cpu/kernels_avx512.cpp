@@ -27,7 +27,7 @@ namespace strata {
 
 const CpuKernels& cpu_kernels_avx512() {
   static constexpr CpuKernels k = {CpuKernelLevel::Avx512, decode_row_simd, dot_rows_simd, direct_float, dot_rows_direct, i8_format, unpack_i8, dot_rows_i8,
-                                   dot_rows_fused, quantize_act_simd};
+                                   dot_rows_fused, dot_tile_fused, quantize_act_simd};
   return k;
 }
 

@@ -18,7 +18,7 @@ void dot_rows_scalar(const float* const* rows, int nr, const float* x, int64_t n
   }
 }
 
-constexpr CpuKernels kScalar = {CpuKernelLevel::Scalar, decode_row_scalar, dot_rows_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+constexpr CpuKernels kScalar = {CpuKernelLevel::Scalar, decode_row_scalar, dot_rows_scalar, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 

@@ -744,5 +744,261 @@ void dot_rows_fused(GgmlType type, const uint8_t* const* rows, int nr, const I8A
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// Batched fused int8 path (dot_tile_fused; see cpu_kernels.h). A panel per row and super-block:
+// eight 32-byte code vectors transposed to the activations' interleaved layout (interleave_act_i8),
+// then six 8-float vectors of the row's scale terms. One int vector holds kTileG rows' eight
+// lanes (two rows in a 512-bit vector, one in a 256-bit one); the tokens' 256-bit activation vectors
+// are broadcast to match. Panels of the kTileG rows of a group sit side by side, vector by vector.
+// The float steps per row and token are fused_k4_block's / fused_q6k_block's, lane for lane.
+
+#if STRATA_X86_512
+constexpr int kTileG = 2;
+// Row groups x tokens per register tile: 4 rows x 4 tokens; Q6_K (two integer accumulators per
+// row group and token) 4 x 3, which keeps its accumulators in the 32 registers.
+constexpr int kTileRG = 2, kTileT = 4, kTileT6 = 3;
+using TileI = __m512i;
+using TileF = __m512;
+inline TileI tile_load_w(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline TileI tile_bcast_x(const int8_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline TileI tile_dot(TileI acc, TileI w, TileI x) { return _mm512_dpbusd_epi32(acc, w, x); }
+inline TileI tile_izero() { return _mm512_setzero_si512(); }
+inline TileF tile_fzero() { return _mm512_setzero_ps(); }
+inline TileF tile_load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline TileF tile_bcast8(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p))));
+}
+inline TileF tile_bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+inline TileF tile_cvt(TileI v) { return _mm512_cvtepi32_ps(v); }
+inline TileF tile_mul(TileF a, TileF b) { return _mm512_mul_ps(a, b); }
+inline TileF tile_fmadd(TileF a, TileF b, TileF c) { return _mm512_fmadd_ps(a, b, c); }
+inline TileF tile_fnmadd(TileF a, TileF b, TileF c) { return _mm512_fnmadd_ps(a, b, c); }
+// Row g of the vector's eight lanes.
+inline __m256 tile_row(TileF v, int g) {
+  return g == 0 ? _mm512_castps512_ps256(v) : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+#else
+constexpr int kTileG = 1;
+constexpr int kTileRG = 2, kTileT = 2, kTileT6 = 2;
+using TileI = __m256i;
+using TileF = __m256;
+inline TileI tile_load_w(const uint8_t* p) { return load256(p); }
+inline TileI tile_bcast_x(const int8_t* p) { return load256(reinterpret_cast<const uint8_t*>(p)); }
+inline TileI tile_dot(TileI acc, TileI w, TileI x) { return _mm256_add_epi32(acc, int_dot32(w, x)); }
+inline TileI tile_izero() { return _mm256_setzero_si256(); }
+inline TileF tile_fzero() { return _mm256_setzero_ps(); }
+inline TileF tile_load_f(const float* p) { return _mm256_loadu_ps(p); }
+inline TileF tile_bcast8(const float* p) { return _mm256_loadu_ps(p); }
+inline TileF tile_bcast4(const float* p) { return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p)); }
+inline TileF tile_cvt(TileI v) { return _mm256_cvtepi32_ps(v); }
+inline TileF tile_mul(TileF a, TileF b) { return _mm256_mul_ps(a, b); }
+inline TileF tile_fmadd(TileF a, TileF b, TileF c) { return _mm256_fmadd_ps(a, b, c); }
+inline TileF tile_fnmadd(TileF a, TileF b, TileF c) { return _mm256_fnmadd_ps(a, b, c); }
+inline __m256 tile_row(TileF v, int) { return v; }
+#endif
+
+constexpr int kTileRows = kTileG * kTileRG;  // rows of one register tile
+static_assert(kMaxTileRows % kTileRows == 0, "a call's rows must be whole register tiles");
+constexpr size_t kPanelCodes = 256;                 // code bytes per row and super-block
+constexpr size_t kPanelRow = kPanelCodes + 6 * 32;  // plus six 8-float vectors
+constexpr size_t kPanelGroup = kTileG * kPanelRow;
+static_assert(kMaxTileRows * kPanelRow == 448 * kMaxTileRows, "fused_tile_scratch_bytes assumes 448 bytes a panel");
+
+// Where row i's code vector v (v < 8) and float vector f (f < 6) go within a super-block's panels.
+inline size_t panel_code(int i, int v) { return (i / kTileG) * kPanelGroup + v * kTileG * 32 + (i % kTileG) * 32; }
+inline size_t panel_float(int i, int f) {
+  return (i / kTileG) * kPanelGroup + kTileG * kPanelCodes + f * kTileG * 32 + (i % kTileG) * 32;
+}
+
+inline void store_f256(uint8_t* p, __m256 v) { _mm256_storeu_ps(reinterpret_cast<float*>(p), v); }
+
+// One Q4_K/Q5_K super-block p of row i into the panels at sb: code vector k, lane j = the codes of
+// weights 32j + 4k .. + 3 (block j = low nibbles of chunk j/2 for even j, high for odd j); floats 0
+// and 1 = d * scale_j and dmin * min_j (fused_k4_block's terms).
+template <bool kFive>
+inline void panel_k4(const uint8_t* p, int i, uint8_t* sb) {
+  const uint8_t* qs = p + (kFive ? 48 : 16);
+  const __m256i q0 = load256(qs), q1 = load256(qs + 32), q2 = load256(qs + 64), q3 = load256(qs + 96);
+  // 4 x 8 transpose of 32-bit groups: u[m] = [group m of chunks 0-3 | group m + 4 of chunks 0-3].
+  const __m256i t0 = _mm256_unpacklo_epi32(q0, q1), t1 = _mm256_unpackhi_epi32(q0, q1);
+  const __m256i t2 = _mm256_unpacklo_epi32(q2, q3), t3 = _mm256_unpackhi_epi32(q2, q3);
+  const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                        _mm256_unpackhi_epi64(t1, t3)};
+  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+  const __m256i bit_shift = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  __m256i qh = _mm256_setzero_si256();
+  if constexpr (kFive) qh = load256(p + 16);
+  for (int k = 0; k < 8; ++k) {
+    const int h = 4 * (k / 4);
+    const __m256i pick = _mm256_setr_epi32(h, h, h + 1, h + 1, h + 2, h + 2, h + 3, h + 3);
+    __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(u[k % 4], pick), nib_shift), m4);
+    if constexpr (kFive) {
+      // Bit j of qh[l] is bit 4 of weight 32j + l: group k of qh, shifted by the lane's block.
+      const __m256i hb = _mm256_permutevar8x32_epi32(qh, _mm256_set1_epi32(k));
+      v = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(hb, bit_shift), one), 4));
+    }
+    store256(sb + panel_code(i, k), v);
+  }
+  const __m128 dm = load_2xf16(p);
+  __m256i sc, mn;
+  k4_scales_mins(p + 4, &sc, &mn);
+  store_f256(sb + panel_float(i, 0), _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_broadcastss_ps(dm)));
+  store_f256(sb + panel_float(i, 1), _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
+}
+
+// One Q6_K super-block p of row i: code vector 4n + u, lane l = the codes of group u + 4 (l / 4) of
+// block 4n + l % 4 (block 4n + k: low bits from ql chunk 2n + (k & 1), high nibble for k >= 2; high
+// bits from qh chunk n, bits 2k..2k+1); floats: d, the scales in the kernel's lane order (even/odd
+// halves), the scales in natural order (the -32 term), d * 32 (fused_q6k_block's terms).
+inline void panel_q6k(const uint8_t* p, int i, uint8_t* sb) {
+  const __m256i m4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+  const __m256i lo_shift = _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m256i hi_shift = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i ql0 = load256(p + 64 * n), ql1 = load256(p + 64 * n + 32), qh = load256(p + 128 + 32 * n);
+    for (int u = 0; u < 4; ++u) {
+      const __m256i pick = _mm256_setr_epi32(u, u, u, u, u + 4, u + 4, u + 4, u + 4);
+      const __m256i lo = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(ql0, pick),
+                                            _mm256_permutevar8x32_epi32(ql1, pick), 0xAA);
+      const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(qh, pick), hi_shift), three);
+      store256(sb + panel_code(i, 4 * n + u),
+               _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(lo, lo_shift), m4), _mm256_slli_epi32(hi, 4)));
+    }
+  }
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m128i sc8 = load128(p + 192);
+  const __m128i sc_eo = _mm_shuffle_epi8(sc8, even_odd);
+  const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(p + 208))));
+  const __m256 dv = _mm256_set1_ps(d);
+  store_f256(sb + panel_float(i, 0), dv);
+  store_f256(sb + panel_float(i, 1), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc_eo)));
+  store_f256(sb + panel_float(i, 2), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc_eo, 8))));
+  store_f256(sb + panel_float(i, 3), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+  store_f256(sb + panel_float(i, 4), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
+  store_f256(sb + panel_float(i, 5), _mm256_mul_ps(dv, _mm256_set1_ps(32.0f)));
+}
+
+// kTileRG row groups (panels at `panels`, super-block stride sb_bytes) x T tokens: each code vector
+// loaded once per group and dotted with every token; per super-block the float steps of the
+// per-token kernels. out[t][g * kTileG + row] for rows < nr.
+template <bool kSix, int T>
+void tile_kernel(const uint8_t* panels, size_t sb_bytes, int64_t nb, const I8TileAct* xs, int nr, float* const* out) {
+  constexpr int kAcc = kSix ? 2 : 1;
+  TileF acc[kTileRG][T];
+  for (int g = 0; g < kTileRG; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = tile_fzero();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = panels + static_cast<size_t>(b) * sb_bytes;
+    TileI dots[kTileRG][T][kAcc];
+    for (int g = 0; g < kTileRG; ++g)
+      for (int t = 0; t < T; ++t)
+        for (int a = 0; a < kAcc; ++a) dots[g][t][a] = tile_izero();
+    for (int v = 0; v < 8; ++v) {
+      const int a = kSix ? v / 4 : 0;
+      TileI xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = tile_bcast_x(xs[t].q + kQK_K * b + 32 * v);
+      for (int g = 0; g < kTileRG; ++g) {
+        const TileI w = tile_load_w(sb + g * kPanelGroup + v * kTileG * 32);
+        for (int t = 0; t < T; ++t) dots[g][t][a] = tile_dot(dots[g][t][a], w, xv[t]);
+      }
+    }
+    for (int g = 0; g < kTileRG; ++g) {
+      const auto* f = reinterpret_cast<const float*>(sb + g * kPanelGroup + kTileG * kPanelCodes);
+      constexpr int kF = kTileG * 8;  // floats per panel vector
+      for (int t = 0; t < T; ++t) {
+        const I8TileAct& x = xs[t];
+        if constexpr (!kSix) {
+          const TileF scale = tile_mul(tile_load_f(f), tile_bcast8(x.d32 + 8 * b));
+          acc[g][t] = tile_fmadd(tile_cvt(dots[g][t][0]), scale, acc[g][t]);
+          acc[g][t] = tile_fnmadd(tile_load_f(f + kF), tile_bcast8(x.bsum32 + 8 * b), acc[g][t]);
+        } else {
+          const TileF dv = tile_load_f(f);
+          const TileF dx_lo = tile_mul(tile_bcast4(x.d32 + 8 * b), dv);
+          const TileF dx_hi = tile_mul(tile_bcast4(x.d32 + 8 * b + 4), dv);
+          acc[g][t] = tile_fmadd(tile_cvt(dots[g][t][0]), tile_mul(tile_load_f(f + kF), dx_lo), acc[g][t]);
+          acc[g][t] = tile_fmadd(tile_cvt(dots[g][t][1]), tile_mul(tile_load_f(f + 2 * kF), dx_hi), acc[g][t]);
+          const TileF bsum = tile_fmadd(tile_load_f(f + 3 * kF), tile_bcast8(x.sum16 + 16 * b),
+                                        tile_mul(tile_load_f(f + 4 * kF), tile_bcast8(x.sum16 + 16 * b + 8)));
+          acc[g][t] = tile_fnmadd(bsum, tile_load_f(f + 5 * kF), acc[g][t]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < kTileRG; ++g)
+    for (int r = 0; r < kTileG; ++r) {
+      const int i = g * kTileG + r;
+      if (i >= nr) continue;
+      for (int t = 0; t < T; ++t) out[t][i] = hsum256(tile_row(acc[g][t], r));
+    }
+}
+
+template <bool kSix, int T>
+void tile_rows_of(const uint8_t* panels, size_t tile_bytes, size_t sb_bytes, int64_t nb, const I8TileAct* xs, int nr,
+                  float* const* out) {
+  for (int r0 = 0; r0 < nr; r0 += kTileRows) {
+    float* outs[T];
+    for (int t = 0; t < T; ++t) outs[t] = out[t] + r0;
+    tile_kernel<kSix, T>(panels + static_cast<size_t>(r0 / kTileRows) * tile_bytes, sb_bytes, nb, xs,
+                         nr - r0 < kTileRows ? nr - r0 : kTileRows, outs);
+  }
+}
+
+// Token blocks outer, register row tiles inner: one block's activations stay in L1 while it meets
+// every row of the call.
+template <bool kSix>
+void tile_tokens(const uint8_t* panels, size_t tile_bytes, size_t sb_bytes, int64_t nb, const I8TileAct* xs, int nt,
+                 int nr, float* const* out) {
+  constexpr int kT = kSix ? kTileT6 : kTileT;
+  int t = 0;
+  for (; t + kT <= nt; t += kT) tile_rows_of<kSix, kT>(panels, tile_bytes, sb_bytes, nb, xs + t, nr, out + t);
+  // The remaining tokens as one narrower tile (no padding tokens computed).
+  switch (nt - t) {
+    case 1: tile_rows_of<kSix, 1>(panels, tile_bytes, sb_bytes, nb, xs + t, nr, out + t); return;
+#if STRATA_X86_512
+    case 2: tile_rows_of<kSix, 2>(panels, tile_bytes, sb_bytes, nb, xs + t, nr, out + t); return;
+    case 3: tile_rows_of<kSix, 3>(panels, tile_bytes, sb_bytes, nb, xs + t, nr, out + t); return;
+#endif
+    default: return;
+  }
+}
+
+void dot_tile_fused(GgmlType type, const uint8_t* const* rows, int nr, const I8TileAct* xs, int nt, int64_t n,
+                    uint8_t* scratch, float* const* out) {
+  if (!tile_fused_type(type)) fail_kernel_type("batched int8 path: no kernel", type);
+  const int64_t nb = n / kQK_K;
+  const size_t row_bytes = type == GgmlType::Q4_K ? sizeof(Q4_K) : type == GgmlType::Q5_K ? sizeof(Q5_K) : sizeof(Q6_K);
+  // Panels 64-byte aligned (the scratch size allows for it); register row tile after tile, each
+  // super-block after super-block.
+  uint8_t* panels = scratch + (64 - reinterpret_cast<uintptr_t>(scratch) % 64) % 64;
+  const size_t sb_bytes = kTileRows * kPanelRow, tile_bytes = static_cast<size_t>(nb) * sb_bytes;
+  const int padded = (nr + kTileRows - 1) / kTileRows * kTileRows;
+  for (int i = 0; i < padded; ++i) {
+    // Rows past the last are computed on a copy of the first row and not stored.
+    const uint8_t* row = rows[i < nr ? i : 0];
+    uint8_t* tile = panels + static_cast<size_t>(i / kTileRows) * tile_bytes;
+    const int ti = i % kTileRows;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = row + static_cast<size_t>(b) * row_bytes;
+      // The rows are read once here, in file order (as the decode kernels read them).
+      for (size_t off = 0; off < row_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead + off), _MM_HINT_T0);
+      uint8_t* sb = tile + static_cast<size_t>(b) * sb_bytes;
+      if (type == GgmlType::Q4_K)
+        panel_k4<false>(p, ti, sb);
+      else if (type == GgmlType::Q5_K)
+        panel_k4<true>(p, ti, sb);
+      else
+        panel_q6k(p, ti, sb);
+    }
+  }
+  if (type == GgmlType::Q6_K)
+    tile_tokens<true>(panels, tile_bytes, sb_bytes, nb, xs, nt, nr, out);
+  else
+    tile_tokens<false>(panels, tile_bytes, sb_bytes, nb, xs, nt, nr, out);
+}
+
 }  // namespace
 }  // namespace strata

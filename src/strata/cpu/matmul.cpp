@@ -1,8 +1,9 @@
 // matmul/matvec: rows are processed in tiles of kMaxDotRows. Each tile's weights are decoded (to
 // float, or to int8 codes on the int8 path; see cpu_kernels.h) once per chunk of tokens and then
 // dotted with every token of the chunk, so unpacked weights are reused across tokens during
-// prefill. K-quants take the fused int8 path instead: dots straight on the quantised blocks; Q8_0
-// decode skips the decode buffer (dot_rows_direct, same results). F32
+// prefill. K-quants take the fused int8 path instead: dots straight on the quantised blocks, one
+// token at a time for few tokens, in row x token tiles (dot_tile_fused, the same results) for more;
+// Q8_0 decode skips the decode buffer (dot_rows_direct, same results). F32
 // rows are used in place when aligned. Token chunks keep the activations a thread re-reads small
 // enough to stay in cache.
 #include "strata/cpu/matmul.h"
@@ -21,6 +22,9 @@ namespace strata {
 namespace {
 
 constexpr int64_t kTokenChunk = 64;
+// From this many tokens on, fused formats take the batched kernel (bitwise the per-token results):
+// unpacking a tile's rows once costs about what a couple of per-token dots do.
+constexpr int64_t kTileMinTokens = 3;
 
 void check_matrix(const WeightMatrix& w) {
   if (w.n_rows < 0 || w.n_cols < 0) fail("matmul: negative shape ", w.n_rows, " x ", w.n_cols);
@@ -81,18 +85,51 @@ void matmul_i8_fused(const CpuKernels& k, const WeightMatrix& w, const int8_t* x
   }
 }
 
+// Fused formats, many tokens: tiles of kMaxTileRows rows, each unpacked once per chunk of tokens
+// and dotted with the chunk in register tiles (dot_tile_fused). xi, xb: the tokens' interleaved
+// activations and block sums.
+void matmul_i8_tiles(const CpuKernels& k, const WeightMatrix& w, const int8_t* xi, const float* xd, const float* xs,
+                     const float* xb, int64_t n_tok, float* Y) {
+  const int64_t n = w.n_cols;
+  const int64_t n_tiles = (w.n_rows + kMaxTileRows - 1) / kMaxTileRows;
+  std::vector<uint8_t> scratch(fused_tile_scratch_bytes(n));
+  std::vector<I8TileAct> acts(static_cast<size_t>(kTokenChunk));
+  std::vector<float*> outs(static_cast<size_t>(kTokenChunk));
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenChunk) {
+    const int64_t t1 = std::min(n_tok, t0 + kTokenChunk);
+    for (int64_t t = t0; t < t1; ++t) acts[static_cast<size_t>(t - t0)] = {xi + t * n, xd + t * n / 32, xs + t * n / 16, xb + t * n / 32};
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kMaxTileRows;
+      const int nr = static_cast<int>(std::min<int64_t>(kMaxTileRows, w.n_rows - r0));
+      const uint8_t* rows[kMaxTileRows];
+      raw_tile_rows(w, r0, nr, rows);
+      for (int64_t t = t0; t < t1; ++t) outs[static_cast<size_t>(t - t0)] = Y + t * w.n_rows + r0;
+      k.dot_tile_fused(w.type, rows, nr, acts.data(), static_cast<int>(t1 - t0), n, scratch.data(), outs.data());
+    }
+  }
+}
+
 void matmul_i8(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
   const int64_t n = w.n_cols;
   const size_t un = static_cast<size_t>(n);
   std::vector<int8_t> xq(static_cast<size_t>(n_tok) * un);
   std::vector<float> xd(static_cast<size_t>(n_tok) * un / 32), xs(static_cast<size_t>(n_tok) * un / 16);
+  const bool tiles = fmt.fused && n_tok >= kTileMinTokens && k.dot_tile_fused != nullptr && cpu_tile_path() &&
+                     n % 256 == 0 && tile_fused_type(w.type);
+  std::vector<int8_t> xi(tiles ? static_cast<size_t>(n_tok) * un : 0);
+  std::vector<float> xb(tiles ? static_cast<size_t>(n_tok) * un / 32 : 0);
   const bool nested = omp_in_parallel();
 #pragma omp parallel if (!nested)
   {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t t = 0; t < n_tok; ++t) {
       quantize_activations_i8(X + t * n, n, xq.data() + t * n, xd.data() + t * n / 32, xs.data() + t * n / 16);
-    if (fmt.fused) {
+      if (tiles) interleave_act_i8(w.type, xq.data() + t * n, xs.data() + t * n / 16, 0, n / 32, xi.data() + t * n, xb.data() + t * n / 32);
+    }
+    if (tiles) {
+      matmul_i8_tiles(k, w, xi.data(), xd.data(), xs.data(), xb.data(), n_tok, Y);
+    } else if (fmt.fused) {
       matmul_i8_fused(k, w, xq.data(), xd.data(), xs.data(), n_tok, Y);
     } else {
       matmul_i8_unpacked(k, fmt, w, xq.data(), xd.data(), xs.data(), n_tok, Y);

@@ -1,5 +1,7 @@
 #include "strata/engine/bench_cold.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -8,6 +10,8 @@
 #include <random>
 
 #include "strata/base/error.h"
+#include "strata/cpu/cpu_kernels.h"
+#include "strata/cpu/cpu_kernels.h"
 #include "strata/quant/quantize.h"
 
 namespace strata {
@@ -161,6 +165,62 @@ ColdBenchResult bench_cold_experts(ColdExpertPool& pool, const std::vector<Exper
   res.cached_jobs = n;
   res.cached_ms_per_job = 1e3 * cached_s / static_cast<double>(n);
   res.cached_gbs = res.bytes_per_job * static_cast<double>(n) / cached_s / 1e9;
+  return res;
+}
+
+BatchBenchResult bench_batched_experts(const std::vector<ExpertFfn>& layers, int tokens, int threads, bool dram,
+                                       double seconds) {
+  if (layers.empty()) fail("bench-cold: no expert layers");
+  if (tokens < 1 || threads < 1) fail("bench-cold: --batch needs tokens >= 1 and threads >= 1");
+  const ExpertFfn& w0 = layers.front();
+  const int64_t d = w0.gate.first.n_cols, ff = w0.gate.first.n_rows;
+  const size_t ut = static_cast<size_t>(tokens);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> X(ut * static_cast<size_t>(d)), H(ut * static_cast<size_t>(ff));
+  for (float& v : X) v = g(rng);
+  for (float& v : H) v = g(rng);
+  std::vector<float> G(H.size()), U(H.size()), Y(X.size());
+  const int64_t n_expert = w0.gate.n_expert, n_layer = static_cast<int64_t>(layers.size());
+  const auto run = [&](int64_t job) {
+    const ExpertFfn& w = dram ? layers[static_cast<size_t>(job % n_layer)] : w0;
+    const int e = dram ? static_cast<int>((job / n_layer) % n_expert) : 0;
+    matmul(w.gate.expert(e), X.data(), tokens, G.data());
+    matmul(w.up.expert(e), X.data(), tokens, U.data());
+    matmul(w.down.expert(e), H.data(), tokens, Y.data());
+  };
+  const double ops = 2.0 * static_cast<double>(tokens) * 3.0 * static_cast<double>(d) * static_cast<double>(ff);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const bool saved_tiles = cpu_tile_path();
+  BatchBenchResult res;
+  res.tokens = tokens;
+  res.threads = threads;
+  res.dram = dram;
+  int64_t job = 0;
+  // Rounds alternate the two kernels so that drifting clocks or neighbours hit both alike.
+  double time[2] = {0, 0};
+  int64_t jobs[2] = {0, 0};
+  const int rounds = 4;
+  for (int r = 0; r < 2 * rounds + 2; ++r) {
+    const int which = r % 2;  // 0: per token, 1: tiles
+    set_cpu_tile_path(which == 1);
+    const bool warm = r < 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t n = 0;
+    while (seconds_since(t0) < (warm ? 0.1 : seconds / (2 * rounds)) || n < 2) {
+      run(job++);
+      ++n;
+    }
+    if (!warm) {
+      time[which] += seconds_since(t0);
+      jobs[which] += n;
+    }
+  }
+  set_cpu_tile_path(saved_tiles);
+  omp_set_num_threads(saved);
+  res.per_token_gops = ops * static_cast<double>(jobs[0]) / time[0] / 1e9;
+  res.tiles_gops = ops * static_cast<double>(jobs[1]) / time[1] / 1e9;
   return res;
 }
 

@@ -62,4 +62,18 @@ struct ColdBenchResult {
 ColdBenchResult bench_cold_experts(ColdExpertPool& pool, const std::vector<ExpertFfn>& layers,
                                    const ColdBenchOptions& opt);
 
+// Batched products (prefill, verify batches, the CPU engine): one expert's gate, up and down
+// matmuls with `tokens` tokens each, on `threads` OpenMP threads, the weights cycling over every
+// expert of `layers` (dram) or one expert repeated (cache). Timed with the batched fused kernel
+// (tiles) and with the per-token kernel (per_token), alternately.
+struct BatchBenchResult {
+  int tokens = 0;
+  int threads = 0;
+  bool dram = false;
+  double per_token_gops = 0;  // 2 x multiply-adds per second / 1e9
+  double tiles_gops = 0;
+};
+BatchBenchResult bench_batched_experts(const std::vector<ExpertFfn>& layers, int tokens, int threads, bool dram,
+                                       double seconds);
+
 }  // namespace strata

@@ -14,6 +14,9 @@
 namespace strata {
 namespace {
 
+// Experts with at least this many tokens split their rows over the threads; fewer, one expert a thread.
+constexpr size_t kRowSplitTokens = 16;
+
 // Runs one SwiGLU FFN (gate, up, down) on m rows of X; Y is [m x d_model].
 void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, const float* X, int m,
                 float* Y) {
@@ -72,20 +75,45 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
     for (int j = 0; j < k; ++j)
       users[chosen[static_cast<size_t>(t) * k + j]].push_back({t, weight[static_cast<size_t>(t) * k + j]});
 
-  std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
-  std::vector<float> Xe, Ye;
+  // Expert outputs first, then the combine in ascending expert order. Experts with many tokens split
+  // their rows over the threads (matmul's own parallel loop); the many experts with a few tokens each
+  // (a prefill spreads its picks over most experts) run side by side, one expert per thread, so
+  // their small products do not each pay a fork and join. Every row is computed by the same kernels
+  // either way, so the results do not depend on the split.
+  std::vector<int> used;
+  std::vector<size_t> at(static_cast<size_t>(c.n_expert), 0);  // offset of expert e's rows in Y
+  size_t total = 0;
   for (int e = 0; e < c.n_expert; ++e) {
+    if (users[e].empty()) continue;
+    used.push_back(e);
+    at[static_cast<size_t>(e)] = total;
+    total += users[e].size() * static_cast<size_t>(d);
+  }
+  std::vector<float> Y(total);
+  const auto run_expert = [&](int e) {
     const auto& u = users[e];
-    if (u.empty()) continue;
     const int m = static_cast<int>(u.size());
-    Xe.resize(static_cast<size_t>(m) * d);
-    Ye.resize(static_cast<size_t>(m) * d);
+    std::vector<float> Xe(static_cast<size_t>(m) * d);
     for (int i = 0; i < m; ++i)
       std::copy_n(xn + static_cast<int64_t>(u[i].first) * d, d, Xe.data() + static_cast<int64_t>(i) * d);
-    swiglu_ffn(w.gate.expert(e), w.up.expert(e), w.down.expert(e), Xe.data(), m, Ye.data());
-    for (int i = 0; i < m; ++i) {
+    swiglu_ffn(w.gate.expert(e), w.up.expert(e), w.down.expert(e), Xe.data(), m, Y.data() + at[static_cast<size_t>(e)]);
+  };
+  std::vector<int> small;
+  for (int e : used) {
+    if (users[e].size() >= kRowSplitTokens)
+      run_expert(e);
+    else
+      small.push_back(e);
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < small.size(); ++i) run_expert(small[i]);
+
+  std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
+  for (int e : used) {
+    const auto& u = users[e];
+    for (size_t i = 0; i < u.size(); ++i) {
       float* o = out + static_cast<int64_t>(u[i].first) * d;
-      const float* y = Ye.data() + static_cast<int64_t>(i) * d;
+      const float* y = Y.data() + at[static_cast<size_t>(e)] + i * static_cast<size_t>(d);
       const float a = u[i].second;
       for (int j = 0; j < d; ++j) o[j] += a * y[j];
     }
