@@ -2,10 +2,10 @@
 // sessions give without one (tests/spec_lossless.h), all-GPU and hybrid (most experts cold), on the
 // bundled model and the qwen3_5_moe (DeltaNet) and laguna_swa (sliding window) fixtures, with n-gram
 // lookup, scripted drafts (rejections at every depth) and draft models on the CPU and on the GPU.
-// Two ways to run the target: prompts and verifications token by token through the decode step, where
-// a verification computes exactly what plain decode steps compute (the final state is compared bit for
-// bit); and through the batched prefill in exact math, where a verification's logits come from the
-// prefill's GEMMs (close to the decode step's, not bit-equal: the tokens are compared).
+// Two ways to run the target: prompts and verifications token by token through the decode step (the
+// state generation leaves gives logits within 1e-5 of the plain run's; they are not bit-equal on the
+// GPU, unlike the CPU's); and through the batched prefill in exact math,
+// where a verification's logits come from the prefill's GEMMs (within 1e-3).
 // Skips where CUDA is not built or no GPU exists.
 #include <gtest/gtest.h>
 
@@ -128,10 +128,10 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
     SCOPED_TRACE(where);
     const auto gm = gpu_model(*target.model, b);
     const auto make = gpu_sequences(gm);
-    const bool exact = !b.batched_prefill;
+    const double tol = b.batched_prefill ? 1e-3 : 1e-5;
     GenerationStats all;
 
-    const GenerationStats ng = spec_test::expect_lossless(make, *target.tokenizer, c, ngram(1, 4), exact, where + ", ngram");
+    const GenerationStats ng = spec_test::expect_lossless(make, *target.tokenizer, c, ngram(1, 4), true, where + ", ngram", tol);
     print(where + ", ngram", ng);
     EXPECT_GT(ng.accepted_tokens, 0) << where << ": n-gram lookup on a repeating prompt";
     add(all, ng);
@@ -141,7 +141,7 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
           std::pair<std::string, spec_test::MakeDrafter>{"draft on the GPU", gpu_draft(draft_gm, *draft.model, ctx, c.sampling)},
           std::pair<std::string, spec_test::MakeDrafter>{"itself as draft on the GPU",
                                                           gpu_draft(self_gm, *target.model, ctx, c.sampling)}}) {
-      const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, make_drafter, exact, where + ", " + name);
+      const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, make_drafter, true, where + ", " + name, tol);
       print(where + ", " + name, s);
       EXPECT_GT(s.spec_steps, 0) << where << ", " << name;
       add(all, s);
@@ -155,7 +155,7 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
       const GenerationStats s = spec_test::expect_lossless(
           make, *target.tokenizer, c,
           [ref, n_prompt, every, V] { return std::make_unique<spec_test::ScriptDrafter>(n_prompt, ref, every, V); },
-          exact, where + ", scripted");
+          true, where + ", scripted", tol);
       expect_accepts_and_rejects(s, where + ", scripted every " + std::to_string(every));
       add(all, s);
     }

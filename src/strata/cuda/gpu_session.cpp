@@ -424,29 +424,13 @@ struct GpuSession::Impl {
   // The MoE FFN in separate launches: router (+ shared gate), routed gate+up+SwiGLU with the top-k
   // computed in every block (+ the shared expert's gate/up), routed + shared down + combine. The next
   // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
-  // experts (hybrid_moe.h); the router launch's last block routes and posts the cold picks to the CPU
-  // (a launch of its own where the experts take several launches), and one launch adds their rows once
-  // the CPU has them.
+  // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
+  // added into x at the end.
   void moe(int il, const DevLayer& D) {
     MoeJobs m = moe_jobs(il, D);
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
     unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
-    GemvDownSum fused;
-    fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
-    fused.slot_of_expert = slot_of;
-    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = D.moe.shared_gated ? sg : nullptr;
-    fused.x = x;
-    const bool down_fused = gemv_down_sum_fits(fused);
-    // Hybrid: the router launch's route epilogue posts the cold picks where one launch takes the experts.
-    const bool hybrid_folded = hybrid && m.up.size() <= static_cast<size_t>(kMaxGemvJobs);
-    if (hybrid_folded) {
-      hybrid->decode_post(il, x, D.ffn_norm, m.rt);
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, &m.rt);
-      prof.mark("moe router+top-k+post (hybrid)", stream);
-      for (GemvJob& j : m.up)
-        if (j.ids) j.slot_of_expert = slot_of;
-      gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up");
-    } else if (hybrid) {
+    if (hybrid) {
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);
       hybrid->route_decode(il, router, layer_ids(il), wts, counts, x, D.ffn_norm, stream, replay_for(il));
@@ -464,7 +448,12 @@ struct GpuSession::Impl {
       prof.mark("moe router+top-k+shared gate", stream);
       gemv_chunks(m.up, "moe experts gate+up");
     }
-    if (down_fused) {  // one launch, no per-expert outputs
+    GemvDownSum fused;
+    fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
+    fused.slot_of_expert = slot_of;
+    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = D.moe.shared_gated ? sg : nullptr;
+    fused.x = x;
+    if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {

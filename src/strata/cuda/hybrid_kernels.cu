@@ -5,14 +5,18 @@
 #include <cstdio>
 
 #include "strata/cuda/cuda_check.h"
-#include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/device_math.cuh"
-#include "strata/cuda/hybrid_device.cuh"
 #include "strata/cuda/hybrid_kernels.h"
 #include "strata/cuda/route_warp.cuh"
 
 namespace strata::cuda {
 namespace {
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // ---- route + ring ----------------------------------------------------------------------------------
 __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, RouteRule rule,
@@ -21,27 +25,97 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   __shared__ int chosen[kHybridMaxK];
   __shared__ float chosen_p[kHybridMaxK];
   __shared__ float p[1024];
-  pdl_enter();
+  __shared__ int n_cold;
+  __shared__ unsigned long long seq;
   if (threadIdx.x < 32) {
     warp_route(logits, n_expert, k, chosen, chosen_p, p, &rule);
     warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, seq_picks, rule.scale);
   }
   __syncthreads();
-  hybrid_post_block(r, il, chosen, k, n_expert, slot_of, x, norm_w, eps, d);
+  if (threadIdx.x == 0) {
+    int n = 0, hits = 0;
+    unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
+    for (int q = 0; q < k; ++q) {
+      const int slot = slot_of[chosen[q]];
+      n += slot < 0 ? 1 : 0;
+      hits += slot >= r.pinned[il] ? 1 : 0;
+      atomicAdd(per_expert + chosen[q], 1ull);
+    }
+    n_cold = n;
+    atomicAdd(r.calls + il, 1ull);
+    atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
+    if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
+    seq = n > 0 ? atomicAdd(&r.ctr->seq, 1ull) + 1 : 0;
+    if (n > 0) atomicAdd(&r.ctr->jobs, 1ull);
+    r.wait_seq[il] = seq;
+  }
+  __syncthreads();
+  if (n_cold == 0) return;  // fast path: nothing leaves the GPU
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
+  ss = block_sum_d(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+  volatile float* xh = r.xn_host;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) xh[i] = x[i] * inv * norm_w[i];
+  if (threadIdx.x == 0) {
+    volatile HostJob* j = r.job;
+    j->layer = il;
+    j->k = k;
+    j->n_cold = n_cold;
+    for (int q = 0; q < k; ++q) {
+      j->ids[q] = chosen[q];
+      j->cold[q] = slot_of[chosen[q]] < 0 ? 1 : 0;
+    }
+  }
+  // Every thread's writes reach host memory before the doorbell.
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile HostJob* j = r.job;
+    j->doorbell = seq;
+    __threadfence_system();
+  }
 }
 
 // ---- cold add --------------------------------------------------------------------------------------
 __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
                                 HybridRing r, unsigned long long timeout_ns) {
+  const unsigned long long want = r.wait_seq[il];
+  if (want == 0) return;  // no cold pick in this layer
   __shared__ int order[kHybridMaxK];
   __shared__ int n_cold;
-  pdl_enter();
-  if (threadIdx.x == 0) n_cold = hybrid_wait_cold(r, il, ids, slot_of, k, timeout_ns, order);
+  if (threadIdx.x == 0) {
+    // __ldcv: fetch again every time (the line lives in host memory and the CPU rewrites it).
+    const unsigned long long* done = &r.job->done;
+    const unsigned long long t0 = global_ns();
+    while (__ldcv(done) < want) {
+      if (global_ns() - t0 > timeout_ns) {
+        if (blockIdx.x == 0) {
+          printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
+                 static_cast<double>(timeout_ns) * 1e-9);
+          atomicAdd(&r.ctr->timeouts, 1ull);
+        }
+        __trap();
+      }
+      __nanosleep(200);
+    }
+    if (blockIdx.x == 0) atomicAdd(&r.ctr->wait_ns, global_ns() - t0);
+    int all[kHybridMaxK];
+    slots_in_ascending_id(ids, k, all);  // the CPU engine sums experts in that order
+    int n = 0;
+    for (int q = 0; q < k; ++q)
+      if (slot_of[ids[all[q]]] < 0) order[n++] = all[q];
+    n_cold = n;
+  }
   __syncthreads();
-  if (n_cold == 0) return;  // no cold pick in this layer
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= d) return;
-  x[j] += hybrid_cold_sum(r, order, n_cold, weights, d, j);
+  float acc = 0.0f;
+  for (int q = 0; q < n_cold; ++q) {
+    const int o = order[q];
+    acc += weights[o] * __ldcv(r.ye_cold + static_cast<int64_t>(o) * d + j);
+  }
+  x[j] += acc;
 }
 
 // ---- uncount ---------------------------------------------------------------------------------------
@@ -79,16 +153,18 @@ void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool no
                        const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s) {
   check_arg(k >= 1 && k <= kHybridMaxK && k <= n_expert && n_expert <= 1024,
             "hybrid_route_ring: 1 <= k <= 64 and n_expert <= 1024");
-  launch_pdl("hybrid_route_ring", route_ring_kernel, dim3(1), dim3(256), 0, s, il, logits, n_expert, k, norm_topk, rule,
-             ids, weights, seq_picks, slot_of, x, norm_w, eps, d, ring);
+  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, rule, ids, weights, seq_picks, slot_of, x,
+                                      norm_w, eps, d, ring);
+  check_launch("hybrid_route_ring");
 }
 
 void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
                      const HybridRing& ring, double timeout_s, cudaStream_t s) {
   check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_cold_add: 1 <= k <= 64");
   const int threads = 256;
-  launch_pdl("hybrid_cold_add", cold_add_kernel, dim3((d + threads - 1) / threads), dim3(threads), 0, s, il, x, ids,
-             weights, slot_of, k, d, ring, static_cast<unsigned long long>(timeout_s * 1e9));
+  cold_add_kernel<<<(d + threads - 1) / threads, threads, 0, s>>>(il, x, ids, weights, slot_of, k, d, ring,
+                                                                 static_cast<unsigned long long>(timeout_s * 1e9));
+  check_launch("hybrid_cold_add");
 }
 
 void hybrid_uncount(const int* ids, int n_layer, int k, int n_expert, const int* slot_maps, const HybridRing& ring,

@@ -102,11 +102,6 @@ class HybridMoeImpl final : public HybridMoe {
     hybrid_cold_add(il, x, ids, weights, device_slot_map(il), c_.n_expert_used, c_.n_embd, ring_, kCpuTimeoutS, s);
   }
 
-  void decode_post(int il, const float* x, const float* norm_w, GemvRoute& rt) const override {
-    rt.post_ring = d_ring_, rt.post_layer = il, rt.post_slot_of = device_slot_map(il);
-    rt.post_x = x, rt.post_norm_w = norm_w, rt.post_eps = c_.rms_eps, rt.post_d = static_cast<int>(c_.n_embd);
-  }
-
   void uncount_decode(const int* ids, cudaStream_t s) override {
     hybrid_uncount(ids, c_.n_layer, c_.n_expert_used, c_.n_expert, d_slot_, ring_, s);
   }
@@ -338,8 +333,6 @@ class HybridMoeImpl final : public HybridMoe {
     yec_h_ = halloc_mapped<float>(k * d, &yec_d);
     ring_.xn_host = xn_d;
     ring_.ye_cold = yec_d;
-    d_ring_ = dalloc<HybridRing>(1);  // the fused launches read the ring through one device pointer
-    check_cuda(cudaMemcpy(d_ring_, &ring_, sizeof ring_, cudaMemcpyHostToDevice), "hybrid: ring");
     check_cuda(cudaEventCreateWithFlags(&ev_last_, cudaEventDisableTiming), "hybrid: event");
     check_cuda(cudaEventCreateWithFlags(&ev_copied_, cudaEventDisableTiming), "hybrid: event");
     batch_calls_.assign(nl, 0);
@@ -579,7 +572,6 @@ class HybridMoeImpl final : public HybridMoe {
   std::vector<void*> allocs_, host_allocs_;
   int* d_slot_ = nullptr;
   HybridRing ring_;
-  HybridRing* d_ring_ = nullptr;  // a device copy of ring_
   HostJob* job_h_ = nullptr;
   float *xn_h_ = nullptr, *yec_h_ = nullptr;
   // The last hybrid step any sequence enqueued (order_after_last / record_last).

@@ -12,7 +12,6 @@
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_types.h"
-#include "strata/cuda/matvec_kernels.h"
 
 namespace strata::cuda {
 
@@ -30,10 +29,6 @@ class HybridMoe {
   virtual void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
                             const float* x, const float* norm_w, cudaStream_t s, const int* replay = nullptr) = 0;
   virtual void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s) = 0;
-  // route_decode folded into the session's router launch (one dependent launch fewer per layer): sets
-  // its route epilogue (GemvRoute, with the layer's ids / weights / counts and its replay rule) to post
-  // the cold picks as well. route_decode remains for the layers whose experts need several launches.
-  virtual void decode_post(int il, const float* x, const float* norm_w, GemvRoute& rt) const = 0;
   // A dropped decode lookahead step: its picks (ids: [n_layer x k]) leave the model's counters.
   virtual void uncount_decode(const int* ids, cudaStream_t s) = 0;
   // Sequences share the mailbox and the CPU pool, and a lookahead step may still run after its sequence

@@ -13,7 +13,6 @@
 
 #include "strata/cuda/decode_combine.cuh"
 #include "strata/cuda/device_math.cuh"
-#include "strata/cuda/hybrid_device.cuh"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/matvec_rows.cuh"
 #include "strata/cuda/route_warp.cuh"
@@ -81,9 +80,6 @@ static __device__ __noinline__ void route_epilogue(const GemvRoute& r) {
   if (!last_block_of(r.counter)) return;
   __shared__ int chosen[64];
   route_block(r, chosen, true);
-  if (r.post_ring)
-    hybrid_post_block(*r.post_ring, r.post_layer, chosen, r.k, r.n_expert, r.post_slot_of, r.post_x, r.post_norm_w,
-                      r.post_eps, r.post_d);
 }
 
 static __device__ __noinline__ void combine_epilogue(const GemvCombine& c) {

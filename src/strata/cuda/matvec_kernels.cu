@@ -207,8 +207,6 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   if (route) {
     check_arg(!norm, "gemv_batch: one epilogue at most");
     check_route(*route, true, "gemv_batch: incomplete GemvRoute");
-    check_arg(!route->post_ring || (route->post_slot_of && route->post_x && route->post_norm_w && route->post_d > 0),
-              "gemv_batch: incomplete hybrid post in GemvRoute");
     b.route = *route;
   }
   if (combine) {
@@ -218,7 +216,6 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   }
   if (route_in) {
     check_route(*route_in, false, "gemv_batch: incomplete route_in");
-    check_arg(!route_in->post_ring, "gemv_batch: the hybrid post is a route epilogue's (route), not route_in's");
     b.route_in = *route_in;
   }
   const int grid = std::max(1, std::min(tiles, capacity));

@@ -20,8 +20,6 @@
 
 namespace strata::cuda {
 
-struct HybridRing;  // hybrid_kernels.h
-
 enum class GemvMode : int {
   Store = 0,       // y[r] = W[r] . x
   Accumulate = 1,  // y[r] += W[r] . x (a residual add fused into the projection)
@@ -92,16 +90,6 @@ struct GemvRoute {
   unsigned long long* counts = nullptr;
   unsigned int* counter = nullptr;
   RouteRule rule;  // softmax by default
-  // Hybrid decode, route epilogue only (post_ring non-null, device): after routing, the last block posts
-  // layer post_layer's cold picks (slot -1 in post_slot_of) to the CPU with rmsnorm(post_x) *
-  // post_norm_w as their input, as hybrid_route_ring does (hybrid_kernels.h).
-  const HybridRing* post_ring = nullptr;
-  int post_layer = 0;
-  const int* post_slot_of = nullptr;
-  const float* post_x = nullptr;
-  const float* post_norm_w = nullptr;
-  float post_eps = 0.0f;
-  int post_d = 0;
 };
 
 // The MoE combine (moe_combine_add_norm of kernels.h, the same arithmetic) run by the last block to
