@@ -124,6 +124,8 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
 // Fewest positions per attention chunk (attn_split_kernel): a block's work is worth its launch and the
 // last block's merge stays short.
 constexpr int kAttnMinChunk = 32;
+// Most chunks of one head (attention_splits; the merge keeps each chunk's statistics in shared memory).
+constexpr int kAttnMaxSplits = 128;
 
 // Positions per chunk when n_ctx positions are split S ways: the kernel's rule for the live context and
 // the launcher's for the largest chunk (its shared memory), one formula so the two cannot drift apart.
@@ -510,21 +512,38 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   }
   __syncthreads();
   if (!last) return;
+  // The merge: every partial's statistics read at once (each an L2 round trip; read one after another,
+  // they made the merge the longest chain of the launch), the sums still taken in chunk order.
   const float* base = scratch + static_cast<int64_t>(h) * S * (head_dim + 2);
-  float M = -INFINITY;
-  for (int i = 0; i < n_act; ++i) M = fmaxf(M, __ldcg(base + static_cast<int64_t>(i) * (head_dim + 2)));
-  double L = 0.0;
-  for (int i = 0; i < n_act; ++i) {
-    const float* pi = base + static_cast<int64_t>(i) * (head_dim + 2);
-    L += static_cast<double>(__ldcg(pi + 1)) * exp(static_cast<double>(__ldcg(pi)) - M);
+  __shared__ float m_sh[kAttnMaxSplits], w_sh[kAttnMaxSplits];
+  __shared__ double l_sh[kAttnMaxSplits];
+  for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
+    m_sh[i] = __ldcg(base + static_cast<int64_t>(i) * (head_dim + 2));
+    l_sh[i] = static_cast<double>(__ldcg(base + static_cast<int64_t>(i) * (head_dim + 2) + 1));
   }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < n_act; ++i) M = fmaxf(M, m_sh[i]);
+  for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
+    l_sh[i] *= exp(static_cast<double>(m_sh[i]) - M);
+    w_sh[i] = expf(m_sh[i] - M);
+  }
+  __syncthreads();
+  double L = 0.0;
+  for (int i = 0; i < n_act; ++i) L += l_sh[i];
   const float invL = static_cast<float>(1.0 / L);
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    const float* pd = base + 2 + d;
     float acc = 0.0f;
-    for (int i = 0; i < n_act; ++i) {
-      const float* pi = base + static_cast<int64_t>(i) * (head_dim + 2);
-      acc += __ldcg(pi + 2 + d) * expf(__ldcg(pi) - M);
+    int i = 0;
+    for (; i + 4 <= n_act; i += 4) {  // four loads in flight, added in order
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __ldcg(pd + static_cast<int64_t>(i + u) * (head_dim + 2));
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc += v[u] * w_sh[i + u];
     }
+    for (; i < n_act; ++i) acc += __ldcg(pd + static_cast<int64_t>(i) * (head_dim + 2)) * w_sh[i];
     float r = acc * invL;
     if (gate.kind != AttnOutGate::None) r *= out_gate(gate, qh, h, head_dim, d);
     out[static_cast<int64_t>(h) * head_dim + d] = r;
@@ -733,6 +752,7 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
   if (rows <= 0) rows = max_ctx;
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
+  check_arg(S <= kAttnMaxSplits, "attention_decode_split: a context this long needs more chunks than the merge holds");
   const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
   const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
   with_kv_types(kv, [&](auto tk, auto tv) {
