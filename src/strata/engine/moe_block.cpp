@@ -5,6 +5,8 @@
 // The scale multiplies the finished sum, as HF applies routed_scaling_factor.
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
+#include <omp.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -105,8 +107,14 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
     else
       small.push_back(e);
   }
+  // Side by side only when they fill the threads: a decode step's few experts would leave most threads
+  // idle and each expert's bytes to one thread's share of the memory bandwidth.
+  if (small.size() >= static_cast<size_t>(omp_get_max_threads())) {
 #pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < small.size(); ++i) run_expert(small[i]);
+    for (size_t i = 0; i < small.size(); ++i) run_expert(small[i]);
+  } else {
+    for (int e : small) run_expert(e);
+  }
 
   std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
   for (int e : used) {
