@@ -13,6 +13,9 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
   sub.add_option("--draft-min", o.draft_min, "fewer drafted tokens than this run a plain step (default 0)");
   sub.add_option("--spec-ngram-min", o.ngram.min_n, "--spec ngram: shortest n-gram looked up (default 2)");
   sub.add_option("--spec-ngram-max", o.ngram.max_n, "--spec ngram: longest n-gram looked up (default 4)");
+  sub.add_option("--spec-ngram-branches", o.ngram.branches,
+                 "--spec ngram: draft the continuations of up to N earlier occurrences as a token tree (default 1: "
+                 "the most recent one, a chain)");
 }
 
 std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target,

@@ -84,6 +84,50 @@ class ScriptDrafter final : public Drafter {
   int count_ = 0;
 };
 
+// Drafts a token tree around the reference continuation: at each depth the right token sits among
+// `width` - 1 wrong siblings at a rotating place, each wrong sibling with a wrong child, and every
+// `corrupt_every`-th depth has no right token at all; so verification must find the kept path among
+// siblings, descend, and stop inside the tree.
+class TreeScriptDrafter final : public Drafter {
+ public:
+  TreeScriptDrafter(size_t prompt_size, std::vector<int32_t> reference, int width, int corrupt_every, int32_t n_vocab)
+      : prompt_size_(prompt_size), ref_(std::move(reference)), width_(width), every_(corrupt_every), n_vocab_(n_vocab) {}
+  std::string name() const override { return "tree-script"; }
+  void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) override {
+    out.clear();
+    int parent = -1;
+    for (size_t i = history.size() - prompt_size_; i < ref_.size(); ++i) {
+      const bool corrupt = every_ > 0 && ++count_ % every_ == 0;
+      const int right_at = count_ % width_;
+      int next = -1;
+      for (int w = 0; w < width_; ++w) {
+        if (static_cast<int>(out.tokens.size()) >= max_tokens) return;
+        const bool right = w == right_at && !corrupt;
+        const int32_t t = right ? ref_[i] : static_cast<int32_t>((ref_[i] + 1 + w) % n_vocab_);
+        if (!right && t == ref_[i]) continue;
+        out.tokens.push_back(t);
+        out.parents.push_back(parent);
+        const int at = static_cast<int>(out.tokens.size()) - 1;
+        if (right) {
+          next = at;
+        } else if (static_cast<int>(out.tokens.size()) < max_tokens) {  // a wrong child under a wrong sibling
+          out.tokens.push_back(static_cast<int32_t>((t + 3) % n_vocab_));
+          out.parents.push_back(at);
+        }
+      }
+      if (next < 0) return;
+      parent = next;
+    }
+  }
+
+ private:
+  size_t prompt_size_;
+  std::vector<int32_t> ref_;
+  int width_, every_;
+  int32_t n_vocab_;
+  int count_ = 0;
+};
+
 // A copy of `src` whose F32 / BF16 tensors are scaled by 1 + rel * N(0, 1) element by element: another
 // model with the same vocabulary, agreeing with the original often but not always;
 // written to `out`, which is returned.

@@ -159,6 +159,15 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
       expect_accepts_and_rejects(s, where + ", scripted every " + std::to_string(every));
       add(all, s);
     }
+    // Token trees: the kept path among wrong siblings (each GPU path of the tree from the saved state).
+    const GenerationStats tree = spec_test::expect_lossless(
+        make, *target.tokenizer, c,
+        [ref = plain.result.tokens, n_prompt = c.prompt.size(), V] {
+          return std::make_unique<spec_test::TreeScriptDrafter>(n_prompt, ref, 3, 3, V);
+        },
+        true, where + ", tree", tol);
+    expect_accepts_and_rejects(tree, where + ", tree");
+    add(all, tree);
     expect_accepts_and_rejects(all, where + ", all drafters");
   }
 }

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -229,6 +230,39 @@ TEST(NgramDrafter, ProposesWhatFollowedTheLongestRecentMatch) {
   EXPECT_THROW(NgramDrafter(NgramParams{3, 2}), Error);
 }
 
+TEST(NgramDrafter, BranchesMergeSeveralOccurrencesIntoATree) {
+  NgramDrafter d(NgramParams{2, 2, 3});
+  Draft out;
+  // "1 2" was followed by 3 4, by 5 6 and by 3 7 (most recent last): the tree shares the 3.
+  d.propose({1, 2, 3, 4, 0, 1, 2, 5, 6, 0, 1, 2, 3, 7, 0, 1, 2}, 6, out);
+  ASSERT_EQ(out.tokens.size(), out.parents.size());
+  // The most recent continuation first: 3 7 0 ...; then 5 6 and 4 under the shared 3.
+  ASSERT_GE(out.tokens.size(), 4u);
+  EXPECT_EQ(out.tokens[0], 3);
+  EXPECT_EQ(out.parents[0], -1);
+  EXPECT_EQ(out.tokens[1], 7);
+  EXPECT_EQ(out.parents[1], 0);
+  EXPECT_LE(out.tokens.size(), 6u);
+  std::vector<std::pair<int, int32_t>> nodes;  // (parent token or -1, token)
+  for (size_t t = 0; t < out.tokens.size(); ++t)
+    nodes.push_back({out.parents[t] < 0 ? -1 : out.tokens[static_cast<size_t>(out.parents[t])], out.tokens[t]});
+  auto has = [&](int parent_token, int32_t token) {
+    return std::find(nodes.begin(), nodes.end(), std::make_pair(parent_token, token)) != nodes.end();
+  };
+  EXPECT_TRUE(has(-1, 5)) << "the 5 6 continuation branches at the root";
+  EXPECT_TRUE(has(3, 4)) << "the 3 4 continuation branches under the shared 3";
+  for (size_t t = 0; t < out.tokens.size(); ++t) EXPECT_LT(out.parents[t], static_cast<int>(t));
+  // One occurrence only: the chain, as with one branch.
+  NgramDrafter one(NgramParams{2, 2, 1});
+  Draft chain;
+  d.propose({1, 2, 3, 4, 1, 2}, 4, out);
+  one.propose({1, 2, 3, 4, 1, 2}, 4, chain);
+  EXPECT_EQ(out.tokens, chain.tokens);
+  EXPECT_TRUE(out.parents.empty());
+  EXPECT_THROW(NgramDrafter(NgramParams{2, 2, 0}), Error);
+  EXPECT_THROW(NgramDrafter(NgramParams{2, 2, NgramParams::kMaxBranches + 1}), Error);
+}
+
 TEST(SpecOptions, CheckedInOnePlace) {
   SpecOptions o;
   EXPECT_EQ(check_spec_options(o).kind, SpecKind::None);
@@ -336,6 +370,21 @@ void check_fixture(const std::string& name, const std::string& other_name) {
         name + ", scripted");
     expect_accepts_and_rejects(s, name + ", scripted");
   }
+  // Token trees: the kept path among siblings, the state (KV rows, DeltaNet state, sliding rings) of
+  // that path only.
+  for (int every : {3, 4}) {
+    const GenerationStats s = spec_test::expect_lossless(
+        make, *target.tokenizer, c,
+        [&] { return std::make_unique<spec_test::TreeScriptDrafter>(c.prompt.size(), plain.result.tokens, 3, every, V); }, true,
+        name + ", tree");
+    expect_accepts_and_rejects(s, name + ", tree");
+  }
+  NgramParams branched{1, 4, 4};
+  expect_accepts_and_rejects(
+      spec_test::expect_lossless(make, *target.tokenizer, c,
+                                 [branched] { return std::make_unique<NgramDrafter>(branched); }, true,
+                                 name + ", ngram tree"),
+      name + ", ngram tree");
 }
 
 TEST(SpecLossless, Qwen35DeltaNetFixture) { check_fixture("qwen3_5_moe", "qwen3_5_moe_interval2"); }
@@ -438,6 +487,47 @@ TEST(SpecSampled, FirstTokensKeepTheirDistribution) {
   ScriptDrafter fixed(prompt.size(), likely);
   chi2(histogram(&fixed, &fixed_stats), "deterministic drafts");
   expect_accepts_and_rejects(fixed_stats, "deterministic drafts");
+  // A token tree: both likely tokens at each node (the less likely one first), a node's children before
+  // their subtrees, up to the draft budget; each node's outcome must still be distributed as p.
+  class BothChildren final : public Drafter {
+   public:
+    BothChildren(size_t n_prompt, const std::map<std::vector<int32_t>, double>& seqs) : n_prompt_(n_prompt), seqs_(seqs) {}
+    std::string name() const override { return "both"; }
+    void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) override {
+      out.clear();
+      const std::vector<int32_t> prefix(history.begin() + static_cast<std::ptrdiff_t>(n_prompt_), history.end());
+      add(prefix, -1, max_tokens, out);
+    }
+
+   private:
+    void add(const std::vector<int32_t>& prefix, int parent, int max_tokens, Draft& out) const {
+      std::map<int32_t, double> next;  // next token -> probability mass of the sequences through it
+      for (const auto& [seq, prob] : seqs_)
+        if (seq.size() > prefix.size() && std::equal(prefix.begin(), prefix.end(), seq.begin()))
+          next[seq[prefix.size()]] += prob;
+      std::vector<std::pair<double, int32_t>> order;
+      for (const auto& [t, m] : next) order.push_back({m, t});
+      std::sort(order.begin(), order.end());  // least likely first
+      std::vector<int> at;
+      for (const auto& [m, t] : order) {  // a node's children first, then their subtrees
+        if (static_cast<int>(out.tokens.size()) >= max_tokens) break;
+        out.tokens.push_back(t);
+        out.parents.push_back(parent);
+        at.push_back(static_cast<int>(out.tokens.size()) - 1);
+      }
+      for (const int a : at) {
+        std::vector<int32_t> deeper = prefix;
+        deeper.push_back(out.tokens[static_cast<size_t>(a)]);
+        add(deeper, a, max_tokens, out);
+      }
+    }
+    size_t n_prompt_;
+    const std::map<std::vector<int32_t>, double>& seqs_;
+  };
+  GenerationStats tree_stats;
+  BothChildren both(prompt.size(), exact);
+  chi2(histogram(&both, &tree_stats), "token-tree drafts");
+  expect_accepts_and_rejects(tree_stats, "token-tree drafts");
 }
 
 // ---- a verified step stops where plain decoding stops ------------------------------------------

@@ -13,9 +13,10 @@
 
 namespace strata {
 
-// A proposal: a chain (parents empty) or, for tree drafters, a token tree in the shape
-// Sequence::forward_pending takes (parents[t] < t, -1 for a child of the last token). The generation
-// loop verifies chains; a tree is refused until tree verification exists.
+// A proposal: a chain (parents empty) or a token tree in the shape Sequence::forward_pending takes
+// (parents[t] < t, -1 for a child of the last token; the children of one node carry distinct tokens).
+// The generation loop verifies a tree from the root down: at each node it tries the children in the
+// order given and moves to the first one verification keeps. Trees are deterministic proposals (q empty).
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<int> parents;

@@ -128,6 +128,9 @@ namespace {
 struct SpecScratch {
   Draft draft;
   std::vector<int32_t> batch;
+  std::vector<int> parents;                // batch order: -1 for the current token
+  std::vector<std::vector<int>> children;  // batch index -> its children's batch indices, in draft order
+  std::vector<int> path;                   // batch indices of the current token and the accepted drafts
   std::vector<float> logits;
   TokenDistribution p, residual;
 };
@@ -137,42 +140,84 @@ void check_draft(const Draft& d, int max_tokens, int32_t n_vocab) {
   const size_t n = d.tokens.size();
   if (n > static_cast<size_t>(max_tokens))
     fail("speculative decoding: the drafter proposed ", n, " tokens where at most ", max_tokens, " were asked for");
-  if (!d.parents.empty())
-    fail("speculative decoding: the drafter proposed a token tree; the generation loop verifies chains only");
   if (!d.q.empty() && d.q.size() != n)
     fail("speculative decoding: the drafter gave ", d.q.size(), " distributions for ", n, " tokens");
   for (const int32_t id : d.tokens)
     if (id < 0 || id >= n_vocab) fail("speculative decoding: drafted token ", id, " is outside the vocabulary of ", n_vocab);
+  if (d.parents.empty()) return;
+  if (d.parents.size() != n) fail("speculative decoding: the drafter gave ", d.parents.size(), " parents for ", n, " tokens");
+  if (!d.q.empty()) fail("speculative decoding: a token tree with draft distributions is not verified (trees are deterministic)");
+  for (size_t t = 0; t < n; ++t) {
+    const int parent = d.parents[t];
+    if (parent < -1 || parent >= static_cast<int>(t))
+      fail("speculative decoding: drafted token ", t, " has parent ", parent, " (parents come first, -1 for the root's children)");
+    for (size_t u = 0; u < t; ++u)
+      if (d.parents[u] == parent && d.tokens[u] == d.tokens[t])
+        fail("speculative decoding: drafted tokens ", u, " and ", t, " are the same token under one parent");
+  }
 }
 
-// Runs [current, drafts...] as pending tokens in one forward and verifies the drafts in order, each
-// position's distribution computed with the accepted drafts before it in the history (penalties see
-// them). `out` gets the accepted drafts, then the target's own token: the replacement of the first
-// rejected draft, or, when all were accepted, one more from the last row. Every pending token stays
-// pending: the caller keeps the ones it uses.
+// Runs [current, drafts...] as pending tokens in one forward (a chain, or the drafter's tree) and
+// verifies from the current token down: at each node the children are tried in draft order, each
+// against the distribution left after the ones before it were rejected (for one-hot drafts the
+// residual is p without the rejected token, so the node's outcome is distributed as p whatever the
+// number of children), with the accepted drafts before it in the history (penalties see them). `out`
+// gets the accepted drafts, then the target's own token: drawn from what is left at the first node where
+// no child is kept, or one more from a leaf's row. sc.path ends as the batch indices of the current token
+// and the accepted drafts. Every pending token stays pending: the caller keeps the ones it uses.
 void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScratch& sc, int32_t n_text,
                    std::vector<int32_t>& history, std::vector<int32_t>& out) {
   const Draft& d = sc.draft;
   const int k = static_cast<int>(d.tokens.size());
+  const bool tree = !d.parents.empty();
   const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);
   sc.batch.assign(1, current);
   sc.batch.insert(sc.batch.end(), d.tokens.begin(), d.tokens.end());
+  sc.children.resize(static_cast<size_t>(k + 1));
+  for (auto& c : sc.children) c.clear();
+  sc.parents.assign(1, -1);
+  for (int t = 0; t < k; ++t) {
+    const int parent = tree ? d.parents[static_cast<size_t>(t)] + 1 : t;
+    sc.parents.push_back(parent);
+    sc.children[static_cast<size_t>(parent)].push_back(t + 1);
+  }
   sc.logits.resize(static_cast<size_t>(k + 1) * static_cast<size_t>(n_vocab));
-  session.forward_pending(sc.batch.data(), k + 1, nullptr, sc.logits.data());
+  session.forward_pending(sc.batch.data(), k + 1, tree ? sc.parents.data() : nullptr, sc.logits.data());
   const size_t history_size = history.size();
-  for (int j = 0; j <= k; ++j) {
-    float* row = sc.logits.data() + static_cast<size_t>(j) * static_cast<size_t>(n_vocab);
+  sc.path.assign(1, 0);
+  for (int node = 0;;) {
+    float* row = sc.logits.data() + static_cast<size_t>(node) * static_cast<size_t>(n_vocab);
     ban_ids_from(row, n_text, n_vocab);
     sampler.distribution(row, n_vocab, history, sc.p);
-    if (j == k) {
+    const std::vector<int>& kids = sc.children[static_cast<size_t>(node)];
+    int kept = -1;
+    for (size_t i = 0; i < kids.size() && kept < 0; ++i) {
+      const int c = kids[i];
+      const TokenDistribution* q = d.q.empty() ? nullptr : &d.q[static_cast<size_t>(c - 1)];
+      if (i + 1 == kids.size()) {  // the last child: rejected, the replacement comes from the residual
+        const DraftVerdict v = verify_draft(sampler, sc.p, sc.batch[static_cast<size_t>(c)], q, sc.residual);
+        if (v.accepted) {
+          kept = c;
+        } else {
+          out.push_back(v.token);
+          history.resize(history_size);
+          return;
+        }
+      } else if (draft_kept(sampler, sc.p, sc.batch[static_cast<size_t>(c)])) {
+        kept = c;
+      } else {
+        residual_distribution(sc.p, sc.batch[static_cast<size_t>(c)], nullptr, sc.residual);
+        std::swap(sc.p, sc.residual);
+      }
+    }
+    if (kept < 0) {  // a leaf: one more token from its row
       out.push_back(sampler.draw(sc.p));
       break;
     }
-    const DraftVerdict v = verify_draft(sampler, sc.p, d.tokens[static_cast<size_t>(j)],
-                                        d.q.empty() ? nullptr : &d.q[static_cast<size_t>(j)], sc.residual);
-    out.push_back(v.token);
-    if (!v.accepted) break;
-    history.push_back(v.token);
+    out.push_back(sc.batch[static_cast<size_t>(kept)]);
+    history.push_back(sc.batch[static_cast<size_t>(kept)]);
+    sc.path.push_back(kept);
+    node = kept;
   }
   history.resize(history_size);
 }
@@ -316,10 +361,10 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
         }
       }
     } catch (...) {
-      if (verified) session.keep_first(used);
+      if (verified) session.keep(spec.path.data(), used);
       throw;
     }
-    if (verified) session.keep_first(used);
+    if (verified) session.keep(spec.path.data(), used);
     if (!first) {
       r.tokens_in_session += verified ? used : 1;
       r.stats.decode_tokens += used;  // a verified step's tokens after the stop were never produced

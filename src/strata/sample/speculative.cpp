@@ -20,6 +20,11 @@ void residual_distribution(const TokenDistribution& p, int32_t x, const TokenDis
   if (out.ids.empty()) out = p;
 }
 
+bool draft_kept(Sampler& sampler, const TokenDistribution& p, int32_t x) {
+  const double px = p.prob(x);
+  return px >= 1 || (px > 0 && sampler.draw_uniform() < px);
+}
+
 DraftVerdict verify_draft(Sampler& sampler, const TokenDistribution& p, int32_t x, const TokenDistribution* q,
                           TokenDistribution& residual) {
   const double qx = q ? q->prob(x) : 1.0;
