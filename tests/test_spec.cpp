@@ -659,6 +659,35 @@ class EvenOnly final : public TokenConstraint {
   int accepted = 0;
 };
 
+TEST_F(SpecLimits, MalformedTreesAreRefused) {
+  class Bad final : public Drafter {
+   public:
+    explicit Bad(int kind) : kind_(kind) {}
+    std::string name() const override { return "bad"; }
+    void propose(const std::vector<int32_t>&, int, Draft& out) override {
+      out.clear();
+      out.tokens = {5, 6};
+      if (kind_ == 0) out.parents = {-1, 1};  // a parent that does not come first
+      if (kind_ == 1) out.parents = {-1, -1}, out.tokens = {5, 5};  // one token twice under one parent
+      if (kind_ == 2) out.parents = {-1};  // parents of another length
+      if (kind_ == 3) out.parents = {-1, 0}, out.q.resize(2);  // a sampled tree
+    }
+
+   private:
+    int kind_;
+  };
+  for (int kind = 0; kind < 4; ++kind) {
+    Session s(*text_->model, 64);
+    Sampler sampler(greedy_no_end(*text_->tokenizer, n_vocab()));
+    Bad bad(kind);
+    GenerationParams gp;
+    gp.max_new_tokens = 8;
+    gp.spec.drafter = &bad;
+    EXPECT_THROW(generate(s, *text_->tokenizer, sampler, prompt(), gp, {}), Error) << "kind " << kind;
+    EXPECT_FALSE(s.has_pending()) << "kind " << kind;
+  }
+}
+
 TEST_F(SpecLimits, ConstraintTurnsSpeculationOff) {
   const std::vector<int32_t> p = prompt();
   auto run = [&](Drafter* d) {
