@@ -41,6 +41,7 @@ struct BenchArgs {
   strata::cli::BackendOptions backend;
   strata::SpecOptions spec;
   std::string spec_prompt_file;
+  std::string verify_cost;
 };
 
 // Code to edit: most of the answer is already in the prompt, where prompt lookup pays off.
@@ -49,6 +50,38 @@ constexpr const char* kCopyHeavyPrompt =
     "def variance(values):\n    m = mean(values)\n    total = 0\n    for v in values:\n        total += (v - m) ** 2\n"
     "    return total / len(values)\n\n\n# The same two functions, with `values` renamed to `xs`:\n\n"
     "def mean(xs):\n    total = 0\n";
+
+// bench --verify-cost: verifications of drafts of the given shapes against one decode step.
+void run_verify_cost_command(const BenchArgs& a, const std::vector<strata::VerifyShape>& shapes) {
+  const auto model = strata::cli::load_model_for_cli(a.model);
+  const int max_ctx = strata::verify_cost_context(a.params.n_prompt, shapes, a.params.reps);
+  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, nullptr);
+  const auto replay = strata::cli::open_routing_replay(*model, a.backend);
+  if (!a.json)
+    std::fprintf(stderr, "verify cost: %zu draft shapes after %d prompt tokens, %d repetitions (+1 warm-up)...\n",
+                 shapes.size(), a.params.n_prompt, a.params.reps);
+  const auto rows = strata::run_verify_cost(
+      [&] {
+        std::unique_ptr<strata::Sequence> s = factory.make();
+        s->set_routing_replay(replay.get());
+        return s;
+      },
+      a.params.n_prompt, shapes, a.params.reps, a.params.seed);
+  if (a.json) {
+    nlohmann::json doc = {{"model", a.model}, {"backend", factory.backend_name()}, {"n_prompt", a.params.n_prompt}};
+    if (replay) doc["routing"] = replay->label();
+    for (const auto& r : rows)
+      doc["shapes"].push_back({{"draft", r.shape.label()},
+                               {"tokens_verified", r.shape.n + 1},
+                               {"main_path", r.shape.depth()},
+                               {"verify_ms", r.verify_ms},
+                               {"step_ms", r.step_ms}});
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("model: %s (%s)%s\n%s", a.model.c_str(), factory.backend_name(),
+                replay ? (" routing: " + replay->label()).c_str() : "", strata::format_verify_cost(rows).c_str());
+  }
+}
 
 // bench --spec: greedy generation of a text prompt with and without the drafter.
 void run_spec_bench_command(const BenchArgs& a, const strata::SpecChoice& choice) {
@@ -110,6 +143,9 @@ void setup_bench(CLI::App& sub) {
   strata::cli::add_spec_options(sub, a->spec);
   sub.add_option("--spec-prompt", a->spec_prompt_file,
                  "with --spec: a text prompt file (default: a built-in copy-heavy code prompt)");
+  sub.add_option("--verify-cost", a->verify_cost,
+                 "time verifying drafts of these shapes against one decode step, e.g. chain:2,4,8,16,tree:8,16,22 "
+                 "(tree:N = a main chain of N/2 with a second candidate beside each; random tokens)");
   // Random prompt tokens would skew a profile: bench only reads it.
   sub.get_option("--profile")
       ->description("with --gpu: routing profile (strata calibrate) the expert placement is made from (read only)");
@@ -124,6 +160,12 @@ void setup_bench(CLI::App& sub) {
     strata::cli::require_gpu_if_asked(bo);
     a->model = strata::cli::resolve_model_path(a->model);
     strata::apply_thread_policy({a->threads.threads, a->threads.force, 1, 0});
+    if (!a->verify_cost.empty()) {
+      if (spec.kind != strata::SpecKind::None) strata::fail("--verify-cost times shapes without a drafter: drop --spec");
+      const std::vector<strata::VerifyShape> shapes = strata::parse_verify_shapes(a->verify_cost);
+      run_verify_cost_command(*a, shapes);
+      return;
+    }
     if (spec.kind != strata::SpecKind::None) {
       run_spec_bench_command(*a, spec);
       return;

@@ -35,6 +35,7 @@
 #include "strata/sample/speculative.h"
 #include "strata/spec/draft_model.h"
 #include "strata/spec/ngram_drafter.h"
+#include "strata/spec/spec_bench.h"
 #include "strata/spec/spec_options.h"
 #include "strata/text/tokenizer.h"
 #include "strata/text/vocab.h"
@@ -261,6 +262,37 @@ TEST(NgramDrafter, BranchesMergeSeveralOccurrencesIntoATree) {
   EXPECT_TRUE(out.parents.empty());
   EXPECT_THROW(NgramDrafter(NgramParams{2, 2, 0}), Error);
   EXPECT_THROW(NgramDrafter(NgramParams{2, 2, NgramParams::kMaxBranches + 1}), Error);
+}
+
+TEST(VerifyCost, ShapesParseAndTreesHaveAMainPath) {
+  const std::vector<VerifyShape> v = parse_verify_shapes("chain:2,4,tree:5,8");
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_FALSE(v[1].tree);
+  EXPECT_EQ(v[1].n, 4);
+  EXPECT_TRUE(v[2].tree);
+  EXPECT_EQ(v[3].label(), "tree:8");
+  EXPECT_TRUE(v[0].parents().empty());
+  // tree:5: main nodes 0, 2, 4 (depth 3), alternatives 1 and 3 beside the first two.
+  EXPECT_EQ(v[2].parents(), (std::vector<int>{-1, -1, 0, 0, 2}));
+  EXPECT_EQ(v[2].depth(), 3);
+  EXPECT_EQ(v[3].parents().size(), 8u);
+  for (const char* bad : {"", "4", "chain:", "chain:0", "tree:65", "chain:2,x", "chain:2,,4", "dag:3"})
+    EXPECT_THROW(parse_verify_shapes(bad), Error) << bad;
+}
+
+TEST(VerifyCost, TimesEveryShapeOnOneSequence) {
+  const Loaded tiny = load(std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf");
+  const std::vector<VerifyShape> shapes = parse_verify_shapes("chain:1,3,tree:4");
+  const int ctx = verify_cost_context(8, shapes, 2);
+  const auto rows = run_verify_cost([&] { return std::make_unique<Session>(*tiny.model, ctx); }, 8, shapes, 2, 1);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& r : rows) {
+    EXPECT_GT(r.verify_ms, 0.0) << r.shape.label();
+    EXPECT_GT(r.step_ms, 0.0) << r.shape.label();
+  }
+  const std::string table = format_verify_cost(rows);
+  EXPECT_NE(table.find("| tree:4 | 5 | 2 |"), std::string::npos) << table;
+  EXPECT_THROW(run_verify_cost([&] { return std::make_unique<Session>(*tiny.model, ctx - 1); }, 8, shapes, 2, 1), Error);
 }
 
 TEST(SpecOptions, CheckedInOnePlace) {

@@ -80,6 +80,121 @@ SpecBenchResult run_spec_bench(const std::function<std::unique_ptr<Sequence>()>&
   return out;
 }
 
+std::string VerifyShape::label() const { return (tree ? "tree:" : "chain:") + std::to_string(n); }
+
+std::vector<int> VerifyShape::parents() const {
+  std::vector<int> p;
+  if (!tree) return p;
+  // Main path nodes first at each depth, the alternative beside it: depth d's main node's parent is
+  // depth d-1's main node (-1 at the first depth).
+  int main_prev = -1;
+  while (static_cast<int>(p.size()) < n) {
+    p.push_back(main_prev);
+    const int main_here = static_cast<int>(p.size()) - 1;
+    if (static_cast<int>(p.size()) < n) p.push_back(main_prev);  // the alternative candidate
+    main_prev = main_here;
+  }
+  return p;
+}
+
+std::vector<VerifyShape> parse_verify_shapes(const std::string& text) {
+  std::vector<VerifyShape> out;
+  bool tree = false, kind_given = false;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, end - at);
+    if (item.rfind("chain:", 0) == 0) tree = false, kind_given = true, item = item.substr(6);
+    else if (item.rfind("tree:", 0) == 0) tree = true, kind_given = true, item = item.substr(5);
+    int n = 0;
+    size_t used = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (!kind_given || item.empty() || used != item.size() || n < 1 || n > 64)
+      fail("--verify-cost '", text, "': expected sizes 1..64 after chain: or tree:, e.g. chain:2,4,8,16,tree:8,16,22");
+    out.push_back({tree, n});
+    at = end + 1;
+  }
+  return out;
+}
+
+int verify_cost_context(int n_prompt, const std::vector<VerifyShape>& shapes, int reps) {
+  int deepest = 0;
+  for (const VerifyShape& s : shapes) deepest = std::max(deepest, s.depth());
+  return n_prompt + static_cast<int>(shapes.size()) * (reps + 1) * (deepest + 2) + 1;  // + the warm-up
+}
+
+std::vector<VerifyCostRow> run_verify_cost(const std::function<std::unique_ptr<Sequence>()>& make, int n_prompt,
+                                           const std::vector<VerifyShape>& shapes, int reps, uint64_t seed) {
+  if (reps < 1) fail("bench: -r must be >= 1");
+  if (n_prompt < 1) fail("bench --verify-cost: -p must be >= 1");
+  std::unique_ptr<Sequence> s = make();
+  const int64_t V = s->model().config().n_vocab;
+  if (s->max_ctx() < verify_cost_context(n_prompt, shapes, reps))
+    fail("bench --verify-cost: the sequence holds ", s->max_ctx(), " tokens, ", verify_cost_context(n_prompt, shapes, reps),
+         " are needed");
+  std::mt19937_64 rng(seed);
+  auto random_token = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(V)); };
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  for (int32_t& t : prompt) t = random_token();
+  std::vector<float> logits(static_cast<size_t>(V));
+  s->forward(prompt.data(), n_prompt, logits.data(), false);
+  std::vector<VerifyCostRow> rows;
+  for (const VerifyShape& shape : shapes) {
+    const std::vector<int> draft_parents = shape.parents();
+    std::vector<int> parents(1, -1);  // batch order: the last token, then the drafts
+    for (const int p : draft_parents) parents.push_back(p + 1);
+    // The main path in batch indices: the last token, then the first child at each depth (a chain: all).
+    std::vector<int> path(1, 0);
+    for (int t = 0; t < shape.n; ++t)
+      if (!shape.tree || draft_parents[static_cast<size_t>(t)] + 1 == path.back()) path.push_back(t + 1);
+    std::vector<int32_t> batch(static_cast<size_t>(shape.n + 1));
+    std::vector<float> all(static_cast<size_t>(V) * batch.size());
+    std::vector<double> verify, step;
+    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up (a first call may build graphs or buffers)
+      for (int32_t& t : batch) t = random_token();
+      auto t0 = Clock::now();
+      s->forward_pending(batch.data(), static_cast<int>(batch.size()), shape.tree ? parents.data() : nullptr, all.data());
+      s->keep(path.data(), static_cast<int>(path.size()));
+      const double v = ms_since(t0);
+      const int32_t next = random_token();
+      t0 = Clock::now();
+      s->forward(&next, 1, logits.data(), false);
+      const double one = ms_since(t0);
+      if (rep == 0) continue;
+      verify.push_back(v);
+      step.push_back(one);
+    }
+    rows.push_back({shape, summarize(verify).median, summarize(step).median});
+  }
+  return rows;
+}
+
+std::string format_verify_cost(const std::vector<VerifyCostRow>& rows) {
+  std::string out = "| draft | tokens verified | main path | verify ms | one step ms | verify / step | speed-up at L = 2 | 3 | 4 |\n"
+                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  char buf[256];
+  for (const VerifyCostRow& r : rows) {
+    const double ratio = r.step_ms > 0 ? r.verify_ms / r.step_ms : 0.0;
+    std::snprintf(buf, sizeof buf, "| %s | %d | %d | %.3f | %.3f | %.2f |", r.shape.label().c_str(), r.shape.n + 1,
+                  r.shape.depth(), r.verify_ms, r.step_ms, ratio);
+    out += buf;
+    for (int L = 2; L <= 4; ++L) {
+      if (L > r.shape.depth() + 1 || ratio <= 0) {
+        out += " - |";
+      } else {
+        std::snprintf(buf, sizeof buf, " %.2fx |", L / ratio);
+        out += buf;
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 std::string format_spec_bench(const SpecBenchResult& r) {
   char buf[768];
   const double rate = r.drafted > 0 ? static_cast<double>(r.accepted) / r.drafted : 0.0;
