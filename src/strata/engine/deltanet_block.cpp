@@ -80,10 +80,11 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   std::vector<float> Z(static_cast<size_t>(n) * v_dim);
   std::vector<float> B(static_cast<size_t>(n) * nv);
   std::vector<float> A(static_cast<size_t>(n) * nv);
-  project(w.qkv, xn, n, QKV.data());
-  project(w.gate, xn, n, Z.data());
-  project(w.beta, xn, n, B.data());
-  project(w.alpha, xn, n, A.data());
+  {
+    const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
+    float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
+    project_many(ms, ys, 4, xn, n);
+  }
 
   if (pending) {  // deltanet_keep restores and replays: keep the state before and every token's inputs
     s.conv0 = s.conv;
