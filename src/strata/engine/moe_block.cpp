@@ -109,18 +109,22 @@ void moe_decode(const ModelConfig& c, const MoeWeights& w, const float* xn, floa
   if (w.has_shared) swiglu(sg.data(), su.data(), sff, H.data() + static_cast<size_t>(k * hmax));
   struct Task {
     int slot;
+    bool up;  // phase A: the up rows (else the gate's)
     int64_t r0, r1;
   };
+  // Tasks in memory order (expert, gate then up, rows), so each thread's contiguous share of them
+  // streams each matrix's rows in one run.
   std::vector<Task> a_tasks, b_tasks;
   const int64_t a_step = matvec_task_rows(w.gate.first, kExpertTaskBytes);
   for (int j = 0; j < k; ++j)
-    for (int64_t r = 0; r < ff; r += a_step) a_tasks.push_back({j, r, std::min(ff, r + a_step)});
+    for (bool up : {false, true})
+      for (int64_t r = 0; r < ff; r += a_step) a_tasks.push_back({j, up, r, std::min(ff, r + a_step)});
   const int64_t b_step = matvec_task_rows(w.down.first, kExpertTaskBytes);
   for (int j = 0; j < k; ++j)
-    for (int64_t r = 0; r < d; r += b_step) b_tasks.push_back({j, r, std::min<int64_t>(d, r + b_step)});
+    for (int64_t r = 0; r < d; r += b_step) b_tasks.push_back({j, false, r, std::min<int64_t>(d, r + b_step)});
   if (w.has_shared) {
     const int64_t s_step = matvec_task_rows(w.shared_down, kExpertTaskBytes);
-    for (int64_t r = 0; r < d; r += s_step) b_tasks.push_back({k, r, std::min<int64_t>(d, r + s_step)});
+    for (int64_t r = 0; r < d; r += s_step) b_tasks.push_back({k, false, r, std::min<int64_t>(d, r + s_step)});
   }
   PreparedVec xv;
   prepare_vec(xn, d, xv);
@@ -133,15 +137,15 @@ void moe_decode(const ModelConfig& c, const MoeWeights& w, const float* xn, floa
     for (int64_t t = 0; t < na; ++t) {
       const Task& T = a_tasks[static_cast<size_t>(t)];
       const int e = order[static_cast<size_t>(T.slot)].first;
-      float* g = G.data() + static_cast<size_t>(T.slot * ff);
-      float* u = U.data() + static_cast<size_t>(T.slot * ff);
-      matvec_rows(w.gate.expert(e), xv, T.r0, T.r1, g, s);
-      matvec_rows(w.up.expert(e), xv, T.r0, T.r1, u, s);
-      swiglu(g + T.r0, u + T.r0, T.r1 - T.r0, H.data() + static_cast<size_t>(T.slot * hmax) + T.r0);
+      float* y = (T.up ? U : G).data() + static_cast<size_t>(T.slot * ff);
+      matvec_rows(T.up ? w.up.expert(e) : w.gate.expert(e), xv, T.r0, T.r1, y, s);
     }
 #pragma omp for schedule(static)
-    for (int j = 0; j < n_slots; ++j)
-      prepare_vec(H.data() + static_cast<size_t>(j * hmax), j < k ? ff : sff, hv[static_cast<size_t>(j)]);
+    for (int j = 0; j < n_slots; ++j) {
+      float* h = H.data() + static_cast<size_t>(j * hmax);
+      if (j < k) swiglu(G.data() + static_cast<size_t>(j * ff), U.data() + static_cast<size_t>(j * ff), ff, h);
+      prepare_vec(h, j < k ? ff : sff, hv[static_cast<size_t>(j)]);
+    }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nb; ++t) {
       const Task& T = b_tasks[static_cast<size_t>(t)];
