@@ -257,6 +257,36 @@ TEST_F(MatmulLevels, MatvecAndNestedParallelAgree) {
   EXPECT_EQ(0, std::memcmp(all.data(), nested.data(), all.size() * 4));
 }
 
+// Decode's task lists (matvec_many: several matrices of one vector in one region, row ranges through
+// matvec_rows) give each row bitwise what matvec gives, for every path (fused, unpacked int8, direct
+// Q8_0, decoded float) at every level.
+TEST_F(MatmulLevels, MatvecManyEqualsMatvecBitwise) {
+  for (CpuKernelLevel level : kLevels) {
+    if (!strata::cpu_supports(level)) continue;
+    strata::set_cpu_kernel_level(level);
+    const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_0,
+                              GgmlType::Q8_0, GgmlType::F32,  GgmlType::F16};
+    std::vector<Problem> ps;
+    uint32_t seed = 21;
+    // Row counts off the task and tile sizes; one vector (the first problem's) for all.
+    for (GgmlType t : types) ps.push_back(make_problem(t, 37 + 120 * static_cast<int64_t>(ps.size()), 512, 1, 3, seed++));
+    std::vector<const strata::WeightMatrix*> ws;
+    std::vector<std::vector<float>> got(ps.size()), want(ps.size());
+    std::vector<float*> ys;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ws.push_back(&ps[i].w);
+      got[i].assign(static_cast<size_t>(ps[i].w.n_rows), -1.0f);
+      want[i].resize(got[i].size());
+      ys.push_back(got[i].data());
+      strata::matvec(ps[i].w, ps[0].X.data(), want[i].data());
+    }
+    strata::matvec_many(ws.data(), ys.data(), static_cast<int>(ws.size()), ps[0].X.data());
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4))
+          << strata::type_traits(ps[i].w.type).name << " level " << static_cast<int>(level);
+  }
+}
+
 // The SIMD activation quantiser must give bitwise the scalar one's numbers (cold experts and the
 // engine may quantise with either and still have to agree).
 TEST_F(MatmulLevels, SimdActivationQuantisationEqualsScalar) {

@@ -192,4 +192,99 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
 
 void matvec(const WeightMatrix& w, const float* x, float* y) { matmul(w, x, 1, y); }
 
+void prepare_vec(const float* x, int64_t n, PreparedVec& v) {
+  v.x = x;
+  v.n = n;
+  const CpuKernels& k = cpu_kernels();
+  if (k.i8_format == nullptr || n % 32 != 0) {
+    v.q.clear();
+    return;
+  }
+  const size_t un = static_cast<size_t>(n);
+  v.q.resize(un);
+  v.d32.resize(un / 32);
+  v.sum16.resize(un / 16);
+  quantize_activations_i8(x, n, v.q.data(), v.d32.data(), v.sum16.data());
+}
+
+// The path matmul takes for one token, rows [r0, r1) in its tiles.
+void matvec_rows(const WeightMatrix& w, const PreparedVec& v, int64_t r0, int64_t r1, float* y, MatvecScratch& s) {
+  const int64_t n = w.n_cols;
+  if (n != v.n) fail("matvec_rows: a vector of ", v.n, " values for ", n, " columns");
+  const CpuKernels& k = cpu_kernels();
+  const I8Format fmt = !v.q.empty() ? k.i8_format(w.type) : I8Format{};
+  const size_t un = static_cast<size_t>(n);
+  float out[kMaxDotRows];
+  for (int64_t r = r0; r < r1; r += kMaxDotRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
+    if (fmt.supported) {
+      const I8Act act{v.q.data(), v.d32.data(), v.sum16.data()};
+      if (fmt.fused) {
+        const uint8_t* rows[kMaxDotRows];
+        raw_tile_rows(w, r, nr, rows);
+        k.dot_rows_fused(w.type, rows, nr, act, n, out);
+      } else {
+        if (s.codes.size() < kMaxDotRows * un) {
+          s.codes.resize(kMaxDotRows * un);
+          s.scales8.resize(kMaxDotRows * un / 4);
+          s.bias16.resize(kMaxDotRows * un / 16 + 1);
+        }
+        I8Row rows[kMaxDotRows];
+        i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
+        k.dot_rows_i8(rows, nr, act, n, fmt, out);
+      }
+    } else if (k.direct_float != nullptr && k.direct_float(w.type) && cpu_fused_path()) {
+      const uint8_t* rows[kMaxDotRows];
+      raw_tile_rows(w, r, nr, rows);
+      k.dot_rows_direct(w.type, rows, nr, v.x, n, out);
+    } else {
+      if (s.fbuf.size() < kMaxDotRows * un) s.fbuf.resize(kMaxDotRows * un);
+      const float* rows[kMaxDotRows];
+      float_tile_rows(k, w, r, nr, s.fbuf.data(), rows);
+      k.dot_rows(rows, nr, v.x, n, out);
+    }
+    for (int i = 0; i < nr; ++i) y[r + i] = out[i];
+  }
+}
+
+int64_t matvec_task_rows(const WeightMatrix& w, size_t bytes) {
+  const size_t rb = std::max<size_t>(1, row_bytes(w.type, w.n_cols));
+  const int64_t rows = static_cast<int64_t>((bytes + rb - 1) / rb);
+  return std::max<int64_t>(kMaxDotRows, (rows + kMaxDotRows - 1) / kMaxDotRows * kMaxDotRows);
+}
+
+namespace {
+// Weight bytes of one matvec_many task: small enough that a decode step's few matrices make several
+// tasks per thread, large enough that a task streams whole pages.
+constexpr size_t kTaskBytes = 32 << 10;
+}  // namespace
+
+void matvec_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* x) {
+  if (m <= 0) return;
+  const int64_t n = ws[0]->n_cols;
+  struct Task {
+    int i;
+    int64_t r0, r1;
+  };
+  std::vector<Task> tasks;
+  for (int i = 0; i < m; ++i) {
+    check_matrix(*ws[i]);
+    if (ws[i]->n_cols != n) fail("matvec_many: matrices of ", n, " and ", ws[i]->n_cols, " columns");
+    const int64_t step = matvec_task_rows(*ws[i], kTaskBytes);
+    for (int64_t r = 0; r < ws[i]->n_rows; r += step) tasks.push_back({i, r, std::min(ws[i]->n_rows, r + step)});
+  }
+  PreparedVec v;
+  prepare_vec(x, n, v);
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+#pragma omp parallel if (!omp_in_parallel())
+  {
+    MatvecScratch s;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      const Task& T = tasks[static_cast<size_t>(t)];
+      matvec_rows(*ws[T.i], v, T.r0, T.r1, ys[T.i], s);
+    }
+  }
+}
+
 }  // namespace strata

@@ -128,16 +128,19 @@ void attend_one_head_rows(const float* q, KvHead k, KvHead v, const int32_t* row
 }
 
 void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out) {
-  for (int64_t c = 0; c < channels; ++c) {
+  conv1d_step_channels(x, weight, K, channels, 0, channels, state, out);
+}
+
+void conv1d_step_channels(const float* x, const float* weight, int K, int64_t channels, int64_t c0, int64_t c1,
+                          float* state, float* out) {
+  for (int64_t c = c0; c < c1; ++c) {
     const float* w = weight + c * K;
     float acc = w[K - 1] * x[c];
     for (int j = 0; j < K - 1; ++j) acc += w[j] * state[j * channels + c];
     out[c] = acc;
-  }
-  // Shift the window: drop the oldest row, append this token's input.
-  if (K > 1) {
-    std::memmove(state, state + channels, sizeof(float) * static_cast<size_t>((K - 2) * channels));
-    std::memcpy(state + (K - 2) * channels, x, sizeof(float) * static_cast<size_t>(channels));
+    // Shift the window: drop the oldest row, append this token's input.
+    for (int j = 0; j + 1 < K - 1; ++j) state[j * channels + c] = state[(j + 1) * channels + c];
+    if (K > 1) state[(K - 2) * channels + c] = x[c];
   }
 }
 

@@ -81,6 +81,10 @@ void attend_one_head_rows(const float* q, KvHead k, KvHead v, const int32_t* row
 // state: (K-1) x channels, oldest first; the token's input is appended and the oldest dropped.
 // out[c] = sum_j weight[c*K+j] * window_j[c] (no activation here).
 void conv1d_step(const float* x, const float* weight, int K, int64_t channels, float* state, float* out);
+// The same for channels [c0, c1) only (out and state of the others untouched), so threads can share a
+// token's channels.
+void conv1d_step_channels(const float* x, const float* weight, int K, int64_t channels, int64_t c0, int64_t c1,
+                          float* state, float* out);
 
 // One gated delta-rule step for one value head.
 // S: dk x dv (row i = key dim i), updated in place: S = exp(g) * S; S += k (beta * (v - S^T k))^T.

@@ -33,9 +33,16 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
   std::vector<float> Q(static_cast<size_t>(n) * q_width);
   std::vector<float> K(static_cast<size_t>(n) * kv_width);
   std::vector<float> V(static_cast<size_t>(n) * kv_width);
-  project(w.q, xn, n, Q.data());
-  project(w.k, xn, n, K.data());
-  project(w.v, xn, n, V.data());
+  std::vector<float> G;  // softplus output gate (laguna)
+  {
+    std::vector<const WeightMatrix*> ms{&w.q, &w.k, &w.v};
+    std::vector<float*> ys{Q.data(), K.data(), V.data()};
+    if (c.attn_gate != AttnGate::None) {
+      G.resize(static_cast<size_t>(n) * w.gate.n_rows);
+      ms.push_back(&w.gate), ys.push_back(G.data());
+    }
+    project_many(ms.data(), ys.data(), static_cast<int>(ms.size()), xn, n);
+  }
 
   // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append the
   // keys and values to the cache at their positions, in the cache's types.
@@ -89,11 +96,8 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
     for (size_t d = 0; d < path.size(); ++d)
       if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
   }
-  std::vector<float> G;  // softplus output gate (laguna)
   int gate_per_head = 0;  // gate values per head: 1 (per head) or hd (per element)
   if (c.attn_gate != AttnGate::None) {
-    G.resize(static_cast<size_t>(n) * w.gate.n_rows);
-    project(w.gate, xn, n, G.data());
     for (float& g : G) g = softplusf(g);
     gate_per_head = c.attn_gate == AttnGate::SoftplusPerHead ? 1 : hd;
   }

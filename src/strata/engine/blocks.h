@@ -17,6 +17,9 @@ namespace strata {
 
 // Y[n x w.n_rows] = X[n x w.n_cols] W^T: matvec for one token, matmul for a batch.
 void project(const WeightMatrix& w, const float* X, int n, float* Y);
+// Y_i = W_i X for m matrices on the same n rows of X: one token's products as one parallel region
+// (matvec_many), more tokens through project; the same results either way.
+void project_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* X, int n);
 
 // X[t] = row tokens[t] of the embedding table, decoded from its stored type. Fails on ids out of range.
 void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float* X);

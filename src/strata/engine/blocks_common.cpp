@@ -15,6 +15,14 @@ void project(const WeightMatrix& w, const float* X, int n, float* Y) {
   }
 }
 
+void project_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* X, int n) {
+  if (n == 1) {
+    matvec_many(ws, ys, m, X);
+  } else {
+    for (int i = 0; i < m; ++i) project(*ws[i], X, n, ys[i]);
+  }
+}
+
 void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float* X) {
   for (int t = 0; t < n; ++t) {
     const int32_t id = tokens[t];

@@ -13,6 +13,7 @@
 // equals a plain run of that path.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,32 +32,44 @@ void deltanet_token(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   const int key_dim = nk * dk;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   mixed.resize(static_cast<size_t>(channels));
-  conv1d_step(qkv_row, w.conv.data(), c.ssm_conv_kernel, channels, s.conv.data(), mixed.data());
-  for (float& x : mixed) x = siluf(x);
   float* q = mixed.data();
   float* k = mixed.data() + key_dim;
   const float* v = mixed.data() + 2 * key_dim;
-  for (int h = 0; h < nk; ++h) {
-    l2norm_inplace(q + h * dk, dk, 1e-6f);
-    l2norm_inplace(k + h * dk, dk, 1e-6f);
-    for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
-  }
   std::vector<float> discard;
   if (!out) discard.resize(static_cast<size_t>(nv) * dv);
   float* o_all = out ? out : discard.data();
-#pragma omp parallel for schedule(static)
-  for (int h = 0; h < nv; ++h) {
-    const int kh = h % nk;
-    const float beta = sigmoidf(b_row[h]);
-    const float g = w.a[h] * softplusf(a_row[h] + w.dt_bias[h]);
-    float* o = o_all + static_cast<int64_t>(h) * dv;
-    deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g, beta, dk,
-                  dv, o);
-    if (!out) continue;
-    // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
-    rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
-    const float* z = z_row + static_cast<int64_t>(h) * dv;
-    for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
+  // One region for the whole token: the conv window and silu per block of channels, the q/k norms per
+  // key head, then the recurrence per value head (every value computed as in one pass over them).
+  constexpr int kConvBlock = 256;
+  const int n_conv_blocks = (channels + kConvBlock - 1) / kConvBlock;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int b = 0; b < n_conv_blocks; ++b) {
+      const int c0 = b * kConvBlock, c1 = std::min(channels, c0 + kConvBlock);
+      conv1d_step_channels(qkv_row, w.conv.data(), c.ssm_conv_kernel, channels, c0, c1, s.conv.data(), mixed.data());
+      for (int i = c0; i < c1; ++i) mixed[static_cast<size_t>(i)] = siluf(mixed[static_cast<size_t>(i)]);
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < nk; ++h) {
+      l2norm_inplace(q + h * dk, dk, 1e-6f);
+      l2norm_inplace(k + h * dk, dk, 1e-6f);
+      for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < nv; ++h) {
+      const int kh = h % nk;
+      const float beta = sigmoidf(b_row[h]);
+      const float g = w.a[h] * softplusf(a_row[h] + w.dt_bias[h]);
+      float* o = o_all + static_cast<int64_t>(h) * dv;
+      deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g, beta, dk,
+                    dv, o);
+      if (!out) continue;
+      // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
+      rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
+      const float* z = z_row + static_cast<int64_t>(h) * dv;
+      for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
+    }
   }
 }
 
@@ -80,10 +93,11 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   std::vector<float> Z(static_cast<size_t>(n) * v_dim);
   std::vector<float> B(static_cast<size_t>(n) * nv);
   std::vector<float> A(static_cast<size_t>(n) * nv);
-  project(w.qkv, xn, n, QKV.data());
-  project(w.gate, xn, n, Z.data());
-  project(w.beta, xn, n, B.data());
-  project(w.alpha, xn, n, A.data());
+  {
+    const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
+    float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
+    project_many(ms, ys, 4, xn, n);
+  }
 
   if (pending) {  // deltanet_keep restores and replays: keep the state before and every token's inputs
     s.conv0 = s.conv;

@@ -1,6 +1,10 @@
 #include "strata/engine/forward.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "strata/base/error.h"
@@ -13,6 +17,49 @@ namespace {
 void count_picks(RoutingCounts& counts, int il, const int* first, const int* last) {
   for (const int* e = first; e != last; ++e) counts.add(il, *e, 1);
 }
+
+// STRATA_CPU_PROFILE=1: wall time per operation of every forward, summed over the process and printed
+// on stderr at exit (debug output only).
+enum ProfOp { kAttention, kDeltaNet, kMoe, kDenseFfn, kNormsResidual, kLmHead, kProfOps };
+struct OpProfile {
+  bool on = std::getenv("STRATA_CPU_PROFILE") != nullptr && std::getenv("STRATA_CPU_PROFILE")[0] == '1';
+  std::array<double, kProfOps> seconds{};
+  std::array<long, kProfOps> calls{};
+  long forwards = 0, rows = 0;
+  ~OpProfile() {
+    if (!on || forwards == 0) return;
+    static const char* names[kProfOps] = {"attention", "deltanet", "moe", "dense ffn", "norms+residual", "lm_head"};
+    double total = 0;
+    for (double t : seconds) total += t;
+    std::fprintf(stderr, "strata cpu profile: %ld forwards, %ld rows, %.3f s in the ops below\n", forwards, rows, total);
+    for (int i = 0; i < kProfOps; ++i)
+      if (calls[static_cast<size_t>(i)] > 0)
+        std::fprintf(stderr, "  %-15s %9.3f ms/forward  %5.1f%%  (%ld calls)\n", names[i],
+                     1e3 * seconds[static_cast<size_t>(i)] / static_cast<double>(forwards),
+                     100.0 * seconds[static_cast<size_t>(i)] / total, calls[static_cast<size_t>(i)]);
+  }
+};
+OpProfile g_profile;
+
+// Times one operation when profiling is on.
+class ProfScope {
+ public:
+  explicit ProfScope(ProfOp op) : op_(op), on_(g_profile.on) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfScope() {
+    if (!on_) return;
+    g_profile.seconds[static_cast<size_t>(op_)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    ++g_profile.calls[static_cast<size_t>(op_)];
+  }
+  ProfScope(const ProfScope&) = delete;
+  ProfScope& operator=(const ProfScope&) = delete;
+
+ private:
+  ProfOp op_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 }  // namespace
 
@@ -60,12 +107,17 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   for (int p = 0; p < n_parts; ++p)
     if (parts[p].trace && !parts[p].pending) traced[static_cast<size_t>(p)].resize(static_cast<size_t>(parts[p].n) * token_stride);
 
+  if (g_profile.on) ++g_profile.forwards, g_profile.rows += n;
   embed_tokens(w.token_embd, tokens.data(), n, x.data());
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w.layers[il];
     const LayerSpec& spec = c.layers[static_cast<size_t>(il)];
-    rmsnorm_rows(x.data(), L.attn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
+    {
+      ProfScope prof(kNormsResidual);
+      rmsnorm_rows(x.data(), L.attn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
+    }
     for (int p = 0; p < n_parts; ++p) {  // mixers: per sequence, on its rows
+      ProfScope prof(spec.mixer == LayerKind::DeltaNet ? kDeltaNet : kAttention);
       ForwardPart& part = parts[p];
       const size_t at = static_cast<size_t>(first[static_cast<size_t>(p)]) * d;
       LayerState& ls = part.state->layers[static_cast<size_t>(il)];
@@ -77,9 +129,12 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
         case LayerKind::DeltaNet: deltanet_block(c, L.deltanet, ls, part.pending, xn.data() + at, part.n, y.data() + at); break;
       }
     }
-    for (size_t i = 0; i < width; ++i) x[i] += y[i];
-
-    rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
+    {
+      ProfScope prof(kNormsResidual);
+      for (size_t i = 0; i < width; ++i) x[i] += y[i];
+      rmsnorm_rows(x.data(), L.ffn_norm.data(), c.rms_eps, n, c.n_embd, xn.data());
+    }
+    ProfScope prof_ffn(spec.ffn == FfnKind::Moe ? kMoe : kDenseFfn);
     switch (spec.ffn) {
       case FfnKind::Moe:
         if (!replayed.empty()) {
@@ -113,6 +168,7 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   }
   for (int p = 0; p < n_parts; ++p) {
     ForwardPart& part = parts[p];
+    ProfScope prof(kLmHead);
     if (part.logits)  // null: a piece of a longer forward whose logits nobody reads
       output_logits(c, w, x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, part.n, part.all_positions,
                     part.logits);

@@ -5,6 +5,7 @@
 // The scale multiplies the finished sum, as HF applies routed_scaling_factor.
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
+// One token (decode) runs as two parallel regions (moe_decode) rather than one per product.
 #include <omp.h>
 
 #include <algorithm>
@@ -30,18 +31,13 @@ void swiglu_ffn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMa
   project(down, G.data(), m, Y);
 }
 
-}  // namespace
-
-void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
-               std::vector<int>* picks, const int* forced) {
-  const int d = c.n_embd;
+// Each token's top-k of its router scores (probs, [n x n_expert], made probabilities in place), or its
+// replayed picks (forced; -1 first: routed) with the router's probabilities for them.
+void route_rows(const ModelConfig& c, const MoeWeights& w, std::vector<float>& probs, int n, const int* forced,
+                std::vector<int>& chosen, std::vector<float>& weight) {
   const int k = c.n_expert_used;
-
-  // Routing.
-  std::vector<float> probs(static_cast<size_t>(n) * c.n_expert);
-  project(w.router, xn, n, probs.data());
-  std::vector<int> chosen(static_cast<size_t>(n) * k);
-  std::vector<float> weight(static_cast<size_t>(n) * k);
+  chosen.resize(static_cast<size_t>(n) * k);
+  weight.resize(static_cast<size_t>(n) * k);
   for (int t = 0; t < n; ++t) {
     float* p = probs.data() + static_cast<int64_t>(t) * c.n_expert;
     int* ids = chosen.data() + static_cast<int64_t>(t) * k;
@@ -68,6 +64,128 @@ void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n
       wt[j] = c.norm_topk && sum > 0.0 ? static_cast<float>(p[f[j]] / sum) : p[f[j]];
     }
   }
+}
+
+// Weight bytes of one task of the decode step's expert list (per matrix).
+constexpr size_t kExpertTaskBytes = 16 << 10;
+
+// One token (decode): the router and the shared expert's input products in one parallel region, then
+// the picked experts' gate/up rows and their down rows as one task list in a second region (the
+// input and each hidden vector quantised once), instead of a region per product. Every row is
+// computed by matvec's kernels in its tiles and the combine keeps the batch path's order, so the
+// result equals moe_block's for n = 1 bitwise.
+void moe_decode(const ModelConfig& c, const MoeWeights& w, const float* xn, float* out, std::vector<int>* picks,
+                const int* forced) {
+  const int d = c.n_embd;
+  const int k = c.n_expert_used;
+  const int64_t ff = w.gate.first.n_rows;
+  const int64_t sff = w.has_shared ? w.shared_gate.n_rows : 0;
+  std::vector<float> probs(static_cast<size_t>(c.n_expert));
+  float sgate = 0.0f;
+  std::vector<float> sg(static_cast<size_t>(sff)), su(static_cast<size_t>(sff));
+  {
+    std::vector<const WeightMatrix*> ms{&w.router};
+    std::vector<float*> ys{probs.data()};
+    if (w.has_shared) {
+      if (w.shared_gated) ms.push_back(&w.shared_gate_inp), ys.push_back(&sgate);
+      ms.push_back(&w.shared_gate), ys.push_back(sg.data());
+      ms.push_back(&w.shared_up), ys.push_back(su.data());
+    }
+    matvec_many(ms.data(), ys.data(), static_cast<int>(ms.size()), xn);
+  }
+  std::vector<int> chosen;
+  std::vector<float> weight;
+  route_rows(c, w, probs, 1, forced, chosen, weight);
+  if (picks) *picks = chosen;
+
+  // Slots 0..k-1: the picks in ascending expert order (the combine's), slot k: the shared expert.
+  std::vector<std::pair<int, float>> order;
+  for (int j = 0; j < k; ++j) order.push_back({chosen[static_cast<size_t>(j)], weight[static_cast<size_t>(j)]});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const int n_slots = k + (w.has_shared ? 1 : 0);
+  const int64_t hmax = std::max(ff, sff);
+  std::vector<float> G(static_cast<size_t>(k * ff)), U(static_cast<size_t>(k * ff));
+  std::vector<float> H(static_cast<size_t>(n_slots * hmax)), Y(static_cast<size_t>(n_slots) * d);
+  if (w.has_shared) swiglu(sg.data(), su.data(), sff, H.data() + static_cast<size_t>(k * hmax));
+  struct Task {
+    int slot;
+    bool up;  // phase A: the up rows (else the gate's)
+    int64_t r0, r1;
+  };
+  // Tasks in memory order (expert, gate then up, rows), so each thread's contiguous share of them
+  // streams each matrix's rows in one run.
+  std::vector<Task> a_tasks, b_tasks;
+  const int64_t a_step = matvec_task_rows(w.gate.first, kExpertTaskBytes);
+  for (int j = 0; j < k; ++j)
+    for (bool up : {false, true})
+      for (int64_t r = 0; r < ff; r += a_step) a_tasks.push_back({j, up, r, std::min(ff, r + a_step)});
+  const int64_t b_step = matvec_task_rows(w.down.first, kExpertTaskBytes);
+  for (int j = 0; j < k; ++j)
+    for (int64_t r = 0; r < d; r += b_step) b_tasks.push_back({j, false, r, std::min<int64_t>(d, r + b_step)});
+  if (w.has_shared) {
+    const int64_t s_step = matvec_task_rows(w.shared_down, kExpertTaskBytes);
+    for (int64_t r = 0; r < d; r += s_step) b_tasks.push_back({k, false, r, std::min<int64_t>(d, r + s_step)});
+  }
+  PreparedVec xv;
+  prepare_vec(xn, d, xv);
+  std::vector<PreparedVec> hv(static_cast<size_t>(n_slots));
+  const int64_t na = static_cast<int64_t>(a_tasks.size()), nb = static_cast<int64_t>(b_tasks.size());
+#pragma omp parallel
+  {
+    MatvecScratch s;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < na; ++t) {
+      const Task& T = a_tasks[static_cast<size_t>(t)];
+      const int e = order[static_cast<size_t>(T.slot)].first;
+      float* y = (T.up ? U : G).data() + static_cast<size_t>(T.slot * ff);
+      matvec_rows(T.up ? w.up.expert(e) : w.gate.expert(e), xv, T.r0, T.r1, y, s);
+    }
+#pragma omp for schedule(static)
+    for (int j = 0; j < n_slots; ++j) {
+      float* h = H.data() + static_cast<size_t>(j * hmax);
+      if (j < k) swiglu(G.data() + static_cast<size_t>(j * ff), U.data() + static_cast<size_t>(j * ff), ff, h);
+      prepare_vec(h, j < k ? ff : sff, hv[static_cast<size_t>(j)]);
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < nb; ++t) {
+      const Task& T = b_tasks[static_cast<size_t>(t)];
+      const WeightMatrix down = T.slot < k ? w.down.expert(order[static_cast<size_t>(T.slot)].first) : w.shared_down;
+      matvec_rows(down, hv[static_cast<size_t>(T.slot)], T.r0, T.r1, Y.data() + static_cast<size_t>(T.slot) * d, s);
+    }
+  }
+
+  std::fill(out, out + d, 0.0f);
+  for (int j = 0; j < k; ++j) {
+    const float a = order[static_cast<size_t>(j)].second;
+    const float* y = Y.data() + static_cast<size_t>(j) * d;
+    for (int i = 0; i < d; ++i) out[i] += a * y[i];
+  }
+  if (c.expert_weights_scale != 1.0f)
+    for (int i = 0; i < d; ++i) out[i] *= c.expert_weights_scale;
+  if (w.has_shared) {
+    const float a = w.shared_gated ? sigmoidf(sgate) : 1.0f;
+    const float* y = Y.data() + static_cast<size_t>(k) * d;
+    for (int i = 0; i < d; ++i) out[i] += a * y[i];
+  }
+}
+
+}  // namespace
+
+void moe_block(const ModelConfig& c, const MoeWeights& w, const float* xn, int n, float* out,
+               std::vector<int>* picks, const int* forced) {
+  if (n == 1) {
+    moe_decode(c, w, xn, out, picks, forced);
+    return;
+  }
+  const int d = c.n_embd;
+  const int k = c.n_expert_used;
+
+  // Routing.
+  std::vector<float> probs(static_cast<size_t>(n) * c.n_expert);
+  project(w.router, xn, n, probs.data());
+  std::vector<int> chosen;
+  std::vector<float> weight;
+  route_rows(c, w, probs, n, forced, chosen, weight);
 
   if (picks) *picks = chosen;
 
