@@ -35,6 +35,7 @@
 #include "strata/engine/blocks.h"
 #include "strata/engine/mtp.h"
 #include "strata/spec/draft_model.h"
+#include "strata/spec/mtp_drafter.h"
 #include "strata/spec/ngram_drafter.h"
 #include "strata/spec/spec_options.h"
 #include "strata/text/tokenizer.h"
@@ -413,6 +414,28 @@ std::string with_mtp(const std::string& src, const std::string& out, MtpHead mod
   return out;
 }
 
+spec_test::MakeDrafter mtp(const Model& m, int ctx) {
+  return [&m, ctx]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<MtpDrafter>(m, ctx, static_cast<int32_t>(m.config().n_vocab));
+  };
+}
+
+TEST(Mtp, RefusedWithoutAnMtpLayer) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  SpecOptions o;
+  o.spec = "mtp";
+  EXPECT_EQ(check_spec_options(o).kind, SpecKind::Mtp);
+  try {
+    make_drafter(check_spec_options(o), o, *plain.model, 64, {}, 512);
+    ADD_FAILURE() << "--spec mtp was accepted for a model without an MTP layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(plain.path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nextn_predict_layers"), std::string::npos) << e.what();
+  }
+  o.draft_model = "d.gguf";
+  EXPECT_THROW(check_spec_options(o), Error);  // mtp drafts without a draft model
+}
+
 // A session given a hidden record appends each kept token's final hidden state (the output matrix
 // times it gives the token's logits) with its token; pending tokens count once kept, along the kept
 // path; a reset restarts the record.
@@ -473,6 +496,86 @@ TEST(Mtp, BatchEqualsRowByRow) {
   EXPECT_EQ(sb.n_past(), n);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1.0f + std::fabs(b[i]))) << i;
   for (size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-3f * (1.0f + std::fabs(lb[i]))) << i;
+}
+
+// Greedy output with --spec mtp is the target's token for token, with a random head (drafts rejected)
+// and with a head that drafts the target's own bigrams (drafts accepted and rejected); the same through
+// make_drafter.
+TEST(SpecLossless, MtpHeadOnTheQwen35Fixture) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const int32_t V = static_cast<int32_t>(plain.model->config().n_vocab);
+  spec_test::Case c;
+  c.prompt = pattern_prompt();
+  c.n_new = 48;
+  c.sampling = greedy_no_end(*plain.tokenizer, V);
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+
+  const Loaded random = load(with_mtp(plain.path, tmp_file("mtp_random").string(), MtpHead::Random));
+  const auto make_random = cpu_sequences(*random.model);
+  const GenerationStats r =
+      spec_test::expect_lossless(make_random, *random.tokenizer, c, mtp(*random.model, ctx), true, "random MTP head");
+  EXPECT_GT(r.spec_steps, 0);
+  EXPECT_LT(r.accepted_tokens, r.drafted_tokens);
+  // The trunk is the plain model's: the MTP block changes nothing it computes.
+  const spec_test::Outcome a = spec_test::generate_case(cpu_sequences(*plain.model), *plain.tokenizer, c, nullptr);
+  const spec_test::Outcome b = spec_test::generate_case(make_random, *random.tokenizer, c, nullptr);
+  EXPECT_EQ(a.result.tokens, b.result.tokens);
+
+  // The bigram head, built from the plain run (prompt and output).
+  std::vector<int32_t> text = c.prompt;
+  text.insert(text.end(), a.result.tokens.begin(), a.result.tokens.end());
+  const Loaded bigram = load(with_mtp(plain.path, tmp_file("mtp_bigram").string(), MtpHead::Bigram, text));
+  const auto make_bigram = cpu_sequences(*bigram.model);
+  const GenerationStats s =
+      spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, mtp(*bigram.model, ctx), true, "bigram MTP head");
+  expect_accepts_and_rejects(s, "bigram MTP head");
+  for (int draft_max : {1, 3}) {
+    c.draft_max = draft_max;
+    const GenerationStats k = spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, mtp(*bigram.model, ctx), true,
+                                                         "bigram MTP head, draft-max " + std::to_string(draft_max));
+    EXPECT_GT(k.accepted_tokens, 0) << draft_max;
+  }
+  SpecOptions o;
+  o.spec = "mtp";
+  const auto via_options = [&]() -> std::unique_ptr<Drafter> {
+    return make_drafter(check_spec_options(o), o, *bigram.model, ctx, c.sampling, V);
+  };
+  c.draft_max = 4;
+  EXPECT_GT(spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, via_options, true, "--spec mtp").accepted_tokens, 0);
+}
+
+// A drafter kept across generations on one sequence (a chat's turns): the head's cache follows the
+// sequence, and a reset starts it over; output stays the target's.
+TEST(Mtp, FollowsTheSequenceAcrossGenerations) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const int32_t V = static_cast<int32_t>(plain.model->config().n_vocab);
+  std::vector<int32_t> text = pattern_prompt();
+  const spec_test::Outcome ref = spec_test::generate_case(
+      cpu_sequences(*plain.model), *plain.tokenizer, spec_test::Case{pattern_prompt(), 48, 0, 8, greedy_no_end(*plain.tokenizer, V), {}}, nullptr);
+  text.insert(text.end(), ref.result.tokens.begin(), ref.result.tokens.end());
+  const Loaded bigram = load(with_mtp(plain.path, tmp_file("mtp_turns").string(), MtpHead::Bigram, text));
+  const Model& m = *bigram.model;
+  auto run_turns = [&](Drafter* drafter) {
+    Session s(m, 256);
+    std::vector<int32_t> out, held;
+    for (int turn = 0; turn < 3; ++turn) {
+      if (turn == 2) s.reset(), held.clear();
+      Sampler sampler(greedy_no_end(*bigram.tokenizer, V));
+      GenerationParams params;
+      params.max_new_tokens = 16;
+      params.spec.drafter = drafter;
+      params.spec.draft_max = 4;
+      params.spec.preceding = &held;
+      const std::vector<int32_t> prompt = {300, 41, 302, static_cast<int32_t>(77 + turn)};
+      const GenerationResult r = generate(s, *bigram.tokenizer, sampler, prompt, params, {});
+      held.insert(held.end(), prompt.begin(), prompt.end());
+      held.insert(held.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);
+      out.insert(out.end(), r.tokens.begin(), r.tokens.end());
+    }
+    return out;
+  };
+  MtpDrafter drafter(m, 256, V);
+  EXPECT_EQ(run_turns(&drafter), run_turns(nullptr));
 }
 
 // ---- sampled generation keeps its distribution -------------------------------------------------
