@@ -165,12 +165,22 @@ Section section_of(const std::string& key, const std::string& arch) {
   return Section::Other;
 }
 
+// Multi-token-prediction blocks (<arch>.nextn_predict_layers), 0 when the file has none.
+uint32_t mtp_layers(const GgufFile& f, const std::string& arch) {
+  return arch.empty() ? 0 : f.get_u32_or(arch + ".nextn_predict_layers", 0);
+}
+
 void print_text(const GgufFile& f, const std::string& arch, const strata::ModelBytes& mb) {
   std::printf("file          %s\n", f.path().c_str());
   std::printf("format        GGUF v%u, alignment %zu, %s (%zu bytes), data at offset %" PRIu64 "\n", f.version(),
               f.alignment(), human_bytes(f.file_size()).c_str(), f.file_size(), f.data_offset());
   std::printf("contents      %zu tensors, %zu metadata keys\n", f.tensors().size(), f.metadata().size());
   std::printf("architecture  %s\n", arch.empty() ? "(none: general.architecture missing)" : arch.c_str());
+  if (const uint32_t n_mtp = mtp_layers(f, arch)) {
+    const uint64_t n_block = f.get_u32_or(arch + ".block_count", 0);
+    std::printf("MTP           %u layer(s) after the trunk, blk.%" PRIu64 " .. (nextn.*: drafts with --spec mtp)\n", n_mtp,
+                n_block - n_mtp);
+  }
 
   auto print_section = [&](Section s, const char* title, bool skip_summary_keys) {
     bool any = false;
@@ -235,6 +245,7 @@ void print_json(const GgufFile& f, const std::string& arch, const strata::ModelB
   j["file_size"] = f.file_size();
   j["data_offset"] = f.data_offset();
   j["architecture"] = arch.empty() ? ordered_json(nullptr) : ordered_json(arch);
+  j["mtp_layers"] = mtp_layers(f, arch);
   ordered_json hyper = ordered_json::object(), general = ordered_json::object(),
                tok_other = ordered_json::object(), other = ordered_json::object();
   for (const auto& [k, v] : f.metadata()) {

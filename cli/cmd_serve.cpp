@@ -87,7 +87,7 @@ void setup_serve(CLI::App& sub) {
   strata::cli::add_spec_options(sub, *spec);
   sub.callback([o, backend, spec] {
     strata::cli::check_backend_options(*backend);
-    const strata::SpecChoice spec_choice = strata::check_spec_options(*spec);
+    const strata::SpecChoice spec_choice = strata::check_spec_options(*spec, backend->gpu);
     if (backend->gpu) o->backend = "gpu";
     if (!o->api_key_file.empty()) {
       if (!o->api_key.empty()) strata::fail("give either --api-key or --api-key-file, not both");
@@ -147,6 +147,7 @@ void setup_serve(CLI::App& sub) {
           *drafters = std::make_unique<strata::DrafterFactory>(spec_choice, *spec, target);
           std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
                        spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
+                       : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (cpu)"
                                                                   : ("draft model " + spec_choice.draft_path + " (cpu)").c_str(),
                        spec_choice.params.draft_max);
         }

@@ -44,6 +44,8 @@ void setup_synth(CLI::App& sub) {
                  "of experts), uniform (unscaled random routers) or zipf:S (router rows scaled by 1/rank^S)");
   auto* layers = sub.add_option("--layers", a->opt.layers,
                  "keep only the first N layers of the preset (same shapes and layer pattern; default: all)");
+  sub.add_option("--mtp", a->opt.mtp,
+                 "add N random multi-token-prediction layers (0 or 1; qwen35moe presets) for --spec mtp");
   sub.add_option("--seed", a->opt.seed, "random seed (default 42)");
   sub.add_option("--threads", a->opt.threads, "threads (default: all cores)");
   sub.add_option("-o,--output", a->opt.out_path, "output GGUF file");

@@ -697,6 +697,89 @@ TEST(ConvertQwen35Moe, TextOnlyCheckpointWithModelPrefixAndPerExpertWeights) {
   }
 }
 
+// mtp_num_hidden_layers 1: the MTP head becomes blk.<n_layer> under llama.cpp's nextn names. The MTP
+// layer's own tensors are checked against a checkpoint holding the same tensors as its last trunk layer
+// (byte for byte: the same mapping), the nextn tensors value for value.
+TEST(ConvertQwen35Moe, MtpHeadUnderNextnNames) {
+  Qwen35Dims d;
+  const int64_t E = d.hidden;
+  json cfg = qwen35_config(d);
+  cfg["text_config"]["mtp_num_hidden_layers"] = 1;
+  TensorMap m = qwen35_tensors(d);
+  uint32_t seed = 9000;
+  m["mtp.pre_fc_norm_embedding.weight"] = rnd({E}, seed++, 0.1f);
+  m["mtp.pre_fc_norm_hidden.weight"] = rnd({E}, seed++, 0.1f);
+  m["mtp.norm.weight"] = rnd({E}, seed++, 0.1f);
+  // The MTP layer: a full-attention layer's tensors with values of their own.
+  const std::string last = "model.language_model.layers.3.";
+  TensorMap as_trunk = m;
+  for (const auto& [name, t] : qwen35_tensors(d)) {
+    if (name.rfind(last, 0) != 0) continue;
+    HfTensor fresh = rnd(t.shape, seed++, 0.5f);
+    m["mtp.layers.0." + name.substr(last.size())] = fresh;
+    as_trunk[name] = fresh;
+  }
+  const std::string dir = fresh_dir("q35_mtp");
+  write_json(dir + "/config.json", cfg);
+  write_safetensors(dir + "/model.safetensors", m);
+  const auto sum = run_convert(dir, dir + "/out.gguf", "f32");
+  EXPECT_EQ(sum.ignored.size(), 1u);  // the vision tensor only
+
+  const std::string ref = fresh_dir("q35_mtp_ref");
+  write_json(ref + "/config.json", qwen35_config(d));
+  write_safetensors(ref + "/model.safetensors", as_trunk);
+  run_convert(ref, ref + "/out.gguf", "f32");
+
+  GgufFile g = GgufFile::open(dir + "/out.gguf"), r = GgufFile::open(ref + "/out.gguf");
+  EXPECT_EQ(g.get_u32("qwen35moe.block_count"), 5u);
+  EXPECT_EQ(g.get_u32("qwen35moe.nextn_predict_layers"), 1u);
+  auto plus_one = [](std::vector<float> v) {
+    for (auto& x : v) x += 1.0f;
+    return v;
+  };
+  ASSERT_NE(g.find_tensor("blk.4.nextn.eh_proj.weight"), nullptr);
+  EXPECT_EQ(ne_of(*g.find_tensor("blk.4.nextn.eh_proj.weight")), (std::vector<int64_t>{2 * E, E}));
+  expect_f32_exact(g.tensor("blk.4.nextn.eh_proj.weight"), m["mtp.fc.weight"].values);
+  expect_f32_exact(g.tensor("blk.4.nextn.enorm.weight"), plus_one(m["mtp.pre_fc_norm_embedding.weight"].values));
+  expect_f32_exact(g.tensor("blk.4.nextn.hnorm.weight"), plus_one(m["mtp.pre_fc_norm_hidden.weight"].values));
+  expect_f32_exact(g.tensor("blk.4.nextn.shared_head_norm.weight"), plus_one(m["mtp.norm.weight"].values));
+  int layer_tensors = 0;
+  for (const auto& t : r.tensors()) {
+    if (t.name.rfind("blk.3.", 0) != 0) continue;
+    const GgufTensorInfo* u = g.find_tensor("blk.4." + t.name.substr(6));
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(u->nbytes, t.nbytes) << t.name;
+    EXPECT_EQ(std::memcmp(u->data, t.data, t.nbytes), 0) << t.name;
+    ++layer_tensors;
+  }
+  EXPECT_EQ(layer_tensors, 16);
+  // The trunk is unchanged by the head.
+  const std::string plain_dir = make_qwen35("q35_mtp_plain", d);
+  run_convert(plain_dir, plain_dir + "/o.gguf", "f32");
+  const GgufFile plain = GgufFile::open(plain_dir + "/o.gguf");
+  for (const auto& t : plain.tensors()) {
+    const GgufTensorInfo* u = g.find_tensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(std::memcmp(u->data, t.data, t.nbytes), 0) << t.name;
+  }
+  auto model = Model::load(dir + "/out.gguf");
+  EXPECT_EQ(model->config().n_layer, 4);
+  EXPECT_EQ(model->config().n_mtp, 1);
+
+  // A missing MTP tensor is named; more than one MTP layer is refused.
+  m.erase("mtp.norm.weight");
+  write_safetensors(dir + "/model.safetensors", m);
+  try {
+    run_convert(dir, dir + "/out2.gguf", "f32");
+    ADD_FAILURE() << "expected a missing-tensor error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mtp.norm.weight"), std::string::npos) << e.what();
+  }
+  cfg["text_config"]["mtp_num_hidden_layers"] = 2;
+  write_json(dir + "/config.json", cfg);
+  EXPECT_THROW(run_convert(dir, dir + "/out3.gguf", "f32"), Error);
+}
+
 TEST(ConvertQwen3Moe, ShardedCheckpointEqualsSingleFile) {
   Qwen3MoeDims d;
   TensorMap all;

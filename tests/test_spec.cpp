@@ -33,7 +33,10 @@
 #include "strata/gguf/writer.h"
 #include "strata/quant/fp16.h"
 #include "strata/sample/speculative.h"
+#include "strata/engine/blocks.h"
+#include "strata/engine/mtp.h"
 #include "strata/spec/draft_model.h"
+#include "strata/spec/mtp_drafter.h"
 #include "strata/spec/ngram_drafter.h"
 #include "strata/spec/spec_bench.h"
 #include "strata/spec/spec_options.h"
@@ -421,6 +424,241 @@ void check_fixture(const std::string& name, const std::string& other_name) {
 
 TEST(SpecLossless, Qwen35DeltaNetFixture) { check_fixture("qwen3_5_moe", "qwen3_5_moe_interval2"); }
 TEST(SpecLossless, LagunaSlidingWindowFixture) { check_fixture("laguna_swa", "laguna"); }
+
+// ---- MTP: the model's own multi-token-prediction layer drafts ------------------------------------
+
+// How with_mtp fills the added block.
+enum class MtpHead {
+  Random,  // a trunk full-attention layer's weights, random eh_proj: drafts mostly rejected
+  // A bigram lookup: the layer adds nothing (zero output projections), eh_proj passes the next token's
+  // normed embedding through and nextn.shared_head_head maps it to the token that followed it in
+  // `follows`, so the head drafts what the target did wherever the target repeats itself.
+  Bigram,
+};
+
+// A copy of an F32 qwen35moe GGUF with one MTP block appended (blk.<n_layer>.nextn.* and the block's
+// layer) as llama.cpp lays it out: block_count + 1, nextn_predict_layers 1.
+std::string with_mtp(const std::string& src, const std::string& out, MtpHead mode, const std::vector<int32_t>& follows = {}) {
+  const GgufFile in = GgufFile::open(src);
+  const std::unique_ptr<Model> m = Model::load(src);
+  const ModelConfig& c = m->config();
+  int full = -1;
+  for (int il = 0; il < c.n_layer; ++il)
+    if (c.mixer(il) == LayerKind::FullAttention) full = il;
+  EXPECT_GE(full, 0);
+  const int64_t E = c.n_embd, V = c.n_vocab;
+  GgufWriter w;
+  for (const auto& [key, value] : in.metadata())
+    if (key != "general.alignment") w.set(key, value);
+  w.set("qwen35moe.block_count", GgufValue::u32(static_cast<uint32_t>(c.n_layer + 1)));
+  w.set("qwen35moe.nextn_predict_layers", GgufValue::u32(1));
+  std::vector<std::vector<float>> keep;
+  auto add = [&](const std::string& name, std::vector<int64_t> ne, std::vector<float> v) {
+    keep.push_back(std::move(v));
+    w.add_tensor(name, GgmlType::F32, ne, keep.back().data(), keep.back().size() * sizeof(float));
+  };
+  const std::string from = "blk." + std::to_string(full) + ".", to = "blk." + std::to_string(c.n_layer) + ".";
+  for (const GgufTensorInfo& t : in.tensors()) {
+    w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data, t.nbytes);
+    if (t.name.rfind(from, 0) != 0) continue;
+    const std::string stem = t.name.substr(from.size());
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
+    std::memcpy(v.data(), t.data, v.size() * sizeof(float));
+    const bool output = stem == "attn_output.weight" || stem == "ffn_down_exps.weight" || stem == "ffn_down_shexp.weight";
+    if (mode == MtpHead::Bigram && output) std::fill(v.begin(), v.end(), 0.0f);
+    add(to + stem, std::vector<int64_t>(t.ne, t.ne + t.n_dims), std::move(v));
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(2 * E)));
+  std::vector<float> eh(static_cast<size_t>(2 * E * E));
+  for (int64_t r = 0; r < E; ++r)
+    for (int64_t col = 0; col < 2 * E; ++col)
+      eh[static_cast<size_t>(r * 2 * E + col)] = mode == MtpHead::Random ? normal(rng) : (col == r ? 1.0f : 0.0f);
+  add(to + "nextn.eh_proj.weight", {2 * E, E}, std::move(eh));
+  for (const char* norm : {"nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight"})
+    add(to + norm, {E}, std::vector<float>(static_cast<size_t>(E), 1.0f));
+  if (mode == MtpHead::Bigram) {
+    // Row v: the sum of the normed embeddings of the tokens v followed (random directions, nearly
+    // orthogonal, so each such token scores its follower highest).
+    std::vector<float> head(static_cast<size_t>(V * E), 0.0f), e(static_cast<size_t>(E));
+    for (size_t i = 0; i + 1 < follows.size(); ++i) {
+      embed_tokens(m->weights().token_embd, &follows[i], 1, e.data());
+      double ss = 0;
+      for (float x : e) ss += static_cast<double>(x) * x;
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(E) + 1e-6));
+      float* row = head.data() + static_cast<size_t>(follows[i + 1]) * static_cast<size_t>(E);
+      for (int64_t k = 0; k < E; ++k) row[k] += e[static_cast<size_t>(k)] * inv;
+    }
+    add(to + "nextn.shared_head_head.weight", {E, V}, std::move(head));
+  }
+  w.write(out);
+  return out;
+}
+
+spec_test::MakeDrafter mtp(const Model& m, int ctx) {
+  return [&m, ctx]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<MtpDrafter>(m, ctx, static_cast<int32_t>(m.config().n_vocab));
+  };
+}
+
+TEST(Mtp, RefusedWithoutAnMtpLayer) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  SpecOptions o;
+  o.spec = "mtp";
+  EXPECT_EQ(check_spec_options(o).kind, SpecKind::Mtp);
+  try {
+    make_drafter(check_spec_options(o), o, *plain.model, 64, {}, 512);
+    ADD_FAILURE() << "--spec mtp was accepted for a model without an MTP layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(plain.path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nextn_predict_layers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(check_spec_options(o, /*target_on_gpu=*/true), Error);
+  o.draft_model = "d.gguf";
+  EXPECT_THROW(check_spec_options(o), Error);  // mtp drafts without a draft model
+}
+
+// A session given a hidden record appends each kept token's final hidden state (the output matrix
+// times it gives the token's logits) with its token; pending tokens count once kept, along the kept
+// path; a reset restarts the record.
+TEST(Mtp, SessionRecordsKeptHiddenStates) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const Model& m = *plain.model;
+  const size_t V = static_cast<size_t>(m.config().n_vocab);
+  Session s(m, 32);
+  auto rec = std::make_shared<HiddenRecord>();
+  s.set_hidden_record(rec);
+  auto expect_logits = [&](int pos, const float* want) {
+    std::vector<float> l(V);
+    project(m.weights().output, rec->row(pos), 1, l.data());
+    for (size_t i = 0; i < V; ++i) ASSERT_NEAR(l[i], want[i], 1e-4f * (1.0f + std::fabs(want[i]))) << pos << " " << i;
+  };
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  std::vector<float> logits(4 * V);
+  s.forward(prompt.data(), 4, logits.data(), true);
+  ASSERT_EQ(rec->begin, 0);
+  ASSERT_EQ(rec->tokens, prompt);
+  for (int p = 0; p < 4; ++p) expect_logits(p, logits.data() + static_cast<size_t>(p) * V);
+  const std::vector<int32_t> pending = {9, 10, 11};
+  std::vector<float> pl(3 * V);
+  s.forward_pending(pending.data(), 3, nullptr, pl.data());
+  EXPECT_EQ(rec->size(), 4);
+  s.keep_first(2);
+  ASSERT_EQ(rec->tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10}));
+  expect_logits(4, pl.data());
+  expect_logits(5, pl.data() + V);
+  rec->drop_before(5);
+  EXPECT_EQ(rec->begin, 5);
+  EXPECT_EQ(rec->size(), 1);
+  rec->restarted = false;
+  s.reset();
+  EXPECT_TRUE(rec->restarted);
+  EXPECT_EQ(rec->begin, 0);
+  EXPECT_EQ(rec->size(), 0);
+}
+
+// One batch of rows and the same rows one by one leave the same outputs and cache: the drafter's
+// catch-up (a batch) and its chain (single rows) are the same head.
+TEST(Mtp, BatchEqualsRowByRow) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const Loaded t = load(with_mtp(plain.path, tmp_file("mtp_rows").string(), MtpHead::Random));
+  const Model& m = *t.model;
+  const size_t d = static_cast<size_t>(m.config().n_embd);
+  const int n = 5;
+  std::vector<int32_t> tokens = {3, 99, 41, 7, 300};
+  std::vector<float> hidden(n * d), a(n * d), b(n * d), la(static_cast<size_t>(m.config().n_vocab)), lb(la.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (float& x : hidden) x = normal(rng);
+  MtpState sa(m, 16), sb(m, 16);
+  mtp_forward(m, 0, sa, tokens.data(), hidden.data(), n, a.data(), la.data());
+  for (int i = 0; i < n; ++i)
+    mtp_forward(m, 0, sb, &tokens[static_cast<size_t>(i)], hidden.data() + i * d, 1, b.data() + i * d, lb.data());
+  EXPECT_EQ(sa.n_past(), n);
+  EXPECT_EQ(sb.n_past(), n);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1.0f + std::fabs(b[i]))) << i;
+  for (size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-3f * (1.0f + std::fabs(lb[i]))) << i;
+}
+
+// Greedy output with --spec mtp is the target's token for token, with a random head (drafts rejected)
+// and with a head that drafts the target's own bigrams (drafts accepted and rejected); the same through
+// make_drafter.
+TEST(SpecLossless, MtpHeadOnTheQwen35Fixture) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const int32_t V = static_cast<int32_t>(plain.model->config().n_vocab);
+  spec_test::Case c;
+  c.prompt = pattern_prompt();
+  c.n_new = 48;
+  c.sampling = greedy_no_end(*plain.tokenizer, V);
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+
+  const Loaded random = load(with_mtp(plain.path, tmp_file("mtp_random").string(), MtpHead::Random));
+  const auto make_random = cpu_sequences(*random.model);
+  const GenerationStats r =
+      spec_test::expect_lossless(make_random, *random.tokenizer, c, mtp(*random.model, ctx), true, "random MTP head");
+  EXPECT_GT(r.spec_steps, 0);
+  EXPECT_LT(r.accepted_tokens, r.drafted_tokens);
+  // The trunk is the plain model's: the MTP block changes nothing it computes.
+  const spec_test::Outcome a = spec_test::generate_case(cpu_sequences(*plain.model), *plain.tokenizer, c, nullptr);
+  const spec_test::Outcome b = spec_test::generate_case(make_random, *random.tokenizer, c, nullptr);
+  EXPECT_EQ(a.result.tokens, b.result.tokens);
+
+  // The bigram head, built from the plain run (prompt and output).
+  std::vector<int32_t> text = c.prompt;
+  text.insert(text.end(), a.result.tokens.begin(), a.result.tokens.end());
+  const Loaded bigram = load(with_mtp(plain.path, tmp_file("mtp_bigram").string(), MtpHead::Bigram, text));
+  const auto make_bigram = cpu_sequences(*bigram.model);
+  const GenerationStats s =
+      spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, mtp(*bigram.model, ctx), true, "bigram MTP head");
+  expect_accepts_and_rejects(s, "bigram MTP head");
+  for (int draft_max : {1, 3}) {
+    c.draft_max = draft_max;
+    const GenerationStats k = spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, mtp(*bigram.model, ctx), true,
+                                                         "bigram MTP head, draft-max " + std::to_string(draft_max));
+    EXPECT_GT(k.accepted_tokens, 0) << draft_max;
+  }
+  SpecOptions o;
+  o.spec = "mtp";
+  const auto via_options = [&]() -> std::unique_ptr<Drafter> {
+    return make_drafter(check_spec_options(o), o, *bigram.model, ctx, c.sampling, V);
+  };
+  c.draft_max = 4;
+  EXPECT_GT(spec_test::expect_lossless(make_bigram, *bigram.tokenizer, c, via_options, true, "--spec mtp").accepted_tokens, 0);
+}
+
+// A drafter kept across generations on one sequence (a chat's turns): the head's cache follows the
+// sequence, and a reset starts it over; output stays the target's.
+TEST(Mtp, FollowsTheSequenceAcrossGenerations) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const int32_t V = static_cast<int32_t>(plain.model->config().n_vocab);
+  std::vector<int32_t> text = pattern_prompt();
+  const spec_test::Outcome ref = spec_test::generate_case(
+      cpu_sequences(*plain.model), *plain.tokenizer, spec_test::Case{pattern_prompt(), 48, 0, 8, greedy_no_end(*plain.tokenizer, V), {}}, nullptr);
+  text.insert(text.end(), ref.result.tokens.begin(), ref.result.tokens.end());
+  const Loaded bigram = load(with_mtp(plain.path, tmp_file("mtp_turns").string(), MtpHead::Bigram, text));
+  const Model& m = *bigram.model;
+  auto run_turns = [&](Drafter* drafter) {
+    Session s(m, 256);
+    std::vector<int32_t> out, held;
+    for (int turn = 0; turn < 3; ++turn) {
+      if (turn == 2) s.reset(), held.clear();
+      Sampler sampler(greedy_no_end(*bigram.tokenizer, V));
+      GenerationParams params;
+      params.max_new_tokens = 16;
+      params.spec.drafter = drafter;
+      params.spec.draft_max = 4;
+      params.spec.preceding = &held;
+      const std::vector<int32_t> prompt = {300, 41, 302, static_cast<int32_t>(77 + turn)};
+      const GenerationResult r = generate(s, *bigram.tokenizer, sampler, prompt, params, {});
+      held.insert(held.end(), prompt.begin(), prompt.end());
+      held.insert(held.end(), r.tokens.begin(), r.tokens.begin() + r.tokens_in_session);
+      out.insert(out.end(), r.tokens.begin(), r.tokens.end());
+    }
+    return out;
+  };
+  MtpDrafter drafter(m, 256, V);
+  EXPECT_EQ(run_turns(&drafter), run_turns(nullptr));
+}
 
 // ---- sampled generation keeps its distribution -------------------------------------------------
 

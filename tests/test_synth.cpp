@@ -37,9 +37,10 @@ fs::path temp_dir() {
 }
 
 std::string synth(const std::string& preset, const std::string& quant, const std::string& skew, uint64_t seed,
-                  int threads, const std::string& name, int layers = 0) {
+                  int threads, const std::string& name, int layers = 0, int mtp = 0) {
   strata::convert::SynthOptions o;
   o.layers = layers;
+  o.mtp = mtp;
   o.preset = preset;
   o.quant = quant;
   o.skew = skew;
@@ -164,6 +165,37 @@ TEST(Synth, Qwen35MoeTinyFollowsNamingContract) {
   EXPECT_EQ(v.tokens[static_cast<size_t>(v.eos_id)], "<|im_end|>");
 
   run_a_few_tokens(path);
+}
+
+// --mtp 1: one multi-token-prediction block after the trunk under llama.cpp's nextn names, bound by
+// the model (ModelConfig::n_mtp, ModelWeights::mtp) while the trunk stays the same.
+TEST(Synth, MtpLayerFollowsNextnNamingAndBinds) {
+  const std::string path = synth("tiny-qwen35moe", "q8_0", "none", 7, 0, "t35mtp.gguf", 0, 1);
+  const auto f = strata::GgufFile::open(path);
+  EXPECT_EQ(f.get_u32("qwen35moe.block_count"), 5u);
+  EXPECT_EQ(f.get_u32("qwen35moe.nextn_predict_layers"), 1u);
+  const int64_t E = 256;
+  expect_tensor(f, "blk.4.nextn.eh_proj.weight", {2 * E, E}, GgmlType::Q8_0);
+  expect_tensor(f, "blk.4.nextn.enorm.weight", {E}, GgmlType::F32);
+  expect_tensor(f, "blk.4.nextn.hnorm.weight", {E}, GgmlType::F32);
+  expect_tensor(f, "blk.4.nextn.shared_head_norm.weight", {E}, GgmlType::F32);
+  expect_tensor(f, "blk.4.attn_q.weight", {E, 2 * 4 * 64}, GgmlType::Q8_0);  // full attention, gated q
+  expect_tensor(f, "blk.4.ffn_gate_exps.weight", {E, 256, 16}, GgmlType::Q8_0);
+  expect_tensor(f, "blk.4.ffn_gate_inp_shexp.weight", {E}, GgmlType::F32);
+  auto model = strata::Model::load(path);
+  EXPECT_EQ(model->config().n_layer, 4);
+  EXPECT_EQ(model->config().n_mtp, 1);
+  ASSERT_EQ(model->weights().mtp.size(), 1u);
+  EXPECT_EQ(model->weights().mtp[0].layer.kind, strata::LayerKind::FullAttention);
+  EXPECT_EQ(model->weights().mtp[0].eh_proj.n_cols, 2 * E);
+  // The trunk is the model without the block: same logits.
+  auto plain = strata::Model::load(synth("tiny-qwen35moe", "q8_0", "none", 7, 0, "t35plain.gguf"));
+  EXPECT_EQ(plain->config().n_mtp, 0);
+  EXPECT_TRUE(plain->weights().mtp.empty());
+  strata::Session a(*model, 16), b(*plain, 16);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  EXPECT_EQ(strata::generate_greedy(a, prompt, 4), strata::generate_greedy(b, prompt, 4));
+  EXPECT_THROW(synth("tiny-qwen3moe", "q8_0", "none", 7, 0, "bad.gguf", 0, 1), strata::Error);
 }
 
 TEST(Synth, Qwen3MoeTinyFollowsNamingContract) {

@@ -64,7 +64,8 @@ void write_model_metadata(const HfConfig& c, const std::string& model_name, uint
   w.set("general.file_type", GgufValue::u32(file_type));
   w.set("general.quantization_version", GgufValue::u32(2));
 
-  w.set(a + ".block_count", u32(c.n_layer));
+  w.set(a + ".block_count", u32(c.n_layer + c.n_mtp));
+  if (c.n_mtp > 0) w.set(a + ".nextn_predict_layers", u32(c.n_mtp));
   if (c.n_ctx > 0) w.set(a + ".context_length", u32(c.n_ctx));
   w.set(a + ".embedding_length", u32(c.n_embd));
   if (c.intermediate_size > 0) w.set(a + ".feed_forward_length", u32(c.intermediate_size));

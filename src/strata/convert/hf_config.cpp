@@ -276,6 +276,9 @@ HfConfig load_hf_config(const std::string& dir) {
   // The layout: layer_types when given (current transformers writes only those), which must be
   // periodic (full attention every P-th layer) for GGUF's full_attention_interval to express it; a
   // full_attention_interval given beside them must agree.
+  c.n_mtp = f.get_int_or("mtp_num_hidden_layers", 0);
+  // One predictor (fc, its norms) serves all of HF's MTP layers; GGUF's nextn blocks each carry their own.
+  if (c.n_mtp < 0 || c.n_mtp > 1) fail(where, ": mtp_num_hidden_layers = ", c.n_mtp, " (0 or 1 supported)");
   const bool has_interval = f.has("full_attention_interval");
   c.full_attention_interval = f.get_int_or("full_attention_interval", 4);
   if (c.full_attention_interval <= 0) fail(where, ": full_attention_interval must be positive");

@@ -49,6 +49,9 @@ struct HfConfig {
   float partial_rotary_factor = 0.25f;
   int rope_dims = 0;                     // int(head_dim * partial_rotary_factor) (laguna: full layers)
   std::vector<int> mrope_sections;       // 4 entries
+  // Multi-token-prediction layers (mtp_num_hidden_layers; 0 or 1): written after the trunk as
+  // blk.n_layer.* with the nextn.* tensors and <arch>.nextn_predict_layers, as llama.cpp writes them.
+  int n_mtp = 0;
 
   // laguna only (rope_theta / rope_dims above: the full-attention layers').
   std::vector<bool> is_sliding;          // per layer: sliding_attention

@@ -96,7 +96,11 @@ SynthSummary synth_model(const SynthOptions& opt) {
   const SynthPreset& preset = find_synth_preset(opt.preset);
   const TypeRequest req = parse_type_request(opt.quant);
   const std::optional<double> skew_given = parse_skew(opt.skew);
-  const HfConfig cfg = synth_config(preset, opt.layers);
+  HfConfig cfg = synth_config(preset, opt.layers);
+  if (opt.mtp < 0 || opt.mtp > 1) fail("synth: --mtp ", opt.mtp, " must be 0 or 1");
+  if (opt.mtp > 0 && cfg.arch != HfArch::Qwen35Moe)
+    fail("synth: --mtp needs a qwen35moe preset (preset '", preset.name, "' is ", gguf_arch_name(cfg.arch), ")");
+  cfg.n_mtp = opt.mtp;
   const double skew = skew_given ? *skew_given : realistic_skew_exponent(cfg.n_expert, cfg.n_expert_used);
   if (opt.threads > 0) omp_set_num_threads(opt.threads);
 

@@ -43,6 +43,9 @@ struct SynthOptions {
   // Keep only the first `layers` layers of the preset (same shapes; qwen35moe keeps the real model's
   // DeltaNet / full-attention pattern of those layers). 0: all of the preset's layers.
   int layers = 0;
+  // Multi-token-prediction layers added after the trunk (qwen35moe presets; 0 or 1): random, so a
+  // drafter's acceptance means nothing, its cost and correctness do.
+  int mtp = 0;
   int threads = 0;  // 0: all cores
   std::string out_path;
   std::function<void(const std::string&)> on_note;

@@ -93,10 +93,17 @@ std::vector<SynthTensor> plan_synth_tensors(const HfConfig& c, double skew, uint
   const int64_t key_dim = Hk * c.lin_k_dim, value_dim = Hv * c.lin_v_dim;
   const int64_t conv_dim = 2 * key_dim + value_dim;
   const bool laguna = c.arch == HfArch::Laguna;
-  for (int i = 0; i < c.n_layer; ++i) {
+  // The trunk, then the MTP blocks (full attention + MoE, after their nextn.* tensors).
+  for (int i = 0; i < c.n_layer + c.n_mtp; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
+    const bool mtp = i >= c.n_layer;
+    if (mtp) {
+      p.add(b + "nextn.eh_proj.weight", {2 * E, E}, TensorRole::MtpProj, i, SynthInit::Matrix);
+      for (const char* norm : {"nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight"})
+        p.add(b + norm, {E}, TensorRole::Norm, i, SynthInit::NormOne);
+    }
     p.add(b + "attn_norm.weight", {E}, TensorRole::Norm, i, SynthInit::NormOne);
-    const bool full = !q35 || c.is_full_attention.at(static_cast<size_t>(i));
+    const bool full = mtp || !q35 || c.is_full_attention.at(static_cast<size_t>(i));
     if (full) {
       const int64_t H = laguna ? c.heads_per_layer.at(static_cast<size_t>(i)) : c.n_head;
       // qwen35moe: attn_q yields query and output gate per head (2 * head_dim).

@@ -83,7 +83,11 @@ class Planner {
   }
 
   std::string blk(int il, const char* what) const { return cat("blk.", il, ".", what); }
-  std::string hf(int il, const char* what) const { return cat(prefix_, "layers.", il, ".", what); }
+  // Layers from n_layer on are the MTP layers, kept at the top level by HF (mtp.layers.J).
+  std::string hf(int il, const char* what) const {
+    if (il >= cfg_.n_layer) return cat("mtp.layers.", il - cfg_.n_layer, ".", what);
+    return cat(prefix_, "layers.", il, ".", what);
+  }
 
   void add_globals();
   void add_full_attention(int il, bool gated_q, ValueOp qk_norm_op, int64_t n_head);
@@ -91,6 +95,8 @@ class Planner {
   void add_deltanet(int il);
   void add_experts(int il);
   void add_shared_expert(int il, bool gated, const char* hf_name);
+  void add_qwen35_layer(int il, bool full);
+  void add_mtp(int il);
   void check_leftovers();
 
   const HfConfig& cfg_;
@@ -266,6 +272,32 @@ void Planner::add_laguna_layer(int il) {
                     ck_.has(hf(il, "mlp.shared_experts.gate_proj.weight")) ? "shared_experts" : "shared_expert");
 }
 
+void Planner::add_qwen35_layer(int il, bool full) {
+  direct(blk(il, "attn_norm.weight"), hf(il, "input_layernorm.weight"), {cfg_.n_embd}, {cfg_.n_embd},
+         TensorRole::Norm, il, ValueOp::PlusOne);
+  if (full) add_full_attention(il, /*gated_q=*/true, ValueOp::PlusOne, cfg_.n_head);
+  else add_deltanet(il);
+  direct(blk(il, "post_attention_norm.weight"), hf(il, "post_attention_layernorm.weight"), {cfg_.n_embd},
+         {cfg_.n_embd}, TensorRole::Norm, il, ValueOp::PlusOne);
+  add_experts(il);
+  add_shared_expert(il, /*gated=*/true, "shared_expert");
+}
+
+// An MTP block (transformers' Qwen3.5 MTP: fc over [pre_fc_norm_embedding(e); pre_fc_norm_hidden(h)],
+// one full-attention layer, norm) under llama.cpp's nextn names. Its norms are zero-centred like the
+// trunk's; fc's columns keep HF's order (embedding half first).
+void Planner::add_mtp(int il) {
+  const int64_t E = cfg_.n_embd;
+  direct(blk(il, "nextn.eh_proj.weight"), "mtp.fc.weight", {E, 2 * E}, {2 * E, E}, TensorRole::MtpProj, il);
+  direct(blk(il, "nextn.enorm.weight"), "mtp.pre_fc_norm_embedding.weight", {E}, {E}, TensorRole::Norm, il,
+         ValueOp::PlusOne);
+  direct(blk(il, "nextn.hnorm.weight"), "mtp.pre_fc_norm_hidden.weight", {E}, {E}, TensorRole::Norm, il,
+         ValueOp::PlusOne);
+  direct(blk(il, "nextn.shared_head_norm.weight"), "mtp.norm.weight", {E}, {E}, TensorRole::Norm, il,
+         ValueOp::PlusOne);
+  add_qwen35_layer(il, /*full=*/true);
+}
+
 void Planner::check_leftovers() {
   std::vector<std::string> left;
   for (const auto& name : ck_.names()) {
@@ -276,9 +308,9 @@ void Planner::check_leftovers() {
       plan_.ignored.push_back(name + ": vision tower (text-only conversion)");
       continue;
     }
-    if (name.rfind("mtp.", 0) == 0) {
+    if (name.rfind("mtp.", 0) == 0 && cfg_.n_mtp == 0) {
       ck_.mark_used(name);
-      plan_.ignored.push_back(name + ": MTP head (not converted yet)");
+      plan_.ignored.push_back(name + ": MTP head (config.json has no mtp_num_hidden_layers)");
       continue;
     }
     left.push_back(name);
@@ -305,16 +337,10 @@ ConversionPlan Planner::run() {
              TensorRole::Norm, il);
       add_experts(il);
     } else {
-      direct(blk(il, "attn_norm.weight"), hf(il, "input_layernorm.weight"), {cfg_.n_embd}, {cfg_.n_embd},
-             TensorRole::Norm, il, ValueOp::PlusOne);
-      if (cfg_.is_full_attention[il]) add_full_attention(il, /*gated_q=*/true, ValueOp::PlusOne, cfg_.n_head);
-      else add_deltanet(il);
-      direct(blk(il, "post_attention_norm.weight"), hf(il, "post_attention_layernorm.weight"), {cfg_.n_embd},
-             {cfg_.n_embd}, TensorRole::Norm, il, ValueOp::PlusOne);
-      add_experts(il);
-      add_shared_expert(il, /*gated=*/true, "shared_expert");
+      add_qwen35_layer(il, cfg_.is_full_attention[il]);
     }
   }
+  for (int j = 0; j < cfg_.n_mtp; ++j) add_mtp(cfg_.n_layer + j);
   check_leftovers();
   return std::move(plan_);
 }

@@ -30,6 +30,7 @@ enum class TensorRole {
   SharedGate, SharedUp, SharedDown,
   AttnOutGate,             // laguna's softplus output gate projection (attn_gate)
   FfnGate, FfnUp, FfnDown, // dense feed-forward layers
+  MtpProj,                 // an MTP block's nextn.eh_proj
 };
 
 struct RowRef {

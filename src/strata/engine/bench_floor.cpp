@@ -4,6 +4,7 @@
 #include <string>
 
 #include "strata/gguf/gguf.h"
+#include "strata/gguf/model_summary.h"
 #include "strata/model/config.h"
 
 namespace strata {
@@ -18,6 +19,7 @@ ActiveBytes count_active_bytes(const GgufFile& file, const ModelConfig& config) 
   b.expert_fraction = config.n_expert > 0 ? static_cast<double>(config.n_expert_used) / config.n_expert : 0.0;
   bool has_output = false;
   for (const auto& t : file.tensors()) {
+    if (classify_tensor(t.name).layer >= config.n_layer) continue;  // MTP blocks: no decode step reads them
     const double bytes = static_cast<double>(t.row_nbytes()) * static_cast<double>(t.n_rows());
     if (t.name == "token_embd.weight") {
       b.embd_row = static_cast<double>(t.row_nbytes());

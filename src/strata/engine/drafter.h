@@ -13,6 +13,8 @@
 
 namespace strata {
 
+class Sequence;
+
 // A proposal: a chain (parents empty) or a token tree in the shape Sequence::forward_pending takes
 // (parents[t] < t, -1 for a child of the last token; the children of one node carry distinct tokens).
 // The generation loop verifies a tree from the root down: at each node it tries the children in the
@@ -39,6 +41,9 @@ class Drafter {
   // far (prompt, then every token sampled, the last one included). May propose none. A history that
   // does not extend the previous call's is a new text: the drafter starts over.
   virtual void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) = 0;
+  // The sequence the drafts are for, given by the generation loop before its prompt runs. Drafters
+  // conditioned on the target's states (MTP) hook in here; the others ignore it.
+  virtual void attach(Sequence& target) { (void)target; }
 };
 
 }  // namespace strata

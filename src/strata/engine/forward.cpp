@@ -169,6 +169,9 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
   for (int p = 0; p < n_parts; ++p) {
     ForwardPart& part = parts[p];
     ProfScope prof(kLmHead);
+    if (part.hidden)
+      rmsnorm_rows(x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, w.output_norm.data(), c.rms_eps,
+                   part.n, c.n_embd, part.hidden);
     if (part.logits)  // null: a piece of a longer forward whose logits nobody reads
       output_logits(c, w, x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, part.n, part.all_positions,
                     part.logits);
@@ -194,6 +197,7 @@ void forward_part(const Model& model, ForwardPart part) {
     p.tokens = part.tokens + at, p.n = len;
     p.logits = part.all_positions ? (part.logits ? part.logits + static_cast<size_t>(at) * vocab : nullptr)
                                   : (at + len == n ? part.logits : nullptr);
+    if (part.hidden) p.hidden = part.hidden + static_cast<size_t>(at) * static_cast<size_t>(model.config().n_embd);
     forward_batch(model, &p, 1);
   }
 }

@@ -33,6 +33,7 @@ struct ForwardPart {
   RoutingTraceWriter* trace = nullptr;
   uint32_t trace_stream = 0;
   RoutingSource* replay = nullptr;
+  float* hidden = nullptr;  // optional: [n x n_embd] final hidden states (after the output norm)
 };
 
 // Runs every part in one pass over the layers: norms, projections and experts over all rows at once (each

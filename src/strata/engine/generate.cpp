@@ -281,6 +281,7 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
   SpecScratch spec;
   std::vector<int32_t> drafter_history;  // preceding tokens + history, when a drafter runs
   if (drafter) {
+    drafter->attach(session);
     if (params.spec.preceding) drafter_history = *params.spec.preceding;
     drafter_history.insert(drafter_history.end(), prompt.begin(), prompt.end());
   }

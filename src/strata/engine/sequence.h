@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "strata/base/error.h"
+#include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
 #include "strata/engine/routing_counts.h"
 #include "strata/engine/routing_trace.h"
@@ -97,6 +99,12 @@ class Sequence {
   // of the router's top-k (weights: the router's probabilities of the replayed ids). The caller owns it.
   virtual void set_routing_replay(RoutingSource* source) {
     if (source) fail("this backend cannot replay routing (--routing is not available on it)");
+  }
+  // While set, every kept token's final hidden state is appended to *record (engine/hidden_record.h);
+  // a reset or restore restarts it, and so does setting another record (the same one again keeps it).
+  // Shared so either side may go first. Backends that cannot say so.
+  virtual void set_hidden_record(std::shared_ptr<HiddenRecord> record) {
+    if (record) fail("this backend does not give its hidden states (--spec mtp runs on the CPU only)");
   }
 };
 

@@ -35,10 +35,13 @@ void forward_sessions(SessionStep* steps, int n_steps) {
     p.state = &st.session->state(), p.tokens = st.tokens, p.n = st.n;
     p.logits = st.logits, p.all_positions = st.all_positions;
     st.session->attach_routing(p);
+    st.session->attach_hidden(p, st.n);
   }
   forward_batch(model, parts.data(), n_steps);  // refuses a session given twice before it runs anything
-  for (int i = 0; i < n_steps; ++i)
+  for (int i = 0; i < n_steps; ++i) {
+    steps[i].session->record_kept(steps[i].tokens, steps[i].n);
     if (RoutingCounts* rc = steps[i].session->routing_counts()) rc->n_tokens += static_cast<uint64_t>(steps[i].n);
+  }
 }
 
 void Session::attach_routing(ForwardPart& part) const {
@@ -48,13 +51,33 @@ void Session::attach_routing(ForwardPart& part) const {
   part.replay = replay_;
 }
 
+void Session::attach_hidden(ForwardPart& part, int n) {
+  if (!hidden_) return;
+  hidden_rows_.resize(static_cast<size_t>(n) * static_cast<size_t>(model_.config().n_embd));
+  part.hidden = hidden_rows_.data();
+}
+
+void Session::record_kept(const int32_t* tokens, int n) {
+  if (hidden_) hidden_->append(tokens, hidden_rows_.data(), n);
+}
+
+void Session::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
+  if (record && record != hidden_) {
+    record->width = model_.config().n_embd;
+    record->restart(state_.n_past);
+  }
+  hidden_ = std::move(record);
+}
+
 void Session::forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
   check_tokens(model_.config(), state_, tokens, n);
   ForwardPart part;
   part.state = &state_, part.tokens = tokens, part.n = n;
   part.logits = logits_out, part.all_positions = all_positions;
   attach_routing(part);
+  attach_hidden(part, n);
   forward_part(model_, part);
+  record_kept(tokens, n);
   if (routing_counts_) routing_counts_->n_tokens += static_cast<uint64_t>(n);
 }
 
@@ -65,11 +88,19 @@ void Session::forward_pending(const int32_t* tokens, int n, const int* parents, 
   part.state = &state_, part.tokens = tokens, part.n = n, part.pending = &tree;
   part.logits = logits_out, part.all_positions = true;
   attach_routing(part);
+  attach_hidden(part, n);
   forward_part(model_, part);
+  if (hidden_) pending_tokens_.assign(tokens, tokens + n);
 }
 
 void Session::keep(const int* path, int m) {
   keep_pending(model_, state_, path, m, routing_counts_, trace_, trace_stream_);
+  if (!hidden_) return;
+  const size_t d = static_cast<size_t>(model_.config().n_embd);
+  for (int j = 0; j < m; ++j) {
+    const size_t t = static_cast<size_t>(path[j]);
+    hidden_->append(&pending_tokens_[t], hidden_rows_.data() + t * d, 1);
+  }
 }
 
 void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {

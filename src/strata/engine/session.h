@@ -35,10 +35,16 @@ class Session : public Sequence {
   void keep(const int* path, int m) override;
   bool has_pending() const override { return state_.has_pending; }
 
-  void reset() override { state_.reset(); }
+  void reset() override {
+    state_.reset();
+    if (hidden_) hidden_->restart(0);
+  }
   bool can_save_state() const override { return true; }
   void save_span(int begin, StateSpan& out) const override { state_.save_span(begin, out); }
-  void restore_spans(const StateSpan* const* spans, int n) override { state_.restore(spans, n); }
+  void restore_spans(const StateSpan* const* spans, int n) override {
+    state_.restore(spans, n);
+    if (hidden_) hidden_->restart(state_.n_past);  // restored positions have no hidden rows
+  }
   int n_past() const override { return state_.n_past; }
   int max_ctx() const override { return state_.max_ctx; }
   const Model& model() const override { return model_; }
@@ -52,8 +58,13 @@ class Session : public Sequence {
   // Both refuse a trace writer or source of another shape than the model's.
   void set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) override;
   void set_routing_replay(RoutingSource* source) override;
+  void set_hidden_record(std::shared_ptr<HiddenRecord> record) override;
   // The ForwardPart fields this session's routing options set (counts, trace, replay).
   void attach_routing(ForwardPart& part) const;
+  // With a hidden record: points part.hidden at scratch for n rows; after the forward, record_kept
+  // appends them (pending ones wait for keep()).
+  void attach_hidden(ForwardPart& part, int n);
+  void record_kept(const int32_t* tokens, int n);
   // Fails like forward() would on these tokens, changing nothing.
   void check_forward(const int32_t* tokens, int n) const;
 
@@ -64,6 +75,9 @@ class Session : public Sequence {
   RoutingTraceWriter* trace_ = nullptr;
   uint32_t trace_stream_ = 0;
   RoutingSource* replay_ = nullptr;
+  std::shared_ptr<HiddenRecord> hidden_;
+  std::vector<float> hidden_rows_;       // a forward's rows
+  std::vector<int32_t> pending_tokens_;  // the pending tokens, for keep() to record
 };
 
 // One session's tokens in forward_sessions.

@@ -128,11 +128,12 @@ ModelConfig load_model_config(const GgufFile& f) {
   const ArchDescription& desc = arch_description(c.arch);
   const std::string p = c.arch_name + ".";
 
-  // Files with multi-token-prediction layers append them after the trunk; they are not run here.
+  // Files with multi-token-prediction layers append them after the trunk (ModelConfig::n_mtp).
   const int n_block = gguf_positive(f, p + "block_count");
   const int n_nextn = static_cast<int>(f.get_u32_or(p + "nextn_predict_layers", 0));
   require_config(n_nextn < n_block, f, "nextn_predict_layers >= block_count");
   c.n_layer = n_block - n_nextn;
+  c.n_mtp = n_nextn;
   c.n_embd = gguf_positive(f, p + "embedding_length");
   // The vocabulary size is the row count of the embedding table, whatever the tokenizer keys say.
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
@@ -180,6 +181,10 @@ ModelConfig load_model_config(const GgufFile& f) {
     require_config((l.mixer == LayerKind::SlidingAttention) == (l.window > 0), f,
                    cat(at, "a sliding-window layer needs a positive window, other layers none"));
   }
+  // The MTP layer is a full-attention MoE layer of the model-wide shape.
+  c.mtp_layer = LayerSpec{LayerKind::FullAttention, FfnKind::Moe};
+  c.mtp_layer.n_head = c.n_head, c.mtp_layer.n_head_kv = c.n_head_kv;
+  c.mtp_layer.rope_dims = c.rope_dims, c.mtp_layer.rope_freq_base = c.rope_freq_base;
   for (int il = 0; il < c.n_layer; ++il)
     require_config(c.layer(il).ffn != FfnKind::Dense || c.n_ff > 0, f,
                    cat("layer ", il, " is dense but feed_forward_length is missing"));

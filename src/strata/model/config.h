@@ -98,6 +98,13 @@ struct ModelConfig {
   int n_ff = 0;
 
   std::vector<LayerSpec> layers;  // the layer program, one entry per layer
+
+  // Multi-token prediction (nextn_predict_layers): blocks after the trunk, blk.n_layer .. n_layer +
+  // n_mtp - 1, each [rmsnorm(embedding of the next token); rmsnorm(hidden)] projected to n_embd, then
+  // one full-attention + MoE layer of spec mtp_layer and its own final norm; logits through the
+  // model's output matrix. Not part of the layer program: only the MTP drafter runs them.
+  int n_mtp = 0;
+  LayerSpec mtp_layer;
   LayerKind mixer(int il) const { return layers[static_cast<size_t>(il)].mixer; }
   const LayerSpec& layer(int il) const { return layers[static_cast<size_t>(il)]; }
 

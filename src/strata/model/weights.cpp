@@ -140,6 +140,24 @@ void bind_moe(const Binder& b, const ModelConfig& c, const std::string& p, MoeWe
   }
 }
 
+void bind_layer(const Binder& b, const ModelConfig& c, const LayerSpec& spec, const std::string& p, LayerWeights& L) {
+  L.kind = spec.mixer;
+  L.attn_norm = b.vec(p + "attn_norm.weight", c.n_embd);
+  L.ffn_norm = b.vec(p + arch_description(c.arch).ffn_norm_tensor, c.n_embd);
+  if (is_attention(L.kind)) {
+    bind_attention(b, c, spec, p, L.attn);
+  } else {
+    bind_deltanet(b, c, p, L.deltanet);
+  }
+  if (spec.ffn == FfnKind::Moe) {
+    bind_moe(b, c, p, L.moe);
+  } else {
+    L.dense.gate = b.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    L.dense.up = b.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    L.dense.down = b.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+}
+
 }  // namespace
 
 ModelWeights bind_model_weights(const GgufFile& f, const ModelConfig& c) {
@@ -157,27 +175,22 @@ ModelWeights bind_model_weights(const GgufFile& f, const ModelConfig& c) {
   }
   w.output_norm = b.vec("output_norm.weight", c.n_embd);
 
-  const char* ffn_norm = arch_description(c.arch).ffn_norm_tensor;
   w.layers.resize(static_cast<size_t>(c.n_layer));
-  for (int il = 0; il < c.n_layer; ++il) {
-    const std::string p = cat("blk.", il, ".");
-    LayerWeights& L = w.layers[il];
-    L.kind = c.mixer(il);
-    L.attn_norm = b.vec(p + "attn_norm.weight", c.n_embd);
-    L.ffn_norm = b.vec(p + ffn_norm, c.n_embd);
-    const LayerSpec& spec = c.layer(il);
-    if (is_attention(L.kind)) {
-      bind_attention(b, c, spec, p, L.attn);
-    } else {
-      bind_deltanet(b, c, p, L.deltanet);
-    }
-    if (spec.ffn == FfnKind::Moe) {
-      bind_moe(b, c, p, L.moe);
-    } else {
-      L.dense.gate = b.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-      L.dense.up = b.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-      L.dense.down = b.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
-    }
+  for (int il = 0; il < c.n_layer; ++il) bind_layer(b, c, c.layer(il), cat("blk.", il, "."), w.layers[il]);
+  w.mtp.resize(static_cast<size_t>(c.n_mtp));
+  for (int j = 0; j < c.n_mtp; ++j) {
+    const std::string p = cat("blk.", c.n_layer + j, ".");
+    MtpWeights& m = w.mtp[static_cast<size_t>(j)];
+    m.eh_proj = b.matrix(p + "nextn.eh_proj.weight", 2 * static_cast<int64_t>(c.n_embd), c.n_embd);
+    m.enorm = b.vec(p + "nextn.enorm.weight", c.n_embd);
+    m.hnorm = b.vec(p + "nextn.hnorm.weight", c.n_embd);
+    m.shared_head_norm = b.vec(p + "nextn.shared_head_norm.weight", c.n_embd);
+    const int64_t V = w.token_embd.n_rows;
+    m.embed_tokens = b.has(p + "nextn.embed_tokens.weight") ? b.matrix(p + "nextn.embed_tokens.weight", c.n_embd, V)
+                                                             : w.token_embd;
+    m.head = b.has(p + "nextn.shared_head_head.weight") ? b.matrix(p + "nextn.shared_head_head.weight", c.n_embd, V)
+                                                         : w.output;
+    bind_layer(b, c, c.mtp_layer, p, m.layer);
   }
   return w;
 }

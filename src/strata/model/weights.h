@@ -54,12 +54,24 @@ struct LayerWeights {
   DenseFfnWeights dense;
 };
 
+// One multi-token-prediction block (blk.N.nextn.*, N >= n_layer, as llama.cpp names them): eh_proj
+// takes [enorm(embedding); hnorm(hidden)] (2 n_embd columns, embedding first) to n_embd, then `layer`,
+// then shared_head_norm before the output matrix. embed_tokens / head: the block's own tables when the
+// file has them (nextn.embed_tokens, nextn.shared_head_head), else the model's.
+struct MtpWeights {
+  WeightMatrix eh_proj;
+  std::vector<float> enorm, hnorm, shared_head_norm;
+  WeightMatrix embed_tokens, head;
+  LayerWeights layer;
+};
+
 struct ModelWeights {
   WeightMatrix token_embd;  // n_vocab rows of n_embd
   WeightMatrix output;      // n_vocab rows of n_embd (token_embd when the file ties them)
   bool tied_output = false;
   std::vector<float> output_norm;
   std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;  // ModelConfig::n_mtp blocks
 };
 
 // Binds every tensor the config needs, checking presence, type support and shape; errors name the

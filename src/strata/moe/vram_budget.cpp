@@ -120,6 +120,12 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, KvCacheTy
   f.all_expert_bytes = mb.expert_bytes;
   f.expert_bytes.resize(static_cast<size_t>(c.n_layer));
   for (const LayerBytes& l : mb.layers) {
+    if (l.layer >= c.n_layer && l.layer < c.n_layer + c.n_mtp) {
+      // MTP blocks: only the CPU drafter runs them; no GPU path uploads them.
+      f.core_weight_bytes -= l.other_bytes;
+      f.all_expert_bytes -= l.expert_bytes;
+      continue;
+    }
     if (l.n_expert == 0) continue;
     if (l.layer >= c.n_layer)
       fail(model.file().path(), ": expert tensors of layer ", l.layer, " beyond the model's ", c.n_layer, " layers");

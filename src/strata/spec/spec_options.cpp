@@ -3,10 +3,11 @@
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
 #include "strata/spec/draft_model.h"
+#include "strata/spec/mtp_drafter.h"
 
 namespace strata {
 
-SpecChoice check_spec_options(const SpecOptions& o) {
+SpecChoice check_spec_options(const SpecOptions& o, bool target_on_gpu) {
   SpecChoice c;
   const std::string& s = o.spec;
   if (s.empty()) {
@@ -19,10 +20,15 @@ SpecChoice check_spec_options(const SpecOptions& o) {
     c.draft_path = s == "draft" ? o.draft_model : s.substr(6);
     if (s != "draft" && !o.draft_model.empty()) fail("give the draft model once: --spec draft:FILE or -md/--model-draft FILE");
     if (c.draft_path.empty()) fail("--spec draft needs the draft model: --spec draft:FILE or -md/--model-draft FILE");
-  } else if (s == "mtp" || s == "dflash") {
-    fail("--spec ", s, ": not implemented yet (available: ngram, draft:FILE)");
+  } else if (s == "mtp") {
+    if (!o.draft_model.empty()) fail("--spec mtp drafts with the model's own MTP layer: drop -md/--model-draft");
+    // The head reads the target's hidden states, which only CPU sessions hand over so far.
+    if (target_on_gpu) fail("--spec mtp runs with a CPU target only for now: drop --gpu, or use --spec ngram|draft");
+    c.kind = SpecKind::Mtp;
+  } else if (s == "dflash") {
+    fail("--spec ", s, ": not implemented yet (available: ngram, mtp, draft:FILE)");
   } else {
-    fail("--spec ", s, ": unknown drafter (available: ngram, draft, draft:FILE)");
+    fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE)");
   }
   c.params.draft_max = o.draft_max;
   c.params.draft_min = o.draft_min;
@@ -45,7 +51,10 @@ SamplerParams draft_sampling(const SamplerParams& target) {
 
 DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
                                DraftSequenceMaker make_sequence)
-    : kind_(choice.kind), ngram_(o.ngram), make_sequence_(std::move(make_sequence)) {
+    : kind_(choice.kind), target_(target), ngram_(o.ngram), make_sequence_(std::move(make_sequence)) {
+  if (kind_ == SpecKind::Mtp && target.config().n_mtp == 0)
+    fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
+         ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
   if (kind_ != SpecKind::DraftModel) return;
   draft_ = Model::load(choice.draft_path);
   check_draft_vocabulary(target, *draft_);
@@ -55,6 +64,7 @@ std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& 
   switch (kind_) {
     case SpecKind::None: return nullptr;
     case SpecKind::Ngram: return std::make_unique<NgramDrafter>(ngram_);
+    case SpecKind::Mtp: return std::make_unique<MtpDrafter>(target_, max_ctx, n_allowed);
     case SpecKind::DraftModel: break;
   }
   std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);

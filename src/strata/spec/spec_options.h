@@ -16,14 +16,14 @@
 namespace strata {
 
 struct SpecOptions {
-  std::string spec;         // "" (none unless a draft model is given), "ngram", "draft" or "draft:FILE"
+  std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft" or "draft:FILE"
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
   int draft_max = 16;
   int draft_min = 0;
   NgramParams ngram;
 };
 
-enum class SpecKind { None, Ngram, DraftModel };
+enum class SpecKind { None, Ngram, DraftModel, Mtp };
 
 struct SpecChoice {
   SpecKind kind = SpecKind::None;
@@ -31,9 +31,10 @@ struct SpecChoice {
   SpeculativeParams params;  // drafter unset: the caller makes it (make_drafter)
 };
 
-// Validates the options together (kind, draft model given once and only for a draft, lengths) and
-// says what they choose; throws strata::Error naming the flag.
-SpecChoice check_spec_options(const SpecOptions& o);
+// Validates the options together (kind, draft model given once and only for a draft, lengths; mtp
+// only for CPU targets, target_on_gpu being --gpu) and says what they choose; throws strata::Error
+// naming the flag.
+SpecChoice check_spec_options(const SpecOptions& o, bool target_on_gpu = false);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
@@ -44,7 +45,8 @@ using DraftSequenceMaker = std::function<std::unique_ptr<Sequence>(const Model& 
 
 // Drafters for several sequences of one target (serve's slots): a draft model is loaded and its
 // vocabulary checked once (check_draft_vocabulary), then shared; each drafter made has a sequence and
-// state of its own.
+// state of its own. --spec mtp: the target must have an MTP layer (refused naming the file otherwise);
+// each drafter has its own head cache and reads the hidden states of the sequence it is attached to.
 class DrafterFactory {
  public:
   DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
@@ -56,6 +58,7 @@ class DrafterFactory {
 
  private:
   SpecKind kind_;
+  const Model& target_;
   NgramParams ngram_;
   std::shared_ptr<const Model> draft_;
   DraftSequenceMaker make_sequence_;

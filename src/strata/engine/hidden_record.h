@@ -1,0 +1,43 @@
+// The final hidden states (after the output norm: what the output matrix scores) of a sequence's kept
+// tokens, with the token each row ran, for drafters conditioned on the target's hidden states (the
+// MTP drafter). A sequence given a record appends every token it keeps; the drafter drops what it has
+// consumed. Rows hold positions [begin, end()).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+struct HiddenRecord {
+  int width = 0;  // n_embd
+  int begin = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> rows;  // [tokens.size() x width]
+  // Set when the sequence was reset or restored (its positions restart at begin); the drafter clears it.
+  bool restarted = false;
+
+  int size() const { return static_cast<int>(tokens.size()); }
+  int end() const { return begin + size(); }
+  const float* row(int pos) const { return rows.data() + static_cast<size_t>(pos - begin) * static_cast<size_t>(width); }
+  void append(const int32_t* tok, const float* h, int n) {
+    tokens.insert(tokens.end(), tok, tok + n);
+    rows.insert(rows.end(), h, h + static_cast<size_t>(n) * static_cast<size_t>(width));
+  }
+  void restart(int at) {
+    begin = at;
+    tokens.clear();
+    rows.clear();
+    restarted = true;
+  }
+  void drop_before(int pos) {
+    const int n = std::clamp(pos - begin, 0, size());
+    tokens.erase(tokens.begin(), tokens.begin() + n);
+    rows.erase(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(n) * static_cast<size_t>(width)));
+    begin += n;
+  }
+};
+
+}  // namespace strata

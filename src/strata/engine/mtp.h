@@ -1,0 +1,40 @@
+// The multi-token-prediction head on the CPU (ModelConfig::n_mtp, ModelWeights::mtp). Its row at
+// position p takes the target's final hidden state h_p (after the output norm, as llama.cpp and vLLM
+// feed Qwen3.5's head) and the embedding of the token at p + 1, and predicts the token at p + 2:
+//   x = eh_proj [enorm(embed(token)); hnorm(h)];  x += attn(rmsnorm(x));  x += moe(rmsnorm(x))
+//   out = shared_head_norm(x);  logits = output(out)
+// Its attention layer has a KV cache of its own (MtpState). Chaining feeds `out` back as the next
+// row's hidden state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/engine/model.h"
+#include "strata/engine/sequence_state.h"
+
+namespace strata {
+
+// The head's cache: one attention layer of the model's MTP layer spec, sized to max_ctx positions.
+class MtpState {
+ public:
+  // Fails naming the model when it has no MTP layer.
+  MtpState(const Model& model, int max_ctx);
+  // Positions whose cache rows hold the head's keys and values (the next row's position).
+  int n_past() const { return state_.n_past; }
+  int max_ctx() const { return state_.max_ctx; }
+  // Rows from `pos` on are forgotten (later rows overwrite them); pos <= n_past().
+  void truncate(int pos);
+  SequenceState& state() { return state_; }
+
+ private:
+  SequenceState state_;
+};
+
+// Runs n rows of MTP block j at positions s.n_past() ... + n - 1: tokens[t] the token after row t's
+// position, hidden[t] ([n x n_embd]) the hidden state at it. Writes out ([n x n_embd], the normed
+// outputs that chain) and, when logits is set, the last row's logits ([n_vocab]). Advances n_past by n.
+void mtp_forward(const Model& model, int j, MtpState& s, const int32_t* tokens, const float* hidden, int n, float* out,
+                 float* logits);
+
+}  // namespace strata
