@@ -106,6 +106,63 @@ def test_arguments():
     assert P.parse_args(["--out", "/tmp/x", "--ckpt", "/tmp/c", "--resume"]).resume
 
 
+def load_train_without_torch():
+    """train.py with its heavy imports stubbed (torch, numpy, tokenizers, transformers exist only on the
+    GPU machine), for its torch-free functions: packing and the run plan."""
+    import importlib.util
+    from unittest import mock
+    stubs = {m: mock.MagicMock() for m in ("numpy", "torch", "torch.nn", "torch.nn.functional", "tokenizers",
+                                            "transformers")}
+    stubs["torch"].nn.Module = object
+    with mock.patch.dict(sys.modules, stubs):
+        spec = importlib.util.spec_from_file_location("train_stubbed", os.path.join(HERE, "train.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pack_ships_what_fits_one_call():
+    import tempfile
+    T = load_train_without_torch()
+    for mib, want_parts_out, want_staged in ((40, 3, 3), (130, 4, 9)):
+        d = tempfile.mkdtemp()
+        out = os.path.join(d, "run")
+        os.makedirs(os.path.join(out, "hf"))
+        with open(os.path.join(out, "hf", "model.safetensors"), "wb") as f:
+            f.write(os.urandom(1 << 20) * mib)
+        extras = []
+        for n in ("summary.md", "train_log.json", "greedy_reference.json"):
+            extras.append(os.path.join(out, n))
+            with open(extras[-1], "w") as f:
+                f.write("x" * 1000)
+        pack = os.path.join(d, "OUT")
+        T.pack_outputs(out, pack, extras)
+        shipped = os.listdir(pack)
+        assert len([n for n in shipped if ".tar.part" in n]) == want_parts_out, shipped
+        assert len(os.listdir(out + ".parts")) == want_staged
+        assert len(shipped) <= T.MAX_PACK_FILES - 1
+        assert sum(os.path.getsize(os.path.join(pack, n)) for n in shipped) <= T.MAX_PACK_BYTES
+
+
+def test_run_plan_is_fixed_at_the_first_call():
+    import tempfile
+    T = load_train_without_torch()
+    d = tempfile.mkdtemp()
+    a = T.parse_args(["--out", d + "/o1", "--ckpt", d + "/c", "--preset", "40m", "--tokens", "200M", "--mtp", "1"])
+    plan = T.load_plan(a)
+    assert plan["total_steps"] == 6104 and plan["warmup"] == 100
+    b = T.parse_args(["--out", d + "/o2", "--ckpt", d + "/c", "--resume", "--lr", "1"])
+    T.load_plan(b)
+    assert (b.hidden, b.mtp, b.preset, b.lr, b.max_params) == (384, 1, "40m", 2e-3, float("inf"))
+    try:
+        T.load_plan(T.parse_args(["--out", d + "/o3", "--ckpt", d + "/c", "--tokens", "1M"]))
+        raise AssertionError("a second first call was accepted")
+    except SystemExit:
+        pass
+    c = T.parse_args(["--out", d + "/o4", "--ckpt", d + "/m", "--train-minutes", "18"])
+    assert T.load_plan(c)["total_steps"] is None  # fixed at step 25 of that call
+
+
 if __name__ == "__main__":
     import contextlib
     import io
