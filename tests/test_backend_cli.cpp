@@ -432,6 +432,7 @@ TEST(SequenceRoutingCounts, ABackendWithoutCountingRefuses) {
   EXPECT_NO_THROW(seq.set_routing_counts(nullptr));
 }
 
+#ifdef STRATA_HAVE_CUDA
 // Counts of a run, one token per forward (every backend counts decode steps).
 strata::RoutingCounts count_tokens(strata::Sequence& seq, const std::vector<int32_t>& ids, bool one_by_one) {
   strata::RoutingCounts counts;
@@ -453,7 +454,6 @@ uint64_t differing_picks(const strata::RoutingCounts& a, const strata::RoutingCo
   return d / 2;
 }
 
-#ifdef STRATA_HAVE_CUDA
 // On the GPU machine: the GPU sessions' counts against the CPU engine's (routing is computed in
 // float on both sides, so a near-tie may flip a pick: allow 2% of the picks to differ).
 TEST(SequenceRoutingCounts, GpuSessionsCountLikeTheCpuEngine) {
