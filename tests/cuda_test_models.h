@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "logits_compare.h"
 #include "strata/convert/converter.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/gguf/gguf.h"
@@ -98,19 +99,6 @@ inline std::string kquant_copy(const std::string& path, const std::string& suffi
   return out;
 }
 
-// max over rows of max|a-b| / max|b|; infinite when a holds a non-finite value (unwritten outputs are NaN).
-inline double max_row_rel_err(const std::vector<float>& a, const std::vector<float>& b, size_t vocab) {
-  double worst = 0;
-  for (size_t r = 0; r * vocab < b.size(); ++r) {
-    double num = 0, den = 0;
-    for (size_t i = r * vocab; i < (r + 1) * vocab; ++i) {
-      if (!std::isfinite(a[i])) return INFINITY;
-      num = std::max(num, std::fabs(double(a[i]) - b[i]));
-      den = std::max(den, std::fabs(double(b[i])));
-    }
-    worst = std::max(worst, num / den);
-  }
-  return worst;
-}
+using test_util::max_row_rel_err;
 
 }  // namespace strata::cuda_test

@@ -8,8 +8,6 @@
 
 #include <cstring>
 #include <functional>
-#include <algorithm>
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <random>
@@ -26,6 +24,7 @@
 #include "strata/sample/sampler.h"
 #include "strata/text/tokenizer.h"
 #include "strata/text/vocab.h"
+#include "logits_compare.h"
 #include "text_model_fixture.h"
 
 namespace strata::spec_test {
@@ -219,17 +218,6 @@ inline Outcome generate_case(const MakeSequence& make, const Tokenizer& tokenize
   return o;
 }
 
-// The largest |a - b| over the row, relative to the row's largest |b| (inf for rows of other lengths).
-inline double row_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return scale > 0.0 ? diff / scale : diff;
-}
-
 // Runs the case without and with a drafter from make_drafter and expects the same result: the tokens and
 // text, and when check_logits the logits the state left behind gives, bit-equal (logits_tol 0) or
 // within logits_tol relative error of the row. Returns the speculative run's stats.
@@ -249,8 +237,11 @@ inline GenerationStats expect_lossless(const MakeSequence& make, const Tokenizer
   if (check_logits && logits_tol == 0.0) {
     EXPECT_EQ(spec.next_logits, plain.next_logits) << what << ": the state generation left differs";
   } else if (check_logits) {
-    EXPECT_LE(row_relative_error(spec.next_logits, plain.next_logits), logits_tol)
-        << what << ": the state generation left differs";
+    EXPECT_EQ(spec.next_logits.size(), plain.next_logits.size()) << what;
+    if (spec.next_logits.size() == plain.next_logits.size()) {
+      EXPECT_LE(test_util::max_row_rel_err(spec.next_logits, plain.next_logits, plain.next_logits.size()), logits_tol)
+          << what << ": the state generation left differs";
+    }
   }
   EXPECT_EQ(spec.result.stats.drafter, drafter->name()) << what;
   EXPECT_LE(spec.result.stats.accepted_tokens, spec.result.stats.drafted_tokens) << what;
