@@ -129,10 +129,12 @@ TEST(ExpertCache, LfuEvictsTheRarestAndAdmitsOnlyWhatBeatsIt) {
   EXPECT_TRUE(p.writes.empty());
 }
 
-TEST(ExpertCache, LfuCountsAge) {
+// An LFU cache of one layer of 6 experts and 2 slots (half-life 8 steps) holding expert 1 at an aged
+// count of ~0.6 and expert 2 at ~1.2, then a miss of one pick for expert 3.
+ExpertCache aged_cache_after_a_miss(double admit_margin) {
   ExpertCacheConfig cfg = one_layer(6, 2, ExpertCachePolicy::Lfu);
   cfg.lfu_half_life = 8.0;
-  cfg.admit_margin = 0.0;  // the ageing alone decides here
+  cfg.admit_margin = admit_margin;
   ExpertCache c(cfg);
   c.observe(picks(6, {1}, 10), 6);
   admit_and_load(c);
@@ -141,7 +143,12 @@ TEST(ExpertCache, LfuCountsAge) {
   // 32 quiet steps: 1's count of 10 ages to about 0.5, 2's 3 to about 0.2.
   for (int i = 0; i < 32; ++i) c.observe(picks(6, {}), 6);
   c.observe(picks(6, {2}, 1), 6);  // 2 refreshed to ~1.2
-  c.observe(picks(6, {3}, 1), 6);  // a miss of weight 1 beats the aged 0.6 of expert 1
+  c.observe(picks(6, {3}, 1), 6);  // a miss of weight 1, ahead of the aged 0.6 of expert 1
+  return c;
+}
+
+TEST(ExpertCache, LfuCountsAge) {
+  ExpertCache c = aged_cache_after_a_miss(0.0);  // the ageing alone decides here
   const auto p = c.between_steps(1000);
   ASSERT_EQ(p.writes.size(), 1u);
   EXPECT_EQ(p.writes[0].expert, 1);
@@ -150,18 +157,9 @@ TEST(ExpertCache, LfuCountsAge) {
 }
 
 TEST(ExpertCache, LfuAdmitsOnlyAMissClearlyAheadOfItsVictim) {
-  // Two slots held by experts of aged count ~0.6 and ~1.2; a miss of one pick is ahead of the 0.6 but
-  // by less than the default margin of one pick, so nothing moves; a miss of two picks displaces it.
-  ExpertCacheConfig cfg = one_layer(6, 2, ExpertCachePolicy::Lfu);
-  cfg.lfu_half_life = 8.0;
-  ExpertCache c(cfg);
-  c.observe(picks(6, {1}, 10), 6);
-  admit_and_load(c);
-  c.observe(picks(6, {2}, 3), 6);
-  admit_and_load(c);
-  for (int i = 0; i < 32; ++i) c.observe(picks(6, {}), 6);
-  c.observe(picks(6, {2}, 1), 6);
-  c.observe(picks(6, {3}, 1), 6);
+  // The miss of one pick is ahead of the 0.6 but by less than the default margin of one pick, so
+  // nothing moves; a miss of two picks displaces it.
+  ExpertCache c = aged_cache_after_a_miss(ExpertCacheConfig{}.admit_margin);
   EXPECT_TRUE(c.between_steps(1000).copies.empty());
   c.observe(picks(6, {4}, 2), 6);
   const auto p = c.between_steps(1000);
