@@ -191,26 +191,17 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
     sampler.distribution(row, n_vocab, history, sc.p);
     const std::vector<int>& kids = sc.children[static_cast<size_t>(node)];
     int kept = -1;
-    for (size_t i = 0; i < kids.size() && kept < 0; ++i) {
-      const int c = kids[i];
+    for (const int c : kids) {
       const TokenDistribution* q = d.q.empty() ? nullptr : &d.q[static_cast<size_t>(c - 1)];
-      if (i + 1 == kids.size()) {  // the last child: rejected, the replacement comes from the residual
-        const DraftVerdict v = verify_draft(sampler, sc.p, sc.batch[static_cast<size_t>(c)], q, sc.residual);
-        if (v.accepted) {
-          kept = c;
-        } else {
-          out.push_back(v.token);
-          history.resize(history_size);
-          return;
-        }
-      } else if (draft_kept(sampler, sc.p, sc.batch[static_cast<size_t>(c)])) {
+      const int32_t x = sc.batch[static_cast<size_t>(c)];
+      if (draft_kept(sampler, sc.p, x, q)) {
         kept = c;
-      } else {
-        residual_distribution(sc.p, sc.batch[static_cast<size_t>(c)], nullptr, sc.residual);
-        std::swap(sc.p, sc.residual);
+        break;
       }
+      residual_distribution(sc.p, x, q, sc.residual);
+      std::swap(sc.p, sc.residual);
     }
-    if (kept < 0) {  // a leaf: one more token from its row
+    if (kept < 0) {  // every child rejected, or a leaf: the target's own token from what is left
       out.push_back(sampler.draw(sc.p));
       break;
     }

@@ -20,17 +20,16 @@ void residual_distribution(const TokenDistribution& p, int32_t x, const TokenDis
   if (out.ids.empty()) out = p;
 }
 
-bool draft_kept(Sampler& sampler, const TokenDistribution& p, int32_t x) {
-  const double px = p.prob(x);
-  return px >= 1 || (px > 0 && sampler.draw_uniform() < px);
+bool draft_kept(Sampler& sampler, const TokenDistribution& p, int32_t x, const TokenDistribution* q) {
+  const double qx = q ? q->prob(x) : 1.0;
+  if (!(qx > 0)) fail("speculative decoding: the drafter proposed token ", x, " which its own distribution gives no probability");
+  const double ratio = p.prob(x) / qx;
+  return ratio >= 1 || (ratio > 0 && sampler.draw_uniform() < ratio);
 }
 
 DraftVerdict verify_draft(Sampler& sampler, const TokenDistribution& p, int32_t x, const TokenDistribution* q,
                           TokenDistribution& residual) {
-  const double qx = q ? q->prob(x) : 1.0;
-  if (!(qx > 0)) fail("speculative decoding: the drafter proposed token ", x, " which its own distribution gives no probability");
-  const double ratio = p.prob(x) / qx;
-  if (ratio >= 1 || (ratio > 0 && sampler.draw_uniform() < ratio)) return {true, x};
+  if (draft_kept(sampler, p, x, q)) return {true, x};
   residual_distribution(p, x, q, residual);
   return {false, sampler.draw(residual)};
 }

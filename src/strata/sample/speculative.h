@@ -22,10 +22,11 @@ struct DraftVerdict {
 DraftVerdict verify_draft(Sampler& sampler, const TokenDistribution& p, int32_t x, const TokenDistribution* q,
                           TokenDistribution& residual);
 
-// Whether a deterministic draft x (q one-hot) is kept: with probability p(x), drawing from the
-// sampler's stream only when 0 < p(x) < 1 (verify_draft's rule without the replacement draw, for a
-// token-tree node whose next sibling is tried on the residual instead).
-bool draft_kept(Sampler& sampler, const TokenDistribution& p, int32_t x);
+// Whether draft x is kept: with probability min(1, p(x) / q(x)) (q == nullptr: one-hot at x), drawing
+// from the sampler's stream only when that is strictly between 0 and 1. verify_draft's rule without
+// the replacement draw, for a token-tree node whose next sibling is tried on the residual instead.
+// Fails when q gives x no probability (a drafter bug).
+bool draft_kept(Sampler& sampler, const TokenDistribution& p, int32_t x, const TokenDistribution* q);
 
 // norm(max(p - q, 0)) over p's support into `out` (q == nullptr: one-hot at x). When p <= q everywhere
 // (p == q up to rounding; a rejection then has probability zero) `out` is p itself.
