@@ -208,9 +208,9 @@ def read_texts(chosen, heldout_percent):
 # Tokenizer
 # ----------------------------------------------------------------------------------------------------
 
-def train_tokenizer(texts, vocab_size, max_train_bytes):
-    n_extra = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+def set_text_pipeline(tok):
+    """NFC, Qwen2's split regex + byte-level pre-tokenizer (as Qwen3's tokenizer.json), byte-level decoder:
+    one definition for the trained tokenizer and the one rebuilt from a GGUF, so both encode alike."""
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
@@ -218,6 +218,17 @@ def train_tokenizer(texts, vocab_size, max_train_bytes):
     ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+
+
+def add_control_tokens(tok):
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ADDED_TOKENS])
+
+
+def train_tokenizer(texts, vocab_size, max_train_bytes):
+    n_extra = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    set_text_pipeline(tok)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - n_extra,
         min_frequency=2,
@@ -235,8 +246,7 @@ def train_tokenizer(texts, vocab_size, max_train_bytes):
     n_bpe = tok.get_vocab_size()
     if n_bpe != vocab_size - n_extra:
         raise RuntimeError(f"BPE training produced {n_bpe} tokens, wanted {vocab_size - n_extra}")
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ADDED_TOKENS])
+    add_control_tokens(tok)
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
     ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS + ADDED_TOKENS}
@@ -254,15 +264,8 @@ def tokenizer_from_gguf(path, vocab_size):
     bpe_vocab = {t: i for i, t in enumerate(tokens) if types is None or types[i] == 1}
     tok = Tokenizer(models.BPE(vocab=bpe_vocab, merges=[tuple(m.split(" ", 1)) for m in merges], unk_token=None,
                                fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ADDED_TOKENS])
+    set_text_pipeline(tok)
+    add_control_tokens(tok)
     ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS + ADDED_TOKENS}
     for s, i in ids.items():
         if i is None or tokens[i] != s:
