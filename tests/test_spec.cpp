@@ -918,17 +918,6 @@ TEST_F(SpecLimits, CallbackStopInsideAcceptedDrafts) {
   EXPECT_GT(spec.first.stats.accepted_tokens, 0);
 }
 
-// Bans every odd id: verification would have to advance the constraint per drafted position, so
-// speculation is off and says so.
-class EvenOnly final : public TokenConstraint {
- public:
-  void mask(float* logits, int32_t n_vocab) override {
-    for (int32_t id = 1; id < n_vocab; id += 2) logits[id] = kBan;
-  }
-  void accept(int32_t) override { ++accepted; }
-  int accepted = 0;
-};
-
 TEST_F(SpecLimits, MalformedTreesAreRefused) {
   class Bad final : public Drafter {
    public:
@@ -957,6 +946,17 @@ TEST_F(SpecLimits, MalformedTreesAreRefused) {
     EXPECT_FALSE(s.has_pending()) << "kind " << kind;
   }
 }
+
+// Bans every odd id: verification would have to advance the constraint per drafted position, so
+// speculation is off and says so.
+class EvenOnly final : public TokenConstraint {
+ public:
+  void mask(float* logits, int32_t n_vocab) override {
+    for (int32_t id = 1; id < n_vocab; id += 2) logits[id] = kBan;
+  }
+  void accept(int32_t) override { ++accepted; }
+  int accepted = 0;
+};
 
 TEST_F(SpecLimits, ConstraintTurnsSpeculationOff) {
   const std::vector<int32_t> p = prompt();
