@@ -1161,20 +1161,20 @@ def main():
             torch.cuda.synchronize()
             step_time = (time.time() - t_measure) / (measure_to - measure_from)
             log(f"measured {step_time * 1000:.1f} ms/step ({args.batch * args.seq / step_time / 1e3:.0f}k tok/s)")
-            if planned is None:
-                remaining = train_deadline - time.time()
-                planned = step + max(0, int(0.96 * remaining / step_time))
-                if planned < 4 * warmup:
-                    warmup = max(1, planned // 10)
-                mid_points = {planned // 4, planned // 2, (3 * planned) // 4}
-                log(f"planned steps: {planned} (warmup {warmup}); rerun with --steps {planned} to repeat this run")
-            elif run_plan is not None and run_plan["total_steps"] is None:
+            if run_plan is not None and run_plan["total_steps"] is None:
                 planned = max(step + 1, int(run_plan["train_minutes"] * 60.0 / step_time))
                 run_plan["total_steps"] = planned
                 run_plan["fixed_from_step_time"] = step_time
                 write_plan(ckpt_dir, run_plan)
                 log(f"planned steps: {planned} ({run_plan['train_minutes']} min at {step_time * 1000:.1f} ms/step, "
                     f"{planned * args.batch * args.seq / 1e6:.1f}M tokens), written to plan.json")
+            elif planned is None:
+                remaining = train_deadline - time.time()
+                planned = step + max(0, int(0.96 * remaining / step_time))
+                if planned < 4 * warmup:
+                    warmup = max(1, planned // 10)
+                mid_points = {planned // 4, planned // 2, (3 * planned) // 4}
+                log(f"planned steps: {planned} (warmup {warmup}); rerun with --steps {planned} to repeat this run")
             if run_plan is not None:
                 left = (planned - step) * step_time
                 log(f"{planned - step} steps left: about {left / 60:.1f} min of training "
