@@ -1,6 +1,7 @@
 // The whole model on the GPU against the CPU engine: logits of every prompt position and greedy
 // continuations, on the HF fixtures converted to several types and on the bundled strata-tiny model
-// (BF16, plus a copy re-encoded in K-quants to cover Q4_K/Q5_K/Q6_K routed experts).
+// (Q8_0, plus a copy whose matrices with rows of a multiple of 256 are re-encoded in K-quants; the HF
+// fixtures converted to q4_k_m cover K-quant routed experts).
 // The CPU engine runs at its scalar kernel level there (float activations). The GPU decode dots K-quant
 // weights with int8 activations as the fast CPU levels do (matvec_kernels.h), and the batched prefill
 // uses fp16 tensor cores: both differ from the scalar path by ~1e-3 by design, inside the bounds below.
@@ -149,7 +150,7 @@ const std::string kTiny = (fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny
 
 TEST(CudaModel, TinyModelMatchesCpu) {
   REQUIRE_GPU();
-  compare_with_cpu(kTiny, "strata-tiny bf16", 24, 32);
+  compare_with_cpu(kTiny, "strata-tiny", 24, 32);
 }
 
 TEST(CudaModel, TinyModelKQuantCopyMatchesCpu) {
@@ -165,7 +166,7 @@ TEST(CudaModel, F16CacheMatchesCpuF16Cache) {
   const strata::KvCacheTypes f16{strata::KvType::F16, strata::KvType::F16};
   compare_with_cpu(convert_fixture("qwen3_moe", "f32"), "qwen3_moe f32, f16 cache", 12, 16, f16, 2e-3);
   compare_with_cpu(convert_fixture("qwen3_5_moe", "f32"), "qwen3_5_moe f32, f16 cache", 12, 16, f16, 2e-3);
-  compare_with_cpu(kTiny, "strata-tiny bf16, f16 cache", 24, 32, f16, 2e-3);
+  compare_with_cpu(kTiny, "strata-tiny, f16 cache", 24, 32, f16, 2e-3);
 }
 
 // With an f16 cache the batched prefill (tiled attention over half rows, values rounded after the

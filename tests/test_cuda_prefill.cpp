@@ -1,7 +1,7 @@
 // The batched GPU prefill (src/strata/cuda/prefill.h) against two independent references: the GPU
 // token-by-token path (the decode step run once per prompt token) and the CPU engine (scalar float
 // path), on the HF fixtures converted to several weight types and on the bundled strata-tiny model
-// (BF16, plus a copy re-encoded in K-quants). Checks every prompt position's logits, chunked prompts
+// (Q8_0, plus a copy re-encoded in K-quants where the rows allow). Checks every prompt position's logits, chunked prompts
 // and prompts split over several calls (attention reading the earlier cache, DeltaNet continuing its
 // state), and greedy continuations through GpuSession (prefill, then the decode graph on the state the
 // prefill left). Skips where CUDA is not built or no GPU exists.
@@ -518,7 +518,7 @@ TEST(CudaPrefill, Qwen35MoeFixtureLogits) {
 // 100 tokens x top-4 of 32 experts: several 32-row tiles per expert, several attention tiles.
 TEST(CudaPrefill, TinyModelLogits) {
   REQUIRE_GPU();
-  compare_logits(kTiny, "strata-tiny bf16", 100);
+  compare_logits(kTiny, "strata-tiny", 100);
   compare_logits(kquant_copy(kTiny), "strata-tiny k-quant copy", 64);
 }
 
@@ -675,10 +675,10 @@ TEST(CudaPrefill, LagunaPrefillLongerThanTheRingThenDecode) {
 TEST(CudaPrefill, DefaultMathGreedyEqualsCpuOnTinyModel) {
   REQUIRE_GPU();
   const sc::PrefillMath def = sc::GpuSessionOptions{}.prefill_math;
-  compare_greedy(kTiny, "strata-tiny bf16", 60, 32, def);
-  compare_greedy(kTiny, "strata-tiny bf16", 60, 32, def, 16);
+  compare_greedy(kTiny, "strata-tiny", 60, 32, def);
+  compare_greedy(kTiny, "strata-tiny", 60, 32, def, 16);
   compare_greedy(kquant_copy(kTiny), "strata-tiny k-quant copy", 40, 24, def);
-  compare_greedy(kTiny, "strata-tiny bf16", 60, 32, sc::PrefillMath::Exact);
+  compare_greedy(kTiny, "strata-tiny", 60, 32, sc::PrefillMath::Exact);
 }
 
 // The hybrid seam: with half the experts cold (GpuSessionOptions::expert_slots), the batched prefill hands

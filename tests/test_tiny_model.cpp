@@ -1,10 +1,15 @@
-// The bundled model (models/strata-tiny.gguf, converted from the bf16 checkpoint trained by
+// The bundled model (models/strata-tiny.gguf: Q8_0, converted from the bf16 checkpoint trained by
 // tools/train_tiny/train.py) against the Hugging Face reference recorded at training time
-// (tests/fixtures/tiny/greedy_reference.json + reference_logits.bin: transformers, fp32 compute on
-// the same bf16 weights). Checks our tokenizer on this vocabulary, logits, and greedy continuations.
+// (tests/fixtures/tiny/greedy_reference.json + reference_logits.bin + mtp_reference.json:
+// transformers, fp32 compute on the bf16 weights). Q8_0 rounds every matrix, so logits are compared
+// as distributions (KL divergence, top-1 where the reference is not close to a tie), greedy
+// continuations must be identical, and the MTP head must rank as the reference does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
+#include "strata/engine/mtp.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/gguf.h"
 #include "strata/text/tokenizer.h"
@@ -52,12 +59,42 @@ TEST(TinyModel, TokenizerMatchesHfOnEveryPrompt) {
   }
 }
 
-TEST(TinyModel, LogitsMatchHf) {
+// KL(p || q) of the softmax distributions of two logit rows, in nats (float64).
+double kl_divergence(const float* p_logits, const float* q_logits, int64_t n) {
+  auto log_sum_exp = [n](const float* x) {
+    const double mx = *std::max_element(x, x + n);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
+    return mx + std::log(s);
+  };
+  const double lp = log_sum_exp(p_logits), lq = log_sum_exp(q_logits);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = double(p_logits[i]) - lp, b = double(q_logits[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return kl;
+}
+
+// The reference's top-1 margin of a logit row (top-1 minus top-2).
+double top1_margin(const float* x, int64_t n) {
+  std::vector<float> v(x, x + n);
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return double(v[0]) - double(v[1]);
+}
+
+// Below this reference margin, Q8_0 rounding may legitimately swap the top two tokens (it moves the
+// chat prompt's logits, far from the Python the model was trained on, by more than 0.1).
+constexpr double kTieMargin = 0.25;
+
+TEST(TinyModel, LogitsCloseToHf) {
   const nlohmann::json ref = load_reference();
   const std::vector<float> ref_logits = load_reference_logits();
   auto model = strata::Model::load(kModel.string());
   const int64_t vocab = model->config().n_vocab;
   ASSERT_EQ(vocab, ref["vocab_size"].get<int64_t>());
+  double kl_sum = 0;
+  size_t rows_seen = 0;
   for (const auto& p : ref["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto rows = p["logits_rows"].get<std::vector<size_t>>();
@@ -66,21 +103,25 @@ TEST(TinyModel, LogitsMatchHf) {
     strata::Session s(*model, static_cast<int>(ids.size()));
     std::vector<float> ours(ids.size() * static_cast<size_t>(vocab));
     s.forward(ids.data(), static_cast<int>(ids.size()), ours.data(), true);
-    // Relative error per position: max|ours - hf| / max|hf|; worst over the prompt.
     double worst = 0;
     for (size_t t = 0; t < ids.size(); ++t) {
       const float* a = ours.data() + t * static_cast<size_t>(vocab);
       const float* b = ref_logits.data() + (rows[0] + t) * static_cast<size_t>(vocab);
-      double num = 0, den = 0;
-      for (int64_t i = 0; i < vocab; ++i) {
-        num = std::max(num, double(std::fabs(a[i] - b[i])));
-        den = std::max(den, double(std::fabs(b[i])));
+      const double kl = kl_divergence(b, a, vocab);
+      worst = std::max(worst, kl);
+      kl_sum += kl;
+      ++rows_seen;
+      if (top1_margin(b, vocab) > kTieMargin) {
+        EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b)
+            << p["prompt"] << " position " << t << " reference margin " << top1_margin(b, vocab);
       }
-      worst = std::max(worst, num / den);
     }
-    std::printf("%-40s max relative error %.3g\n", p["prompt"].dump().substr(0, 40).c_str(), worst);
-    EXPECT_LE(worst, 1e-4) << p["prompt"];
+    std::printf("%-40s worst KL %.3g nats\n", p["prompt"].dump().substr(0, 40).c_str(), worst);
+    EXPECT_LE(worst, 0.05) << p["prompt"];
   }
+  const double mean = kl_sum / double(rows_seen);
+  std::printf("mean KL over %zu positions: %.3g nats\n", rows_seen, mean);
+  EXPECT_LE(mean, 0.002);
 }
 
 TEST(TinyModel, GreedyContinuationEqualsHf) {
@@ -92,6 +133,51 @@ TEST(TinyModel, GreedyContinuationEqualsHf) {
     strata::Session s(*model, static_cast<int>(ids.size() + expected.size()));
     EXPECT_EQ(strata::generate_greedy(s, ids, static_cast<int>(expected.size())), expected) << p["prompt"];
   }
+}
+
+// The MTP head: row t takes the trunk's final hidden state at t and the prompt token t + 1, and ranks
+// the token at t + 2; its top-1 must be the reference's wherever that is not a near tie, and the
+// reference's top-5 logits must be close to ours.
+TEST(TinyModel, MtpHeadMatchesHf) {
+  std::ifstream in(kFixtures / "mtp_reference.json");
+  ASSERT_TRUE(in) << "missing mtp_reference.json";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  auto model = strata::Model::load(kModel.string());
+  ASSERT_EQ(model->config().n_mtp, 1);
+  const int64_t vocab = model->config().n_vocab;
+  const size_t d = static_cast<size_t>(model->config().n_embd);
+  int compared = 0;
+  for (const auto& p : ref["prompts"]) {
+    const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
+    const int n = static_cast<int>(ids.size());
+    strata::Session s(*model, n);
+    auto record = std::make_shared<strata::HiddenRecord>();
+    s.set_hidden_record(record);
+    std::vector<float> last(static_cast<size_t>(vocab));
+    s.forward(ids.data(), n, last.data(), false);
+    ASSERT_EQ(record->end(), n);
+    strata::MtpState ms(*model, n);
+    std::vector<float> out(d), logits(static_cast<size_t>(vocab));
+    for (const auto& row : p["rows"]) {
+      const int t = row["t"].get<int>();
+      ASSERT_EQ(ms.n_past(), t);
+      const int32_t next = row["next_token"].get<int32_t>();
+      ASSERT_EQ(next, ids[static_cast<size_t>(t + 1)]);
+      strata::mtp_forward(*model, 0, ms, &next, record->row(t), 1, out.data(), logits.data());
+      const auto& top5 = row["top5"];
+      const double hf_margin = top5[0][1].get<double>() - top5[1][1].get<double>();
+      const int64_t ours_top = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      if (hf_margin > kTieMargin) {
+        EXPECT_EQ(ours_top, top5[0][0].get<int64_t>()) << p["prompt"] << " row " << t;
+      }
+      for (const auto& e : top5) {
+        const double hf = e[1].get<double>();
+        EXPECT_NEAR(logits[e[0].get<size_t>()], hf, 0.05 + 0.02 * std::fabs(hf)) << p["prompt"] << " row " << t;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 20);
 }
 
 }  // namespace

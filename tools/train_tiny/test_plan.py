@@ -21,20 +21,25 @@ def shape_of(name):
 
 
 def test_counts_and_size_match_the_bundled_file():
+    # The bundled model's own shape, MTP head and storage type, as its training log records them.
     with open(LOG) as f:
         log = json.load(f)
-    assert P.count_params(shape_of("22m"), 8192) == log["model"]["n_params"]
+    preset, mtp = log["args"]["preset"], log["args"]["mtp"]
+    quant = P.PRESETS[preset]["quant"]
+    shape = shape_of(preset)
+    assert P.count_params(shape, 8192) == log["model"]["n_params"]
+    assert P.count_params(shape, 8192, mtp) - P.count_params(shape, 8192) == log["model"]["mtp_params"]
     meta, infos, data_start = P.read_gguf(GGUF)
-    assert meta["qwen35moe.block_count"] == 8 and meta["qwen35moe.expert_count"] == 32
-    mine = {name: (role, ne0, rows, layer) for name, role, ne0, rows, layer in P.gguf_tensors(shape_of("22m"), 8192)}
+    assert meta["qwen35moe.block_count"] == 8 + mtp and meta["qwen35moe.expert_count"] == 32
+    mine = {name: (role, ne0, rows, layer) for name, role, ne0, rows, layer in P.gguf_tensors(shape, 8192, mtp)}
     assert len(mine) == len(infos), (len(mine), len(infos))
     for name, dims, typ, _ in infos:
         base = name[: -len(".weight")] if name.endswith(".weight") else name[: -len(".bias")] if name.endswith(".bias") else name
         assert base in mine, name
         role, ne0, rows, layer = mine[base]
         assert dims[0] == ne0 and math.prod(dims) == ne0 * rows, (name, dims, ne0, rows)
-        assert P.tensor_type(role, ne0, layer, "bf16", 8) == P.GGML_TYPE_NAMES[typ], (name, typ)
-    est, _ = P.gguf_size(shape_of("22m"), 8192, "bf16")
+        assert P.tensor_type(role, ne0, layer, quant, 8) == P.GGML_TYPE_NAMES[typ], (name, typ)
+    est, _ = P.gguf_size(shape, 8192, quant, mtp)
     actual = os.path.getsize(GGUF)
     assert abs(est - actual) / actual < 0.002, (est, actual)
 
@@ -63,8 +68,11 @@ def test_heldout_rule_reproduces_the_bundled_split():
     with open(LOG) as f:
         log = json.load(f)
     keys = log["data"]["heldout_keys"]
-    assert len(keys) == log["data"]["heldout_files"] == 109
+    assert len(keys) == log["data"]["heldout_files"]
     assert all(P.is_heldout(k) for k in keys)
+    # The evaluation files: the first bundled model's 109 held-out files, kept so perplexities compare.
+    evals = log["data"]["eval_keys"]
+    assert len(evals) == 109 and set(evals) <= set(keys) and log["data"]["eval_same_tokens_as_bundled"]
     assert log["data"]["heldout_rule"] == "int(sha1('heldout:'+key)[:8], 16) % 100 < 2"
 
 

@@ -792,7 +792,13 @@ def old_model_heldout():
     try:
         with open(OLD_LOG) as f:
             d = json.load(f)
-        return {"keys": d["data"]["heldout_keys"], "tokens": d["data"]["heldout_tokens"],
+        # A retrained bundled model records the files its predecessors were evaluated on as eval_keys.
+        data = d["data"]
+        if "eval_keys" in data:
+            keys, tokens = data["eval_keys"], data["eval_tokens"]
+        else:
+            keys, tokens = data["heldout_keys"], data["heldout_tokens"]
+        return {"keys": keys, "tokens": tokens,
                 "loss": d["final_heldout"]["loss"], "ppl": d["final_heldout"]["ppl"],
                 "windows": d["final_heldout"]["windows"], "seq": d["final_heldout"]["seq"]}
     except (OSError, KeyError, ValueError):
