@@ -804,7 +804,9 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
          " per forward");
   const TokenTree tree = TokenTree::from_parents(parents, n);
   m.drop();
-  m.st.reserve_steps(n);  // a chain's tokens, or the longest path of a tree
+  int longest = 0;  // a chain's tokens, or the longest root path of a tree: what one run records
+  for (int t = 0; t < n; ++t) longest = std::max(longest, tree.depth(t) + 1);
+  m.st.reserve_steps(longest);
   m.save_snapshot();
   m.pending_tokens.assign(tokens, tokens + n);
   m.has_pending = true;  // from here on a failure leaves the snapshot to return to
