@@ -304,6 +304,8 @@ TEST(CudaPrefill, GroupedExpertGemmMatchesFloat64Reference) {
 // state, over more tokens than one shared-memory stage or one 32-token chunk (partial last chunks), with
 // value-column counts that leave lanes idle, and at the real models' head shape; the final state is
 // checked too. A shape whose rows the chunked form does not take (odd width) must be refused loudly.
+// The scan's step records (the state after each token, for keeping a prefix of pending tokens) match
+// the reference's state after those tokens, across stage boundaries, and the last is the final state.
 TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
   REQUIRE_GPU();
   std::mt19937 rng(99);
@@ -330,9 +332,13 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
     for (float& v : dtb) v = 0.5f * nd(rng);
     for (float& v : S0) v = 0.1f * nd(rng);
 
-    // Reference.
+    // Reference, with the state after some tokens: the first ones, around stage boundaries, the last.
     std::vector<double> S(S0.begin(), S0.end()), o_ref(static_cast<size_t>(sh.n) * sh.nv * sh.dv);
-    for (int t = 0; t < sh.n; ++t)
+    std::vector<int> probe;
+    for (int t : {0, 1, 15, 16, 31, 32, 33, 127, 128, 129, sh.n / 2, sh.n - 2, sh.n - 1})
+      if (t >= 0 && t < sh.n && std::find(probe.begin(), probe.end(), t) == probe.end()) probe.push_back(t);
+    std::vector<std::vector<double>> S_at(probe.size());
+    for (int t = 0; t < sh.n; ++t) {
       for (int h = 0; h < sh.nv; ++h) {
         const int kh = h % sh.nk;
         const float* row = mixed.data() + static_cast<size_t>(t) * channels;
@@ -358,6 +364,9 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
           o_ref[(static_cast<size_t>(t) * sh.nv + h) * sh.dv + j] = oj;
         }
       }
+      for (size_t p = 0; p < probe.size(); ++p)
+        if (probe[p] == t) S_at[p] = S;
+    }
 
     float *mixed_d, *b_d, *al_d, *a_d, *dtb_d, *S_d, *o_d;
     auto up = [&](float** p, const std::vector<float>& v) {
@@ -411,9 +420,88 @@ TEST(CudaPrefill, DeltaNetScanMatchesFloat64Reference) {
       EXPECT_LE(eo, 1e-4) << form << " dk=" << sh.dk;
       EXPECT_LE(es, 1e-4) << form << " dk=" << sh.dk;
     }
+    // The sequential scan again, recording every token's state.
+    const size_t state_floats = S0.size();
+    float* steps_d = nullptr;
+    ASSERT_EQ(cudaMalloc(&steps_d, sizeof(float) * state_floats * static_cast<size_t>(sh.n)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(steps_d, 0xff, sizeof(float) * state_floats * static_cast<size_t>(sh.n)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(S_d, S0.data(), sizeof(float) * S0.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    sc::prefill::deltanet_scan(S_d, mixed_d, channels, b_d, al_d, a_d, dtb_d, sh.n, sh.nk, sh.nv, sh.dk, sh.dv, o_d, s,
+                               steps_d);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<float> steps(state_floats * static_cast<size_t>(sh.n)), S_final(state_floats);
+    ASSERT_EQ(cudaMemcpy(steps.data(), steps_d, sizeof(float) * steps.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(S_final.data(), S_d, sizeof(float) * state_floats, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t p = 0; p < probe.size(); ++p) {
+      const std::vector<float> got(steps.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(probe[p]) * state_floats),
+                                   steps.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(probe[p] + 1) * state_floats));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < state_floats; ++i) {
+        num = std::max(num, std::isfinite(got[i]) ? std::fabs(got[i] - S_at[p][i]) : double(INFINITY));
+        den = std::max(den, std::fabs(S_at[p][i]));
+      }
+      EXPECT_LE(num / den, 1e-4) << "step record after token " << probe[p] << ", dk=" << sh.dk << " dv=" << sh.dv;
+    }
+    EXPECT_TRUE(std::equal(S_final.begin(), S_final.end(),
+                           steps.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(sh.n - 1) * state_floats)))
+        << "the last step record is the final state, dk=" << sh.dk;
+    cudaFree(steps_d);
     for (float* p : {mixed_d, b_d, al_d, a_d, dtb_d, S_d, o_d, scratch_d}) cudaFree(p);
   }
   cudaStreamDestroy(s);
+}
+
+// The prefill's causal conv with its step windows: window t is the conv state after token t (the last
+// K-1 inputs up to t, reaching back into the old state for the first tokens), the outputs and the final
+// state are those of the run without windows, and the last window is the final state.
+TEST(CudaPrefill, ConvWindowsAreTheStateAfterEachToken) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int K : {2, 4}) {
+    for (const int n : {1, 2, 5}) {
+      const int channels = 300;  // more than one block of threads
+      const size_t W = static_cast<size_t>(K - 1) * channels;
+      std::vector<float> x(static_cast<size_t>(n) * channels), w(static_cast<size_t>(channels) * K), state0(W);
+      for (float& v : x) v = nd(rng);
+      for (float& v : w) v = nd(rng);
+      for (float& v : state0) v = nd(rng);
+      float *x_d, *w_d, *state_d, *out_d, *win_d;
+      ASSERT_EQ(cudaMalloc(&x_d, sizeof(float) * x.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&w_d, sizeof(float) * w.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&state_d, sizeof(float) * W), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&out_d, sizeof(float) * x.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&win_d, sizeof(float) * W * static_cast<size_t>(n)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(x_d, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(w_d, w.data(), sizeof(float) * w.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      std::vector<float> out_plain(x.size()), state_plain(W), out(x.size()), state(W), win(W * static_cast<size_t>(n));
+      for (const bool windows : {false, true}) {
+        ASSERT_EQ(cudaMemcpy(state_d, state0.data(), sizeof(float) * W, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemset(win_d, 0xff, sizeof(float) * win.size()), cudaSuccess);
+        sc::prefill::conv1d_silu_chunk(x_d, w_d, K, channels, n, state_d, out_d, nullptr, windows ? win_d : nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy((windows ? out : out_plain).data(), out_d, sizeof(float) * x.size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy((windows ? state : state_plain).data(), state_d, sizeof(float) * W, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      }
+      ASSERT_EQ(cudaMemcpy(win.data(), win_d, sizeof(float) * win.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(out, out_plain) << "K=" << K << " n=" << n;
+      EXPECT_EQ(state, state_plain) << "K=" << K << " n=" << n;
+      // in(tau): the input of token tau, or old state row K-1+tau before the chunk.
+      auto in = [&](int tau, int c) {
+        return tau >= 0 ? x[static_cast<size_t>(tau) * channels + c] : state0[static_cast<size_t>(K - 1 + tau) * channels + c];
+      };
+      for (int t = 0; t < n; ++t)
+        for (int j = 0; j < K - 1; ++j)
+          for (int c = 0; c < channels; ++c)
+            ASSERT_EQ(win[static_cast<size_t>(t) * W + static_cast<size_t>(j) * channels + c], in(t + 1 - (K - 1) + j, c))
+                << "K=" << K << " n=" << n << " window " << t << " row " << j << " channel " << c;
+      EXPECT_TRUE(std::equal(state.begin(), state.end(), win.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(n - 1) * W)))
+          << "the last window is the final state, K=" << K << " n=" << n;
+      for (float* p : {x_d, w_d, state_d, out_d, win_d}) cudaFree(p);
+    }
+  }
 }
 
 // The tiled causal attention on its own against a float64 softmax reference: queries after a cache of

@@ -5,7 +5,8 @@
 // Two ways to run the target: prompts and verifications token by token through the decode step (the
 // state generation leaves gives logits within 1e-5 of the plain run's; they are not bit-equal on the
 // GPU, unlike the CPU's); and through the batched prefill in exact math,
-// where a verification's logits come from the prefill's GEMMs (within 1e-3).
+// where a verification's logits come from the prefill's GEMMs (within 1e-3). Keeping any prefix of a
+// verified chain leaves the state a plain run of that prefix leaves (check_keep_every_prefix).
 // Skips where CUDA is not built or no GPU exists.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA undefined)"; }
 #else
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -20,6 +22,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include <vector>
 
 #include "cuda_test_models.h"
+#include "logits_compare.h"
 #include "spec_lossless.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
@@ -82,8 +85,12 @@ std::shared_ptr<sc::GpuModel> gpu_model(const Model& m, const Backend& b) {
   return sc::make_gpu_model(m, o);
 }
 
-spec_test::MakeSequence gpu_sequences(const std::shared_ptr<sc::GpuModel>& gm) {
-  return [gm](int ctx) -> std::unique_ptr<Sequence> { return sc::make_gpu_session(gm, ctx); };
+// Sessions over gm that run prompts and verifications as the backend says (a session's own options
+// decide between the batched prefill and the decode step).
+spec_test::MakeSequence gpu_sequences(const std::shared_ptr<sc::GpuModel>& gm, const Backend& b) {
+  sc::GpuSessionOptions o;
+  o.batched_prefill = b.batched_prefill;
+  return [gm, o](int ctx) -> std::unique_ptr<Sequence> { return sc::make_gpu_session(gm, ctx, o); };
 }
 
 // A draft model drafting greedily (the target is greedy), on the CPU or in GPU sessions over `gm`.
@@ -127,7 +134,7 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
     const std::string where = label + ", " + b.name;
     SCOPED_TRACE(where);
     const auto gm = gpu_model(*target.model, b);
-    const auto make = gpu_sequences(gm);
+    const auto make = gpu_sequences(gm, b);
     const double tol = b.batched_prefill ? 1e-3 : 1e-5;
     GenerationStats all;
 
@@ -193,6 +200,95 @@ void check_fixture(const std::string& name) {
   c.n_new = 48;
   c.sampling = greedy_no_end(*target.tokenizer, static_cast<int32_t>(target.model->config().n_vocab));
   check_model(target, other, c, name);
+}
+
+// Keeping m of n drafted chain tokens copies back the DeltaNet state recorded after token m - 1 (no
+// second forward): for every m, forward_pending(n) + keep_first(m) leaves what a plain run of the m
+// tokens leaves (DeltaNet state, n_past, routing counts, the pending rows of the kept tokens, the next
+// token's logits), and so does a second verification on top of it. Drafts run through the decode step
+// (the same steps as the plain run: within 1e-5) and the batched prefill in exact math (the n-token
+// prefill against an m-token one or a decode step: within 1e-4).
+void check_keep_every_prefix(const Model& model, const std::string& label) {
+  using test_util::max_row_rel_err;
+  const int32_t V = static_cast<int32_t>(model.config().n_vocab);
+  auto ids = [V](int n, int salt) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>((37 * i + 101 * salt + 11) % V);
+    return v;
+  };
+  const std::vector<int32_t> prompt = ids(12, 1), drafts = ids(16, 2), more = ids(5, 3);
+  const int32_t next = ids(1, 4)[0];
+  const size_t vocab = static_cast<size_t>(V);
+  // A state's error relative to the reference's largest entry (one row of the logits measure).
+  auto state_err = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && !b.empty() ? max_row_rel_err(a, b, b.size()) : INFINITY;
+  };
+  for (const bool batched : {false, true}) {
+    sc::GpuSessionOptions o;
+    o.batched_prefill = batched;
+    o.prefill_math = sc::PrefillMath::Exact;
+    const auto gm = sc::make_gpu_model(model, o);
+    const double tol = batched ? 1e-4 : 1e-5;
+    for (const int n : {1, 2, 5, 16}) {
+      for (int m = 0; m <= n; ++m) {
+        const std::string where = label + (batched ? ", batched prefill" : ", decode steps") + ", keep " +
+                                  std::to_string(m) + " of " + std::to_string(n);
+        SCOPED_TRACE(where);
+        auto a = sc::make_gpu_session(gm, 48, o), b = sc::make_gpu_session(gm, 48, o);
+        std::vector<float> scratch(vocab);
+        a->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
+        b->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
+        std::vector<float> pending(static_cast<size_t>(n) * vocab, NAN);
+        a->forward_pending(drafts.data(), n, nullptr, pending.data());
+        const std::vector<float> all_run = a->deltanet_state();
+        a->keep_first(m);
+        std::vector<float> rows(static_cast<size_t>(m) * vocab);
+        if (m > 0) b->forward(drafts.data(), m, rows.data(), true);
+        EXPECT_EQ(a->n_past(), static_cast<int>(prompt.size()) + m);
+        EXPECT_EQ(a->n_past(), b->n_past());
+        if (m > 0) {
+          const std::vector<float> kept_rows(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(rows.size()));
+          EXPECT_LE(max_row_rel_err(kept_rows, rows, vocab), tol) << "pending rows of the kept tokens";
+        }
+        const std::vector<float> kept = a->deltanet_state(), plain = b->deltanet_state();
+        EXPECT_FALSE(plain.empty()) << "the model has DeltaNet layers";
+        EXPECT_LE(state_err(kept, plain), tol);
+        // The comparison tells states apart: keeping fewer than all moved the state off the n-token one.
+        if (m < n) {
+          EXPECT_GT(state_err(all_run, plain), 10 * tol);
+        }
+        EXPECT_EQ(a->routing_counts(), b->routing_counts()) << "only kept tokens count";
+        std::vector<float> la(vocab), lb(vocab);
+        a->forward(&next, 1, la.data(), false);
+        b->forward(&next, 1, lb.data(), false);
+        EXPECT_LE(max_row_rel_err(la, lb, vocab), tol) << "next logits";
+
+        // A second verification on top, keeping 2 of 5 (the step records are reused).
+        std::vector<float> pending2(more.size() * vocab);
+        a->forward_pending(more.data(), static_cast<int>(more.size()), nullptr, pending2.data());
+        a->keep_first(2);
+        b->forward(more.data(), 2, scratch.data(), false);
+        EXPECT_EQ(a->n_past(), b->n_past());
+        EXPECT_LE(state_err(a->deltanet_state(), b->deltanet_state()), tol) << "second verification";
+        EXPECT_EQ(a->routing_counts(), b->routing_counts()) << "second verification";
+        a->forward(&next, 1, la.data(), false);
+        b->forward(&next, 1, lb.data(), false);
+        EXPECT_LE(max_row_rel_err(la, lb, vocab), tol) << "next logits after the second verification";
+      }
+    }
+  }
+}
+
+TEST(CudaSpec, KeepEveryPrefixOfAChainBundledModel) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  check_keep_every_prefix(*tiny.model, "strata-tiny");
+}
+
+TEST(CudaSpec, KeepEveryPrefixOfAChainDeltaNetFixture) {
+  REQUIRE_GPU();
+  const Loaded target = load(cuda_test::convert_fixture("qwen3_5_moe", "f32", "cuda_spec_"));
+  check_keep_every_prefix(*target.model, "qwen3_5_moe");
 }
 
 TEST(CudaSpec, Qwen35DeltaNetFixture) {

@@ -122,7 +122,67 @@ void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
   }
 }
 
+void DeviceSequenceState::release_steps() {
+  for (void* p : step_allocs_) device_free(p);
+  step_allocs_.clear();
+  bytes_ -= step_bytes_;
+  step_bytes_ = 0;
+  step_cap_ = 0;
+  route_steps = nullptr;
+  for (DeviceLayerState& L : layers) L.conv_steps = L.ssm_steps = nullptr;
+}
+
+void DeviceSequenceState::reserve_steps(int n) {
+  if (n <= step_cap_) return;
+  // Nothing on any stream may still use the old records, and the memsets below (on the legacy stream)
+  // must precede the sequence's non-blocking stream: both sides synchronised.
+  check_cuda(cudaDeviceSynchronize(), "grow step records");
+  release_steps();
+  auto take = [this](size_t bytes) {
+    void* p = alloc_state_bytes(bytes, max_ctx_);
+    step_allocs_.push_back(p);
+    step_bytes_ += bytes;
+    bytes_ += bytes;
+    return p;
+  };
+  try {
+    const size_t steps = static_cast<size_t>(n);
+    for (DeviceLayerState& L : layers) {
+      if (!L.ssm) continue;
+      L.conv_steps = static_cast<float*>(take(steps * conv_floats(c_) * sizeof(float)));
+      L.ssm_steps = static_cast<float*>(take(steps * ssm_floats(c_) * sizeof(float)));
+    }
+    const size_t route_bytes = steps * static_cast<size_t>(c_.n_layer) * c_.n_expert_used * sizeof(int);
+    route_steps = static_cast<int*>(take(route_bytes));
+    check_cuda(cudaMemset(route_steps, 0xff, route_bytes), "cudaMemset(route steps)");  // -1: routes nothing
+    check_cuda(cudaDeviceSynchronize(), "grow step records");
+  } catch (...) {
+    release_steps();
+    throw;
+  }
+  step_cap_ = n;
+}
+
+void DeviceSequenceState::copy_step(int t, bool record, cudaStream_t s) {
+  if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
+  auto copy = [record, s](float* live, float* steps, size_t floats, size_t t) {
+    float* rec = steps + t * floats;
+    check_cuda(cudaMemcpyAsync(record ? rec : live, record ? live : rec, sizeof(float) * floats,
+                               cudaMemcpyDeviceToDevice, s),
+               record ? "record DeltaNet state" : "select DeltaNet state");
+  };
+  for (DeviceLayerState& L : layers) {
+    if (!L.ssm) continue;
+    copy(L.conv, L.conv_steps, conv_floats(c_), static_cast<size_t>(t));
+    copy(L.ssm, L.ssm_steps, ssm_floats(c_), static_cast<size_t>(t));
+  }
+}
+
+void DeviceSequenceState::record_step(int t, cudaStream_t s) { copy_step(t, true, s); }
+void DeviceSequenceState::select_step(int t, cudaStream_t s) { copy_step(t, false, s); }
+
 DeviceSequenceState::~DeviceSequenceState() {
+  for (void* p : step_allocs_) device_free(p);
   for (void* p : allocs_) device_free(p);
 }
 

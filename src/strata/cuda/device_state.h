@@ -36,6 +36,10 @@ struct DeviceLayerState {
   // save_snapshot's copies of conv/ssm (add_snapshot).
   float* conv_snap = nullptr;
   float* ssm_snap = nullptr;
+  // The conv/ssm state after each token of a pending run (reserve_steps: step_cap() of each), so that
+  // keeping a prefix of the run copies one of them back instead of running the prefix again.
+  float* conv_steps = nullptr;
+  float* ssm_steps = nullptr;
 };
 
 class DeviceSequenceState {
@@ -61,6 +65,18 @@ class DeviceSequenceState {
   void save_snapshot(cudaStream_t s);
   void restore_snapshot(cudaStream_t s);
 
+  // Step records of pending runs (speculative verification): room for the state after each of n tokens
+  // (grown when n exceeds what is there; contents are not kept then), plus each token's expert ids,
+  // route_steps: [step_cap x n_layer x n_expert_used] (-1 where a layer routes nothing). Whoever runs
+  // the tokens writes step t: the batched prefill from its kernels, the decode step by record_step.
+  void reserve_steps(int n);
+  int step_cap() const { return step_cap_; }
+  int* route_steps = nullptr;
+  // Copies the live conv/ssm state into step t.
+  void record_step(int t, cudaStream_t s);
+  // Makes step t's record the live conv/ssm state (the caller sets n_past).
+  void select_step(int t, cudaStream_t s);
+
   const ModelConfig& config() const { return c_; }
   int max_ctx() const { return max_ctx_; }
   int kv_width() const { return c_.n_head_kv * c_.head_dim; }
@@ -77,7 +93,12 @@ class DeviceSequenceState {
   size_t bytes_ = 0;
   int parity_ = 0;
   bool has_snapshot_ = false;
+  int step_cap_ = 0;
   std::vector<void*> allocs_;
+  std::vector<void*> step_allocs_;  // the step records (replaced when they grow)
+  size_t step_bytes_ = 0;
+  void release_steps();
+  void copy_step(int t, bool record, cudaStream_t s);
   float* alloc(size_t floats);
   void* alloc_bytes(size_t bytes);
   void copy_snapshot(bool save, cudaStream_t s);

@@ -646,11 +646,14 @@ struct GpuSession::Impl {
   }
 
   // Runs n validated tokens (the batched prefill, or the decode step token by token) and advances n_past.
-  void run(const int32_t* tokens, int n, float* logits_out, bool all_positions) {
+  // record: token t's DeltaNet state and expert picks go to step t of the state's step records (room
+  // for n reserved by the caller).
+  void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false) {
     if (n > 1 && opt.batched_prefill) {
       std::lock_guard<std::mutex> lock(gm->exclusive());
       if (hybrid) hybrid->order_after_last(stream);
-      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n));
+      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
+                        record);
       if (hybrid) hybrid->record_last(stream);
       return;
     }
@@ -658,6 +661,13 @@ struct GpuSession::Impl {
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     for (int t = 0; t < n; ++t) {
       step(tokens[t]);
+      if (record) {
+        st.record_step(t, stream);
+        const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
+        check_cuda(cudaMemcpyAsync(st.route_steps + static_cast<size_t>(t) * picks, ids, picks * sizeof(int),
+                                   cudaMemcpyDeviceToDevice, stream),
+                   "record expert picks");
+      }
       const bool copy = logits_out && (all_positions || t == n - 1);
       if (copy)
         check_cuda(cudaMemcpyAsync(h_logits, logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
@@ -702,8 +712,11 @@ struct GpuSession::Impl {
     check_cuda(cudaMallocHost(&h_replay_ring, kReplaySlots * replay_stride * sizeof(int)), "cudaMallocHost(replay)");
   }
 
-  // Pending tokens (Sequence::forward_pending): they run by recomputation from a snapshot of the
-  // DeltaNet state, path by path for a tree; keep() recomputes the kept path unless the state holds it.
+  // Pending tokens (Sequence::forward_pending): a chain runs once, recording the DeltaNet state and
+  // expert picks after each token (DeviceSequenceState step records); keep() of m of them copies step
+  // m-1's state back, uncounts the later tokens' picks and moves n_past (the KV rows beyond are written
+  // again before they are read). A tree runs path by path from a snapshot of the state taken before the
+  // pending tokens; keep() of a path that is no prefix of the last one run runs it again from there.
   bool has_pending = false;
   int pending_base = 0;     // n_past before the pending tokens
   TokenTree pending;
@@ -728,15 +741,32 @@ struct GpuSession::Impl {
     return static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert) * sizeof(unsigned long long);
   }
 
-  // Runs pending path `path` from the snapshot: n_past = pending_base + its length.
+  // Runs pending path `path` from the snapshot, recording each token: n_past = pending_base + its length.
   void run_path(const std::vector<int>& path, float* logits_out) {
     restore_snapshot();
     held.clear();  // until the path has run, the state holds no pending path
     if (path.empty()) return;
-    std::vector<int32_t> ids;
-    for (int i : path) ids.push_back(pending_tokens[static_cast<size_t>(i)]);
-    run(ids.data(), static_cast<int>(ids.size()), logits_out, logits_out != nullptr);
+    std::vector<int32_t> tokens;
+    for (int i : path) tokens.push_back(pending_tokens[static_cast<size_t>(i)]);
+    run(tokens.data(), static_cast<int>(tokens.size()), logits_out, logits_out != nullptr, true);
     held = path;
+  }
+
+  // Keeps the first m tokens of the path the state holds (m <= held.size()): the state of step m-1, the
+  // router picks of the tokens before it. A hybrid session's telemetry still counts every token run.
+  void keep_held_prefix(int m) {
+    if (m == 0) {
+      restore_snapshot();
+    } else {
+      const int len = static_cast<int>(held.size());
+      if (m < len) st.select_step(m - 1, stream);
+      const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
+      for (int t = m; t < len; ++t)
+        uncount_routes(st.route_steps + static_cast<size_t>(t) * picks, c.n_layer, c.n_expert_used, c.n_expert,
+                       route_counts, stream);
+      n_past = pending_base + m;
+    }
+    held.resize(static_cast<size_t>(m));
   }
 
   void validate(const int32_t* tokens, int n) const {
@@ -774,6 +804,9 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
          " per forward");
   const TokenTree tree = TokenTree::from_parents(parents, n);
   m.drop();
+  int longest = 0;  // a chain's tokens, or the longest root path of a tree: what one run records
+  for (int t = 0; t < n; ++t) longest = std::max(longest, tree.depth(t) + 1);
+  m.st.reserve_steps(longest);
   m.save_snapshot();
   m.pending_tokens.assign(tokens, tokens + n);
   m.has_pending = true;  // from here on a failure leaves the snapshot to return to
@@ -781,16 +814,24 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
     if (tree.is_chain()) {
       m.held.clear();
       for (int i = 0; i < n; ++i) m.held.push_back(i);
-      m.run(tokens, n, logits_out, true);
+      m.run(tokens, n, logits_out, true, true);
     } else {
-      // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot.
-      std::vector<char> has_child(static_cast<size_t>(n), 0), done(static_cast<size_t>(n), 0);
+      // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot. The path of
+      // first children from the first root (the drafter's likeliest line, verified first) runs last, so
+      // that keeping a prefix of it needs no second run.
+      std::vector<int> first_child(static_cast<size_t>(n), -1);
+      std::vector<char> done(static_cast<size_t>(n), 0);
+      for (int i = n - 1; i >= 0; --i)
+        if (tree.parent(i) >= 0) first_child[static_cast<size_t>(tree.parent(i))] = i;
+      int main_leaf = 0;
+      while (first_child[static_cast<size_t>(main_leaf)] >= 0) main_leaf = first_child[static_cast<size_t>(main_leaf)];
+      std::vector<int> leaves;
       for (int i = 0; i < n; ++i)
-        if (tree.parent(i) >= 0) has_child[static_cast<size_t>(tree.parent(i))] = 1;
+        if (first_child[static_cast<size_t>(i)] < 0 && i != main_leaf) leaves.push_back(i);
+      leaves.push_back(main_leaf);
       const size_t vocab = static_cast<size_t>(m.c.n_vocab);
       std::vector<float> rows;
-      for (int leaf = 0; leaf < n; ++leaf) {
-        if (has_child[static_cast<size_t>(leaf)]) continue;
+      for (const int leaf : leaves) {
         const std::vector<int> path = tree.path_to(leaf);
         rows.resize(path.size() * vocab);
         m.run_path(path, rows.data());
@@ -816,12 +857,33 @@ void GpuSession::keep(const int* path, int n) {
   if (!m.has_pending) fail("keep: no tokens are pending (run forward_pending first)");
   m.pending.check_path(path, n);
   const std::vector<int> want(path, path + n);
-  if (want != m.held) m.run_path(want, nullptr);
+  const bool prefix = want.size() <= m.held.size() && std::equal(want.begin(), want.end(), m.held.begin());
+  if (!prefix) m.run_path(want, nullptr);
+  m.keep_held_prefix(n);
   m.sync();
   m.has_pending = false;
 }
 
 bool GpuSession::has_pending() const { return impl_->has_pending; }
+
+std::vector<float> GpuSession::deltanet_state() const {
+  Impl& m = *impl_;
+  m.drop();  // a lookahead step in flight is not the state
+  const size_t conv = static_cast<size_t>(m.c.ssm_conv_kernel - 1) * static_cast<size_t>(m.c.ssm_conv_channels());
+  const size_t ssm = static_cast<size_t>(m.c.ssm_v_heads) * m.c.ssm_head_k * m.c.ssm_head_v;
+  std::vector<float> out;
+  for (const DeviceLayerState& L : m.st.layers) {
+    if (!L.ssm) continue;
+    const size_t at = out.size();
+    out.resize(at + conv + ssm);
+    check_cuda(cudaMemcpyAsync(out.data() + at, L.conv, conv * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
+               "copy conv state");
+    check_cuda(cudaMemcpyAsync(out.data() + at + conv, L.ssm, ssm * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
+               "copy DeltaNet state");
+  }
+  m.sync();
+  return out;
+}
 
 int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;

@@ -82,13 +82,16 @@ class GpuSession : public Sequence {
   // would exceed the context or an id is out of range; the state is unchanged then.
   void forward(const int32_t* tokens, int n, float* logits_out, bool all_positions) override;
 
-  // Sequence::forward_pending / keep, by recomputation: the DeltaNet state is saved on the device before
-  // the pending tokens; a chain runs as one forward; a tree runs each root-to-leaf path from the saved
-  // state (its tokens' logits from the first path that holds them); keep() runs the kept path again from
-  // the saved state unless it is the path the state holds, so the state is exactly a plain run of it.
+  // Sequence::forward_pending / keep: a chain runs as one forward that records the DeltaNet state after
+  // each token, so keep() of any prefix copies one recorded state back (no second forward); a tree runs
+  // each root-to-leaf path from a snapshot of the state (its tokens' logits from the first path that holds
+  // them), and keep() runs the kept path again unless it is a prefix of the last path run.
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
   void keep(const int* path, int m) override;
   bool has_pending() const override;
+  // Every DeltaNet layer's conv window, then its recurrent state, in layer order, copied to the host
+  // (tests compare the state keep() leaves with a plain run's).
+  std::vector<float> deltanet_state() const;
 
   // Runs one token and returns the arg-max of its logits, computed on the GPU (no logits copy).
   int32_t decode_argmax(int32_t token);

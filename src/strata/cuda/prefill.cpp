@@ -356,7 +356,9 @@ struct GpuPrefill::Impl {
     dense(w.o, o, m, y);
   }
 
-  void deltanet(const DevLayer& D, DeviceLayerState& L, int m) {
+  // rec0 >= 0: the state after each token goes to L's step records from step rec0 on (always the
+  // sequential scan then: the chunked form holds the state at its chunk boundaries only).
+  void deltanet(const DevLayer& D, DeviceLayerState& L, int m, int rec0) {
     const DevDeltaNet& w = D.deltanet;
     const int channels = c.ssm_conv_channels();
     {
@@ -369,10 +371,17 @@ struct GpuPrefill::Impl {
     }
     {
       Timed t(*this, kDeltaNet);
-      prefill::conv1d_silu_chunk(qkv, w.conv, c.ssm_conv_kernel, channels, m, L.conv, mixed, s);
+      const bool rec = rec0 >= 0;
+      const int64_t conv_floats = static_cast<int64_t>(c.ssm_conv_kernel - 1) * channels;
+      const int64_t ssm_floats = static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
+      prefill::conv1d_silu_chunk(qkv, w.conv, c.ssm_conv_kernel, channels, m, L.conv, mixed, s,
+                                 rec ? L.conv_steps + rec0 * conv_floats : nullptr);
       prefill::deltanet_qk_norm_rows(mixed, channels, m, c.ssm_k_heads, c.ssm_head_k,
                                      1.0f / std::sqrt(static_cast<float>(c.ssm_head_k)), s);
-      if (chunked_deltanet) {
+      if (rec) {
+        prefill::deltanet_scan(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads, c.ssm_v_heads,
+                               c.ssm_head_k, c.ssm_head_v, o2, s, L.ssm_steps + rec0 * ssm_floats);
+      } else if (chunked_deltanet) {
         prefill::deltanet_scan_chunked(L.ssm, mixed, channels, bb, al, w.a, w.dt_bias, m, c.ssm_k_heads,
                                        c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, o2, dn_scratch, s);
       } else {
@@ -390,8 +399,9 @@ struct GpuPrefill::Impl {
   // hot-only stacks), while the HybridMoe computes the cold pairs on the CPU (started before the hot
   // GEMMs are enqueued, waited for after): the combine then sees every pair's row, in the same order and
   // with the same kernels as the all-GPU path. counts_out (device, [n_expert] of this layer, optional):
-  // += picks per expert (routing statistics).
-  void moe(int il, const DevMoe& w, int m, HybridMoe* hybrid, unsigned long long* counts_out) {
+  // += picks per expert (routing statistics). rec_ids (device, optional): the chunk's first token's row
+  // of the step records (DeviceSequenceState::route_steps), which get every token's picks.
+  void moe(int il, const DevMoe& w, int m, HybridMoe* hybrid, unsigned long long* counts_out, int* rec_ids) {
     const int k = c.n_expert_used;
     const bool fast = opt.math == PrefillMath::Fast;
     const int pairs = m * k;
@@ -405,6 +415,12 @@ struct GpuPrefill::Impl {
         rule.replay_stride = replay_stride;
       }
       prefill::route_topk_rows(router, m, c.n_expert, k, c.norm_topk, rule, ids, wts, s);
+      if (rec_ids) {
+        const size_t row = static_cast<size_t>(k) * sizeof(int);
+        check_cuda(cudaMemcpy2DAsync(rec_ids + static_cast<size_t>(il) * k, row * c.n_layer, ids, row, row,
+                                     static_cast<size_t>(m), cudaMemcpyDeviceToDevice, s),
+                   "record expert picks");
+      }
       prefill::group_by_expert(ids, pairs, k, c.n_expert, prefill::kGroupTileM, groups, s, slot_of);
       if (counts_out) prefill::add_counts(groups.counts, c.n_expert, counts_out, s);
     }
@@ -458,7 +474,8 @@ struct GpuPrefill::Impl {
   }
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-           HybridMoe* hybrid, unsigned long long* route_counts, const int* replay) {
+           HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps) {
+    if (record_steps && st.step_cap() < n) fail("prefill: ", n, " tokens to record, room for ", st.step_cap());
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
     marks.clear();
     next_event = 0;
@@ -492,7 +509,7 @@ struct GpuPrefill::Impl {
         if (is_attention(D.kind)) {
           attention(il, D, st.layers[il], m, pos0);
         } else {
-          deltanet(D, st.layers[il], m);
+          deltanet(D, st.layers[il], m, record_steps ? c0 : -1);
         }
         {
           Timed t(*this, kEmbedNormAdd);
@@ -502,7 +519,12 @@ struct GpuPrefill::Impl {
         unsigned long long* counts_out =
             route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
         switch (c.layers[static_cast<size_t>(il)].ffn) {
-          case FfnKind::Moe: moe(il, D.moe, m, hybrid, counts_out); break;
+          case FfnKind::Moe: {
+            int* rec_ids = record_steps ? st.route_steps + static_cast<size_t>(c0) * c.n_layer * c.n_expert_used
+                                        : nullptr;
+            moe(il, D.moe, m, hybrid, counts_out, rec_ids);
+            break;
+          }
           case FfnKind::Dense: dense_ffn(D.dense, m); break;
         }
       }
@@ -562,11 +584,12 @@ GpuPrefill::GpuPrefill(const DeviceModel& dm, PrefillOptions opt) {
 GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-                     cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay) {
+                     cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay,
+                     bool record_steps) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
-  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay);
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

@@ -74,9 +74,12 @@ class GpuPrefill {
   // s; returns after synchronising it.
   // replay (device, optional): replayed expert picks, [n x routed layers x k] token-major (the routed
   // layers of ModelConfig::routed_layers, as routing traces hold them), instead of the router's top-k.
+  // record_steps: token t's DeltaNet state and expert picks go to step t of st's step records
+  // (DeviceSequenceState::reserve_steps, room for n), for keeping a prefix of the run without running it
+  // again; the DeltaNet layers take the sequential scan then.
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
-           const int* replay = nullptr);
+           const int* replay = nullptr, bool record_steps = false);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;

@@ -27,7 +27,7 @@ constexpr int kStagedWarps = 8;
 template <int RPL>
 __global__ void __launch_bounds__(kStagedWarps * 32) deltanet_scan_staged_kernel(
     float* S_all, const float* mixed, int64_t ms, const float* b, const float* alpha, const float* a,
-    const float* dt_bias, int n, int nk, int nv, int dk, int dv, int stage, float* o) {
+    const float* dt_bias, int n, int nk, int nv, int dk, int dv, int stage, float* o, float* steps) {
   extern __shared__ float smem[];
   float* sq = smem;                          // [stage][dk]
   float* sk = sq + stage * dk;               // [stage][dk]
@@ -101,6 +101,14 @@ __global__ void __launch_bounds__(kStagedWarps * 32) deltanet_scan_staged_kernel
 #pragma unroll
       for (int r = 0; r < RPL; ++r) s[r] = s[r] * decay + kc[r] * delta;
       if (lane == 0) o[(t0 + tt) * o_stride + static_cast<int64_t>(h) * dv + j] = decay * sqd + kq * delta;
+      if (steps) {  // the block's warps cover adjacent columns: their writes fill whole sectors together
+        float* St = steps + static_cast<int64_t>(t0 + tt) * nv * dk * dv + static_cast<int64_t>(h) * dk * dv;
+#pragma unroll
+        for (int r = 0; r < RPL; ++r) {
+          const int i = lane + 32 * r;
+          if (i < dk) St[static_cast<int64_t>(i) * dv + j] = s[r];
+        }
+      }
     }
   }
   if (active) {
@@ -114,29 +122,29 @@ __global__ void __launch_bounds__(kStagedWarps * 32) deltanet_scan_staged_kernel
 
 template <int RPL>
 void launch_staged(float* S, const float* mixed, int64_t ms, const float* b, const float* alpha, const float* a,
-                   const float* dt_bias, int n, int nk, int nv, int dk, int dv, float* o, cudaStream_t s) {
+                   const float* dt_bias, int n, int nk, int nv, int dk, int dv, float* o, float* steps, cudaStream_t s) {
   // About 32 KB of staged q/k: 32 tokens at dk 128, more for small heads (at most 128 tokens).
   const int stage = std::max(1, std::min(128, 4096 / dk));
   const size_t smem = sizeof(float) * (static_cast<size_t>(stage) * (2 * dk + kStagedWarps + 2));
   const dim3 grid((dv + kStagedWarps - 1) / kStagedWarps, nv);
   deltanet_scan_staged_kernel<RPL><<<grid, kStagedWarps * 32, smem, s>>>(S, mixed, ms, b, alpha, a, dt_bias, n, nk, nv,
-                                                                          dk, dv, stage, o);
+                                                                          dk, dv, stage, o, steps);
 }
 
 }  // namespace
 
 void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
-                   float* o, cudaStream_t s) {
+                   float* o, cudaStream_t s, float* steps) {
   check_arg(dk >= 1 && dk <= 256, "deltanet_scan: key head dim must be 1..256");
   if (dk <= 32) {
-    launch_staged<1>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
+    launch_staged<1>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, steps, s);
   } else if (dk <= 64) {
-    launch_staged<2>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
+    launch_staged<2>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, steps, s);
   } else if (dk <= 128) {
-    launch_staged<4>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
+    launch_staged<4>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, steps, s);
   } else {
-    launch_staged<8>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, s);
+    launch_staged<8>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, steps, s);
   }
   check_launch("deltanet_scan");
 }

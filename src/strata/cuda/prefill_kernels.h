@@ -60,8 +60,10 @@ void attention_prefill(const float* q, int64_t q_tok_stride, int q_head_stride, 
 // Causal depthwise conv + SiLU over a chunk: out[t][c] = silu(w[c][K-1] x[t][c] + sum_{j<K-1} w[c][j] in(t-K+1+j)[c])
 // with in(tau) = x[tau] for tau >= 0, else state row K-1+tau (oldest first). Then the state keeps the
 // chunk's last K-1 inputs. x, out: [n x channels].
+// windows (optional): the state after each token, [n x (K-1) x channels] (speculative verification keeps
+// any prefix of the chunk by copying one of them back).
 void conv1d_silu_chunk(const float* x, const float* weight, int K, int channels, int n, float* state, float* out,
-                       cudaStream_t s);
+                       cudaStream_t s, float* windows = nullptr);
 
 // L2-normalise (eps 1e-6) each q and k head of every token row of mixed ([n x row_stride], q heads at 0,
 // k heads at n_k_heads * dk), then scale q by q_scale. In place.
@@ -73,9 +75,10 @@ void deltanet_qk_norm_rows(float* mixed, int64_t row_stride, int n, int n_k_head
 // S = exp(g) S; S += k (beta (v - S^T k))^T; o[t][h*dv + j] = (S^T q)_j (raw, before the gated norm).
 // q/k of key head h % n_k_heads at mixed row t (q at 0, k at n_k*dk, v at 2*n_k*dk). dk <= 256.
 // An exact sequential scan over the tokens (inputs staged through shared memory).
+// steps (optional): the state after each token, [n x n_v x dk x dv] (as conv1d_silu_chunk's windows).
 void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
-                   float* o, cudaStream_t s);
+                   float* o, cudaStream_t s, float* steps = nullptr);
 
 // The same rule in its chunkwise-parallel form (prefill_deltanet_chunked.cu): 32-token chunks whose
 // inputs-only parts (the UT transform) run for every chunk at once, then one pass per head over the

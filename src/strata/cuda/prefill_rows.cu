@@ -154,6 +154,19 @@ __global__ void conv_state_kernel(const float* x, int K, int channels, int n, fl
   for (int j = 0; j < K - 1; ++j) state[static_cast<int64_t>(j) * channels + c] = nw[j];
 }
 
+// windows[t] = the state after token t (row j = in(t + 1 - (K-1) + j)), read before the state is updated.
+__global__ void conv_windows_kernel(const float* x, int K, int channels, const float* state, float* windows) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = blockIdx.y;
+  if (c >= channels) return;
+  float* w = windows + static_cast<int64_t>(t) * (K - 1) * channels;
+  for (int j = 0; j < K - 1; ++j) {
+    const int tau = t + 1 - (K - 1) + j;
+    w[static_cast<int64_t>(j) * channels + c] =
+        tau >= 0 ? x[static_cast<int64_t>(tau) * channels + c] : state[static_cast<int64_t>(K - 1 + tau) * channels + c];
+  }
+}
+
 // Block per (head, q|k, token), as qk_l2norm_kernel of kernels.cu.
 __global__ void qk_norm_rows_kernel(float* mixed, int64_t row_stride, int n_k_heads, int dk, float q_scale) {
   const int h = blockIdx.x;
@@ -286,10 +299,14 @@ void store_cache_rows(const float* src, int n, int64_t width, void* cache, KvTyp
 }
 
 void conv1d_silu_chunk(const float* x, const float* weight, int K, int channels, int n, float* state, float* out,
-                       cudaStream_t s) {
+                       cudaStream_t s, float* windows) {
   check_arg(K >= 1 && K <= kMaxConvK, "prefill conv1d_silu_chunk: conv kernel length must be 1..16");
   conv_chunk_kernel<<<dim3(blocks_for(channels, 256), n), 256, 0, s>>>(x, weight, K, channels, state, out);
   check_launch("prefill conv1d_silu_chunk");
+  if (K > 1 && windows) {
+    conv_windows_kernel<<<dim3(blocks_for(channels, 256), n), 256, 0, s>>>(x, K, channels, state, windows);
+    check_launch("prefill conv windows");
+  }
   if (K > 1) {
     conv_state_kernel<<<blocks_for(channels, 256), 256, 0, s>>>(x, K, channels, n, state);
     check_launch("prefill conv state");

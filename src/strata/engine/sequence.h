@@ -49,8 +49,10 @@ class Sequence {
     fail("this backend cannot run pending tokens (forward_pending)");
   }
   // Keeps the root path path[0..m) of the pending tokens (path[0] a root, each entry a child of the one
-  // before; m == 0 keeps none) and drops the rest: the sequence is then exactly as if those m tokens
-  // had run through forward(). Fails, keeping everything pending, on a path that is not a root path.
+  // before; m == 0 keeps none) and drops the rest: the sequence is then as if those m tokens had run
+  // through forward() (exactly on the CPU; the GPU keeps the state its pending forward computed, which
+  // differs from a forward of the m tokens by rounding). Fails, keeping everything pending, on a path
+  // that is not a root path.
   virtual void keep(const int* path, int m) {
     (void)path, (void)m;
     fail("this backend cannot keep pending tokens");
