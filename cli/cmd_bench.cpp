@@ -152,7 +152,7 @@ void setup_bench(CLI::App& sub) {
   sub.callback([a] {
     const strata::cli::BackendOptions& bo = a->backend;
     strata::cli::check_backend_options(bo);
-    const strata::SpecChoice spec = strata::check_spec_options(a->spec, bo.gpu);
+    const strata::SpecChoice spec = strata::check_spec_options(a->spec);
     if (!bo.profile.empty() && !bo.gpu) strata::fail("--profile needs --gpu in bench (it only guides the expert placement)");
     if (!a->spec_prompt_file.empty() && spec.kind == strata::SpecKind::None) strata::fail("--spec-prompt needs --spec");
     if (spec.kind != strata::SpecKind::None && !bo.routing.empty())

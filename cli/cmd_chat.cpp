@@ -274,7 +274,7 @@ void setup_chat(CLI::App& sub) {
   strata::cli::add_spec_options(sub, o->spec);
   sub.callback([o] {
     strata::cli::check_backend_options(o->backend);
-    o->spec_choice = strata::check_spec_options(o->spec, o->backend.gpu);
+    o->spec_choice = strata::check_spec_options(o->spec);
     run_chat(*o);
   });
 }

@@ -165,7 +165,7 @@ void setup_run(CLI::App& sub) {
   strata::cli::add_spec_options(sub, o->spec);
   sub.callback([o, &sub] {
     strata::cli::check_backend_options(o->backend);
-    o->spec_choice = strata::check_spec_options(o->spec, o->backend.gpu);
+    o->spec_choice = strata::check_spec_options(o->spec);
     o->temp_given = sub.get_option("--temp")->count() > 0;
     if (sub.get_option("prompt")->count() > 0 && sub.get_option("--prompt")->count() > 0)
       strata::fail("give the prompt once: as an argument or with -p/--prompt, not both");

@@ -87,7 +87,7 @@ void setup_serve(CLI::App& sub) {
   strata::cli::add_spec_options(sub, *spec);
   sub.callback([o, backend, spec] {
     strata::cli::check_backend_options(*backend);
-    const strata::SpecChoice spec_choice = strata::check_spec_options(*spec, backend->gpu);
+    const strata::SpecChoice spec_choice = strata::check_spec_options(*spec);
     if (backend->gpu) o->backend = "gpu";
     if (!o->api_key_file.empty()) {
       if (!o->api_key.empty()) strata::fail("give either --api-key or --api-key-file, not both");

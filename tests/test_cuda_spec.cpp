@@ -1,7 +1,8 @@
 // Speculative decoding on the GPU: greedy generation with a drafter is token for token what the same GPU
 // sessions give without one (tests/spec_lossless.h), all-GPU and hybrid (most experts cold), on the
 // bundled model and the qwen3_5_moe (DeltaNet) and laguna_swa (sliding window) fixtures, with n-gram
-// lookup, scripted drafts (rejections at every depth) and draft models on the CPU and on the GPU.
+// lookup, scripted drafts (rejections at every depth), draft models on the CPU and on the GPU, and the MTP head
+// (on the CPU, over the hidden rows the GPU session copies; the bundled model has a trained one).
 // Two ways to run the target: prompts and verifications token by token through the decode step (the
 // state generation leaves gives logits within 1e-5 of the plain run's; they are not bit-equal on the
 // GPU, unlike the CPU's); and through the batched prefill in exact math,
@@ -24,11 +25,14 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include "cuda_test_models.h"
 #include "logits_compare.h"
 #include "spec_lossless.h"
+#include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
+#include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/spec/draft_model.h"
+#include "strata/spec/mtp_drafter.h"
 #include "strata/spec/ngram_drafter.h"
 #include "strata/spec/spec_options.h"
 #include "strata/text/tokenizer.h"
@@ -107,6 +111,12 @@ spec_test::MakeDrafter gpu_draft(const std::shared_ptr<sc::GpuModel>& gm, const 
                                                static_cast<int32_t>(draft.config().n_vocab));
   };
 }
+// The target's own MTP layer, its head on the CPU over the hidden rows the GPU session copies.
+spec_test::MakeDrafter mtp(const Model& m, int ctx) {
+  return [&m, ctx]() -> std::unique_ptr<Drafter> {
+    return std::make_unique<MtpDrafter>(m, ctx, static_cast<int32_t>(m.config().n_vocab));
+  };
+}
 spec_test::MakeDrafter ngram(int min_n, int max_n) {
   return [min_n, max_n]() -> std::unique_ptr<Drafter> { return std::make_unique<NgramDrafter>(NgramParams{min_n, max_n}); };
 }
@@ -151,6 +161,14 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
       const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, make_drafter, true, where + ", " + name, tol);
       print(where + ", " + name, s);
       EXPECT_GT(s.spec_steps, 0) << where << ", " << name;
+      add(all, s);
+    }
+
+    if (target.model->config().n_mtp > 0) {
+      const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, mtp(*target.model, ctx), true,
+                                                           where + ", mtp", tol);
+      print(where + ", mtp", s);
+      EXPECT_GT(s.accepted_tokens, 0) << where << ": the bundled model's trained MTP head";
       add(all, s);
     }
 
@@ -277,6 +295,72 @@ void check_keep_every_prefix(const Model& model, const std::string& label) {
       }
     }
   }
+}
+
+// A GPU session's hidden record holds what the CPU session's does (the MTP drafter's input): the same
+// tokens from the same position, rows within rounding, through a prompt, single steps, decode_and_pick,
+// a verified chain kept in part and a tree kept along a second branch; a reset restarts it.
+TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
+  REQUIRE_GPU();
+  using test_util::max_row_rel_err;
+  const Loaded tiny = load(kTiny);
+  const Model& m = *tiny.model;
+  const size_t V = static_cast<size_t>(m.config().n_vocab), d = static_cast<size_t>(m.config().n_embd);
+  const std::vector<int32_t> prompt = tiny.tokenizer->encode("def area(width, height):\n    return width");
+  const CpuKernelLevel saved = cpu_kernel_level();
+  set_cpu_kernel_level(CpuKernelLevel::Scalar);  // float activations, as the GPU's Q8_0 dots
+  for (const bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "batched prefill" : "decode steps");
+    Session cpu(m, 128);
+    sc::GpuSessionOptions o;
+    o.batched_prefill = batched;
+    o.prefill_math = sc::PrefillMath::Exact;
+    auto gpu = sc::make_gpu_session(m, 128, o);
+    auto rc = std::make_shared<HiddenRecord>(), rg = std::make_shared<HiddenRecord>();
+    cpu.set_hidden_record(rc);
+    gpu->set_hidden_record(rg);
+    std::vector<float> lc(8 * V), lg(8 * V);
+    for (Sequence* s : {static_cast<Sequence*>(&cpu), static_cast<Sequence*>(gpu.get())}) {
+      std::vector<float>& l = s == &cpu ? lc : lg;
+      s->forward(prompt.data(), static_cast<int>(prompt.size()), l.data(), false);
+      const int32_t one = 262;
+      s->forward(&one, 1, l.data(), false);
+      SamplerParams greedy;
+      greedy.temperature = 0;
+      Sampler sampler(greedy);
+      std::vector<float> scratch;
+      const int32_t picked = s->decode_and_pick(one, sampler, prompt, static_cast<int32_t>(V), scratch);
+      const std::vector<int32_t> chain = {picked, 1181, 3669, 599};
+      s->forward_pending(chain.data(), 4, nullptr, l.data());
+      s->keep_first(2);
+      // A root with two children, the second kept: its row comes from the path run first.
+      const std::vector<int32_t> tree = {284, 649, 262};
+      const std::vector<int> parents = {-1, 0, 0};
+      s->forward_pending(tree.data(), 3, parents.data(), l.data());
+      const int path[2] = {0, 2};
+      s->keep(path, 2);
+    }
+    ASSERT_EQ(rg->begin, rc->begin);
+    ASSERT_EQ(rg->tokens, rc->tokens);
+    ASSERT_EQ(rc->size(), static_cast<int>(prompt.size()) + 1 + 1 + 2 + 2);
+    ASSERT_EQ(rg->width, static_cast<int>(d));
+    const double err = max_row_rel_err(rg->rows, rc->rows, d);
+    std::printf("[cuda-spec] hidden record, %s: %d rows, max row relative error %.3g\n",
+                batched ? "batched prefill" : "decode steps", rg->size(), err);
+    EXPECT_LE(err, 1e-3);
+    // The last row scores like the CPU's last logits: it is the lm_head's input.
+    std::vector<float> lg_last(V), lc_last(V);
+    const int32_t next = 7;
+    cpu.forward(&next, 1, lc_last.data(), false);
+    gpu->forward(&next, 1, lg_last.data(), false);
+    EXPECT_EQ(rg->size(), rc->size());
+    EXPECT_LE(max_row_rel_err(lg_last, lc_last, V), 1e-3);
+    gpu->reset();
+    EXPECT_TRUE(rg->restarted);
+    EXPECT_EQ(rg->begin, 0);
+    EXPECT_EQ(rg->size(), 0);
+  }
+  set_cpu_kernel_level(saved);
 }
 
 TEST(CudaSpec, KeepEveryPrefixOfAChainBundledModel) {

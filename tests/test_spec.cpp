@@ -513,7 +513,6 @@ TEST(Mtp, RefusedWithoutAnMtpLayer) {
     EXPECT_NE(std::string(e.what()).find(plain.path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nextn_predict_layers"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(check_spec_options(o, /*target_on_gpu=*/true), Error);
   o.draft_model = "d.gguf";
   EXPECT_THROW(check_spec_options(o), Error);  // mtp drafts without a draft model
 }

@@ -26,6 +26,7 @@
 #include "strata/cuda/prefill.h"
 #include "strata/cuda/sample_kernels.h"
 #include "strata/moe/gpu_support.h"
+#include "strata/sample/sampler.h"
 
 namespace strata::cuda {
 
@@ -228,6 +229,9 @@ struct GpuSession::Impl {
     h_replay_ring = nullptr;
     if (d_replay_rows) device_free(d_replay_rows);
     d_replay_rows = nullptr;
+    if (d_hidden) device_free(d_hidden);
+    d_hidden = nullptr;
+    d_hidden_cap = 0;
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -649,18 +653,23 @@ struct GpuSession::Impl {
   // record: token t's DeltaNet state and expert picks go to step t of the state's step records (room
   // for n reserved by the caller).
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false) {
+    float* hid = hidden ? hidden_device(n) : nullptr;
     if (n > 1 && opt.batched_prefill) {
-      std::lock_guard<std::mutex> lock(gm->exclusive());
-      if (hybrid) hybrid->order_after_last(stream);
-      gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
-                        record);
-      if (hybrid) hybrid->record_last(stream);
+      {
+        std::lock_guard<std::mutex> lock(gm->exclusive());
+        if (hybrid) hybrid->order_after_last(stream);
+        gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
+                          record, hid);
+        if (hybrid) hybrid->record_last(stream);
+      }
+      if (hid) copy_hidden(n);
       return;
     }
     const auto lock = hold_hybrid();
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     for (int t = 0; t < n; ++t) {
       step(tokens[t]);
+      if (hid) rmsnorm_rows(x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
       if (record) {
         st.record_step(t, stream);
         const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
@@ -676,6 +685,7 @@ struct GpuSession::Impl {
       if (copy)
         std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), h_logits, vocab * sizeof(float));
     }
+    if (hid) copy_hidden(n);
   }
 
   // The next n tokens' replayed picks on the device for a prefill (null without a replay). The prefill
@@ -722,6 +732,35 @@ struct GpuSession::Impl {
   TokenTree pending;
   std::vector<int> held;    // the pending root path the state holds now
   std::vector<int32_t> pending_tokens;
+
+  // Sequence::set_hidden_record: while set, each run copies its tokens' final hidden states (rmsnorm(x)
+  // * output_norm, what the lm_head scores) to hidden_rows; forward() appends them to the record, and
+  // pending tokens' rows wait in pending_hidden until keep() says which of them the record gets.
+  std::shared_ptr<HiddenRecord> hidden;
+  std::vector<float> hidden_rows;     // [n x n_embd] of the last run
+  std::vector<float> pending_hidden;  // [pending tokens x n_embd]
+  float* d_hidden = nullptr;          // device rows of a run (grown on demand)
+  size_t d_hidden_cap = 0;
+
+  float* hidden_device(int n) {
+    const size_t rows = static_cast<size_t>(n);
+    if (rows > d_hidden_cap) {
+      if (d_hidden) device_free(d_hidden);
+      d_hidden = nullptr;
+      d_hidden_cap = 0;
+      d_hidden = static_cast<float*>(device_alloc(rows * static_cast<size_t>(c.n_embd) * sizeof(float), "hidden rows"));
+      d_hidden_cap = rows;
+    }
+    return d_hidden;
+  }
+  // The run's n rows from the device (its stream has run them).
+  void copy_hidden(int n) {
+    hidden_rows.resize(static_cast<size_t>(n) * static_cast<size_t>(c.n_embd));
+    check_cuda(cudaMemcpyAsync(hidden_rows.data(), d_hidden, hidden_rows.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                               stream),
+               "copy hidden rows");
+    sync();
+  }
 
   // The DeltaNet state, n_past and the routing counters as they were before the pending tokens: the
   // counters then hold the kept tokens' picks only, each once (as the CPU engine counts them).
@@ -792,6 +831,7 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
   m.validate(tokens, n);
   m.drop();
   m.run(tokens, n, logits_out, all_positions);
+  if (m.hidden) m.hidden->append(tokens, m.hidden_rows.data(), n);
 }
 
 void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
@@ -815,6 +855,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       m.held.clear();
       for (int i = 0; i < n; ++i) m.held.push_back(i);
       m.run(tokens, n, logits_out, true, true);
+      if (m.hidden) m.pending_hidden = m.hidden_rows;
     } else {
       // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot. The path of
       // first children from the first root (the drafter's likeliest line, verified first) runs last, so
@@ -830,6 +871,8 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
         if (first_child[static_cast<size_t>(i)] < 0 && i != main_leaf) leaves.push_back(i);
       leaves.push_back(main_leaf);
       const size_t vocab = static_cast<size_t>(m.c.n_vocab);
+      const size_t d = static_cast<size_t>(m.c.n_embd);
+      if (m.hidden) m.pending_hidden.resize(static_cast<size_t>(n) * d);
       std::vector<float> rows;
       for (const int leaf : leaves) {
         const std::vector<int> path = tree.path_to(leaf);
@@ -839,6 +882,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
           const size_t t = static_cast<size_t>(path[j]);
           if (done[t]) continue;
           std::memcpy(logits_out + t * vocab, rows.data() + j * vocab, vocab * sizeof(float));
+          if (m.hidden) std::memcpy(m.pending_hidden.data() + t * d, m.hidden_rows.data() + j * d, d * sizeof(float));
           done[t] = 1;
         }
       }
@@ -862,6 +906,21 @@ void GpuSession::keep(const int* path, int n) {
   m.keep_held_prefix(n);
   m.sync();
   m.has_pending = false;
+  if (!m.hidden) return;
+  const size_t d = static_cast<size_t>(m.c.n_embd);
+  for (int j = 0; j < n; ++j) {
+    const size_t t = static_cast<size_t>(path[j]);
+    m.hidden->append(&m.pending_tokens[t], m.pending_hidden.data() + t * d, 1);
+  }
+}
+
+void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
+  Impl& m = *impl_;
+  if (record && record != m.hidden) {
+    record->width = m.c.n_embd;
+    record->restart(n_past());
+  }
+  m.hidden = std::move(record);
 }
 
 bool GpuSession::has_pending() const { return impl_->has_pending; }
@@ -887,6 +946,13 @@ std::vector<float> GpuSession::deltanet_state() const {
 
 int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
+  if (m.hidden) {  // the step's hidden row goes to the record: a plain forward
+    std::vector<float> logits(static_cast<size_t>(m.c.n_vocab));
+    forward(&token, 1, logits.data(), false);
+    const int32_t id = argmax_logit(logits.data(), m.c.n_vocab);
+    if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
+    return id;
+  }
   m.validate(&token, 1);
   const auto lock = m.hold_hybrid();
   m.set_argmax_range(m.c.n_vocab);
@@ -899,7 +965,8 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                                     int32_t n_allowed, std::vector<float>& scratch) {
   Impl& m = *impl_;
   const SamplerParams& p = sampler.params();
-  const bool plain = !sampler.constrained() && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+  // With a hidden record every step runs through forward(), which copies the step's row.
+  const bool plain = !m.hidden && !sampler.constrained() && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                      p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
@@ -935,6 +1002,7 @@ void GpuSession::reset() {
   m.has_pending = false;
   m.st.reset(m.stream);
   m.sync();
+  if (m.hidden) m.hidden->restart(0);
 }
 
 std::vector<uint64_t> GpuSession::routing_counts() const {

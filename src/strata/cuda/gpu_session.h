@@ -89,6 +89,10 @@ class GpuSession : public Sequence {
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
   void keep(const int* path, int m) override;
   bool has_pending() const override;
+  // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row is copied to the host
+  // (the MTP drafter runs its head on the CPU). Decode steps then go through forward(), which copies
+  // the logits too, rather than the on-device pick.
+  void set_hidden_record(std::shared_ptr<HiddenRecord> record) override;
   // Every DeltaNet layer's conv window, then its recurrent state, in layer order, copied to the host
   // (tests compare the state keep() leaves with a plain run's).
   std::vector<float> deltanet_state() const;

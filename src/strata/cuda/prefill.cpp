@@ -474,7 +474,8 @@ struct GpuPrefill::Impl {
   }
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
-           HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps) {
+           HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps,
+           float* hidden_out) {
     if (record_steps && st.step_cap() < n) fail("prefill: ", n, " tokens to record, room for ", st.step_cap());
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
     marks.clear();
@@ -529,6 +530,10 @@ struct GpuPrefill::Impl {
         }
       }
       st.n_past = pos0 + m;
+      if (hidden_out) {
+        Timed t(*this, kLogits);
+        rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, hidden_out + static_cast<int64_t>(c0) * d, s);
+      }
       if (logits_out) {
         Timed t(*this, kLogits);
         if (all_positions) {
@@ -585,11 +590,11 @@ GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
                      cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay,
-                     bool record_steps) {
+                     bool record_steps, float* hidden_out) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
-  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps);
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

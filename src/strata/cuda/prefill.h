@@ -77,9 +77,11 @@ class GpuPrefill {
   // record_steps: token t's DeltaNet state and expert picks go to step t of st's step records
   // (DeviceSequenceState::reserve_steps, room for n), for keeping a prefix of the run without running it
   // again; the DeltaNet layers take the sequential scan then.
+  // hidden_out (device, optional): [n x n_embd], each token's rmsnorm(x) * output_norm (what the lm_head
+  // scores; the MTP drafter's input).
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
-           const int* replay = nullptr, bool record_steps = false);
+           const int* replay = nullptr, bool record_steps = false, float* hidden_out = nullptr);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;

@@ -7,7 +7,7 @@
 
 namespace strata {
 
-SpecChoice check_spec_options(const SpecOptions& o, bool target_on_gpu) {
+SpecChoice check_spec_options(const SpecOptions& o) {
   SpecChoice c;
   const std::string& s = o.spec;
   if (s.empty()) {
@@ -22,8 +22,6 @@ SpecChoice check_spec_options(const SpecOptions& o, bool target_on_gpu) {
     if (c.draft_path.empty()) fail("--spec draft needs the draft model: --spec draft:FILE or -md/--model-draft FILE");
   } else if (s == "mtp") {
     if (!o.draft_model.empty()) fail("--spec mtp drafts with the model's own MTP layer: drop -md/--model-draft");
-    // The head reads the target's hidden states, which only CPU sessions hand over so far.
-    if (target_on_gpu) fail("--spec mtp runs with a CPU target only for now: drop --gpu, or use --spec ngram|draft");
     c.kind = SpecKind::Mtp;
   } else if (s == "dflash") {
     fail("--spec ", s, ": not implemented yet (available: ngram, mtp, draft:FILE)");

@@ -31,10 +31,9 @@ struct SpecChoice {
   SpeculativeParams params;  // drafter unset: the caller makes it (make_drafter)
 };
 
-// Validates the options together (kind, draft model given once and only for a draft, lengths; mtp
-// only for CPU targets, target_on_gpu being --gpu) and says what they choose; throws strata::Error
-// naming the flag.
-SpecChoice check_spec_options(const SpecOptions& o, bool target_on_gpu = false);
+// Validates the options together (kind, draft model given once and only for a draft, lengths) and says
+// what they choose; throws strata::Error naming the flag.
+SpecChoice check_spec_options(const SpecOptions& o);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
