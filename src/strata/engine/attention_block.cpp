@@ -49,24 +49,20 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
   const bool chain = !tree || tree->is_chain();
   const GgmlType k_type = kv_ggml_type(s.kv.k), v_type = kv_ggml_type(s.kv.v);
   std::vector<float> k_row(static_cast<size_t>(kv_width));
+  RopeAngles angles;  // the token's position's, shared by its heads
   for (int t = 0; t < n; ++t) {
     const int64_t pos = n_past + (chain ? t : tree->depth(t));
     const int64_t row = (n_past + t) % s.rows;
+    rope_angles(l.rope_dims, pos, l.rope_freq_base, l.yarn, angles);
     for (int h = 0; h < l.n_head; ++h) {
       float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
       rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
-      if (l.yarn.on())
-        rope_neox_yarn_inplace(q, l.rope_dims, pos, l.rope_freq_base, l.yarn);
-      else
-        rope_neox_inplace(q, l.rope_dims, pos, l.rope_freq_base);
+      rope_apply(q, angles);
     }
     for (int g = 0; g < l.n_head_kv; ++g) {
       const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
       rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
-      if (l.yarn.on())
-        rope_neox_yarn_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base, l.yarn);
-      else
-        rope_neox_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base);
+      rope_apply(k_row.data() + g * hd, angles);
     }
     quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
     quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width, s.v.data() + row * static_cast<int64_t>(s.v_row),
