@@ -161,27 +161,25 @@ void conv1d_step_channels(const float* x, const float* weight, int K, int64_t ch
 void deltanet_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
                    int dk, int dv, float* out) {
   const float decay = std::exp(g);
-  // Pass 1: decay the state and read what it predicts for k: mem = S^T k.
+  // Pass 1 only reads: what the decayed state predicts for k, mem = (decay S)^T k. Pass 2 forms the
+  // decayed rows again (the same products, so the same values) and stores each row once.
   thread_local std::vector<float> delta;
   delta.assign(static_cast<size_t>(dv), 0.0f);
   for (int i = 0; i < dk; ++i) {
-    float* row = S + static_cast<int64_t>(i) * dv;
+    const float* row = S + static_cast<int64_t>(i) * dv;
     const float ki = k[i];
-    for (int j = 0; j < dv; ++j) {
-      row[j] *= decay;
-      delta[j] += row[j] * ki;
-    }
+    for (int j = 0; j < dv; ++j) delta[j] += row[j] * decay * ki;
   }
   // The delta rule writes only the part of v the state does not already predict, scaled by beta.
   for (int j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
-  // Pass 2: S += k delta^T, and read the output o = S^T q from the updated rows.
+  // Pass 2: S = decay S + k delta^T, and the output o = S^T q from the updated rows.
   for (int j = 0; j < dv; ++j) out[j] = 0.0f;
   for (int i = 0; i < dk; ++i) {
     float* row = S + static_cast<int64_t>(i) * dv;
     const float ki = k[i];
     const float qi = q[i];
     for (int j = 0; j < dv; ++j) {
-      row[j] += ki * delta[j];
+      row[j] = row[j] * decay + ki * delta[j];
       out[j] += row[j] * qi;
     }
   }
