@@ -17,7 +17,6 @@
 #include <cmath>
 #include <vector>
 
-#include "strata/cpu/matmul.h"
 #include "strata/cpu/ops.h"
 #include "strata/engine/blocks.h"
 
@@ -100,31 +99,15 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   std::vector<float> A(static_cast<size_t>(n) * nv);
   std::vector<float> mixed(static_cast<size_t>(channels));
   std::vector<float> O(static_cast<size_t>(n) * v_dim);
-  if (n == 1 && !pending) {
-    // Decode: the input products, the token's steps and the output product in one parallel region
-    // (the same rows and steps as below, so the same result), rather than one region for each.
-    PreparedVec xv, ov;
-    prepare_vec(xn, c.n_embd, xv);
-    MatvecTasks in, proj_out;
-    in.add(w.qkv, &xv, QKV.data()), in.add(w.gate, &xv, Z.data()), in.add(w.beta, &xv, B.data());
-    in.add(w.alpha, &xv, A.data());
-    proj_out.add(w.out, &ov, out);
-#pragma omp parallel
-    {
-      MatvecScratch ms;
-      in.run(ms);
-      token_steps(c, w, s, QKV.data(), B.data(), A.data(), Z.data(), O.data(), mixed.data());
-#pragma omp single
-      prepare_vec(O.data(), v_dim, ov);
-      proj_out.run(ms);
-    }
+  const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
+  float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
+  if (n == 1 && !pending) {  // decode: the products and the token's steps in one region
+    project_around(
+        ms, ys, 4, xn, [&] { token_steps(c, w, s, QKV.data(), B.data(), A.data(), Z.data(), O.data(), mixed.data()); },
+        w.out, O.data(), out);
     return;
   }
-  {
-    const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
-    float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
-    project_many(ms, ys, 4, xn, n);
-  }
+  project_many(ms, ys, 4, xn, n);
 
   if (pending) {  // deltanet_keep restores and replays: keep the state before and every token's inputs
     s.conv0 = s.conv;
