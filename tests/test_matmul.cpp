@@ -258,8 +258,8 @@ TEST_F(MatmulLevels, MatvecAndNestedParallelAgree) {
 }
 
 // Decode's task lists (matvec_many: several matrices of one vector in one region, row ranges through
-// matvec_rows) give each row bitwise what matvec gives, for every path (fused, unpacked int8, direct
-// Q8_0, decoded float) at every level.
+// matvec_rows) give each row bitwise what matmul gives for one token, for every path (fused, unpacked
+// int8, direct Q8_0, decoded float) at every level.
 TEST_F(MatmulLevels, MatvecManyEqualsMatvecBitwise) {
   for (CpuKernelLevel level : kLevels) {
     if (!strata::cpu_supports(level)) continue;
@@ -278,7 +278,7 @@ TEST_F(MatmulLevels, MatvecManyEqualsMatvecBitwise) {
       got[i].assign(static_cast<size_t>(ps[i].w.n_rows), -1.0f);
       want[i].resize(got[i].size());
       ys.push_back(got[i].data());
-      strata::matvec(ps[i].w, ps[0].X.data(), want[i].data());
+      strata::matmul(ps[i].w, ps[0].X.data(), 1, want[i].data());
     }
     strata::matvec_many(ws.data(), ys.data(), static_cast<int>(ws.size()), ps[0].X.data());
     for (size_t i = 0; i < ps.size(); ++i)

@@ -190,8 +190,6 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
   }
 }
 
-void matvec(const WeightMatrix& w, const float* x, float* y) { matmul(w, x, 1, y); }
-
 void prepare_vec(const float* x, int64_t n, PreparedVec& v) {
   v.x = x;
   v.n = n;
@@ -247,44 +245,50 @@ void matvec_rows(const WeightMatrix& w, const PreparedVec& v, int64_t r0, int64_
   }
 }
 
-int64_t matvec_task_rows(const WeightMatrix& w, size_t bytes) {
+void MatvecTasks::add(const WeightMatrix& w, const PreparedVec* v, float* y, size_t task_bytes) {
+  check_matrix(w);
   const size_t rb = std::max<size_t>(1, row_bytes(w.type, w.n_cols));
-  const int64_t rows = static_cast<int64_t>((bytes + rb - 1) / rb);
-  return std::max<int64_t>(kMaxDotRows, (rows + kMaxDotRows - 1) / kMaxDotRows * kMaxDotRows);
+  const int64_t rows = static_cast<int64_t>((task_bytes + rb - 1) / rb);
+  const int64_t step = std::max<int64_t>(kMaxDotRows, (rows + kMaxDotRows - 1) / kMaxDotRows * kMaxDotRows);
+  products_.push_back({w, v, y, step, n_tasks_});
+  n_tasks_ += (w.n_rows + step - 1) / step;
 }
 
-namespace {
-// Weight bytes of one matvec_many task: small enough that a decode step's few matrices make several
-// tasks per thread, large enough that a task streams whole pages.
-constexpr size_t kTaskBytes = 32 << 10;
-}  // namespace
+void MatvecTasks::run(MatvecScratch& s) const {
+#pragma omp for schedule(guided)
+  for (int64_t t = 0; t < n_tasks_; ++t) {
+    // The last product whose first task is at or before t.
+    const auto p = std::upper_bound(products_.begin(), products_.end(), t,
+                                    [](int64_t i, const Product& q) { return i < q.first; }) - 1;
+    const int64_t r0 = (t - p->first) * p->step;
+    matvec_rows(p->w, *p->v, r0, std::min(p->w.n_rows, r0 + p->step), p->y, s);
+  }
+}
+
+void MatvecTasks::run_parallel() const {
+#pragma omp parallel if (!omp_in_parallel())
+  {
+    MatvecScratch s;
+    run(s);
+  }
+}
 
 void matvec_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* x) {
   if (m <= 0) return;
   const int64_t n = ws[0]->n_cols;
-  struct Task {
-    int i;
-    int64_t r0, r1;
-  };
-  std::vector<Task> tasks;
-  for (int i = 0; i < m; ++i) {
-    check_matrix(*ws[i]);
+  for (int i = 0; i < m; ++i)
     if (ws[i]->n_cols != n) fail("matvec_many: matrices of ", n, " and ", ws[i]->n_cols, " columns");
-    const int64_t step = matvec_task_rows(*ws[i], kTaskBytes);
-    for (int64_t r = 0; r < ws[i]->n_rows; r += step) tasks.push_back({i, r, std::min(ws[i]->n_rows, r + step)});
-  }
   PreparedVec v;
   prepare_vec(x, n, v);
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-#pragma omp parallel if (!omp_in_parallel())
-  {
-    MatvecScratch s;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < n_tasks; ++t) {
-      const Task& T = tasks[static_cast<size_t>(t)];
-      matvec_rows(*ws[T.i], v, T.r0, T.r1, ys[T.i], s);
-    }
-  }
+  MatvecTasks tasks;
+  for (int i = 0; i < m; ++i) tasks.add(*ws[i], &v, ys[i]);
+  tasks.run_parallel();
+}
+
+void matvec(const WeightMatrix& w, const float* x, float* y) {
+  float* const ys[] = {y};
+  const WeightMatrix* const ws[] = {&w};
+  matvec_many(ws, ys, 1, x);
 }
 
 }  // namespace strata

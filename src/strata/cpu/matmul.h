@@ -38,8 +38,8 @@ struct ExpertFfn {
   ExpertStack gate, up, down;
 };
 
-// y[r] = dot(W[r], x) for every row. Parallel over rows (OpenMP) unless called from inside a
-// parallel region, where it runs on the calling thread.
+// y[r] = dot(W[r], x) for every row: matvec_many of one matrix. Parallel over rows (OpenMP) unless
+// called from inside a parallel region, where it runs on the calling thread.
 void matvec(const WeightMatrix& w, const float* x, float* y);
 
 // Y[t][r] = dot(W[r], X[t]) for n_tok tokens; X is [n_tok x n_cols], Y is [n_tok x n_rows], row-major.
@@ -67,11 +67,38 @@ struct MatvecScratch {
 // w.n_rows. No threads of its own.
 void matvec_rows(const WeightMatrix& w, const PreparedVec& v, int64_t r0, int64_t r1, float* y, MatvecScratch& s);
 
-// Rows of a matrix a matvec_rows task of about `bytes` weight bytes covers (a multiple of kMaxDotRows).
-int64_t matvec_task_rows(const WeightMatrix& w, size_t bytes);
+// Weight bytes of one task of matvec_many's list: small enough that a decode step's few matrices make
+// several tasks per thread, large enough that a task streams whole pages.
+constexpr size_t kMatvecTaskBytes = 32 << 10;
 
-// y_i = W_i x for m matrices of x's width, in one parallel region over all their row tiles (the
-// vector quantised once); each y_i bitwise what matvec(W_i, x, y_i) gives.
+// One decode step's products as one list of row-range tasks in memory order (products in the order
+// added, each cut into tasks of about task_bytes weight bytes). A team runs the list with guided
+// scheduling: large contiguous shares first, then single tasks to whichever thread is free, so a
+// region ends within a task of its fastest finish instead of waiting for a slow thread's whole
+// static share. Every row bitwise what matvec gives for it, whichever thread runs it.
+class MatvecTasks {
+ public:
+  // y = W v for every row of w. v is read when the tasks run (it may be prepared after this call).
+  void add(const WeightMatrix& w, const PreparedVec* v, float* y, size_t task_bytes = kMatvecTaskBytes);
+  // To be called by every thread of the calling team (an omp for, ending with the team's barrier).
+  void run(MatvecScratch& s) const;
+  // In a parallel region of its own; on the calling thread alone from inside a parallel region.
+  void run_parallel() const;
+
+ private:
+  struct Product {
+    WeightMatrix w;
+    const PreparedVec* v;
+    float* y;
+    int64_t step;   // rows per task
+    int64_t first;  // index of its first task in the list
+  };
+  std::vector<Product> products_;
+  int64_t n_tasks_ = 0;
+};
+
+// y_i = W_i x for m matrices of x's width, as one task list in one parallel region (the vector
+// quantised once); each y_i bitwise what matmul(W_i, x, 1, y_i) gives.
 void matvec_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* x);
 
 }  // namespace strata

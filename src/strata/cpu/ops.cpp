@@ -25,24 +25,21 @@ void l2norm_inplace(float* x, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base) {
+void rope_angles(int rot_dims, int64_t pos, float freq_base, const RopeYarn& y, RopeAngles& a) {
   const int half = rot_dims / 2;
-  for (int i = 0; i < half; ++i) {
-    // The angle is computed in double so large positions keep their precision.
-    // Like HF: inverse frequency and angle rounded to float32, cos/sin of that angle.
-    const float inv_freq = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dims));
-    const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(std::cos(angle));
-    const float s = static_cast<float>(std::sin(angle));
-    const float a = x[i];
-    const float b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
+  a.cos.resize(static_cast<size_t>(half));
+  a.sin.resize(static_cast<size_t>(half));
+  if (!y.on()) {
+    for (int i = 0; i < half; ++i) {
+      // The angle is computed in double so large positions keep their precision.
+      // Like HF: inverse frequency and angle rounded to float32, cos/sin of that angle.
+      const float inv_freq = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dims));
+      const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
+      a.cos[static_cast<size_t>(i)] = static_cast<float>(std::cos(angle));
+      a.sin[static_cast<size_t>(i)] = static_cast<float>(std::sin(angle));
+    }
+    return;
   }
-}
-
-void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base, const RopeYarn& y) {
-  const int half = rot_dims / 2;
   auto corr_pair = [&](float rotations) {
     return static_cast<double>(rot_dims) * std::log(y.orig_ctx / (rotations * 2.0 * M_PI)) /
            (2.0 * std::log(static_cast<double>(freq_base)));
@@ -51,19 +48,36 @@ void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base
   const double high = std::min(static_cast<double>(half - 1), std::ceil(corr_pair(y.beta_slow)));
   const double span = std::max(0.001, high - low);
   for (int i = 0; i < half; ++i) {
-    // As rope_neox_inplace: the inverse frequency and the angle rounded to float32.
+    // As without YaRN: the inverse frequency and the angle rounded to float32.
     const float pos_freq = static_cast<float>(std::pow(static_cast<double>(freq_base), 2.0 * i / rot_dims));
     const float extrapolated = 1.0f / pos_freq, interpolated = 1.0f / (y.factor * pos_freq);
     const float keep = static_cast<float>(1.0 - std::clamp((i - low) / span, 0.0, 1.0));
     const float inv_freq = interpolated * (1.0f - keep) + extrapolated * keep;
     const double angle = static_cast<float>(static_cast<float>(pos) * inv_freq);
-    const float c = static_cast<float>(std::cos(angle)) * y.mscale;
-    const float s = static_cast<float>(std::sin(angle)) * y.mscale;
-    const float a = x[i];
-    const float b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
+    a.cos[static_cast<size_t>(i)] = static_cast<float>(std::cos(angle)) * y.mscale;
+    a.sin[static_cast<size_t>(i)] = static_cast<float>(std::sin(angle)) * y.mscale;
   }
+}
+
+void rope_apply(float* x, const RopeAngles& a) {
+  const size_t half = a.cos.size();
+  for (size_t i = 0; i < half; ++i) {
+    const float c = a.cos[i], s = a.sin[i];
+    const float u = x[i];
+    const float v = x[i + half];
+    x[i] = u * c - v * s;
+    x[i + half] = v * c + u * s;
+  }
+}
+
+void rope_neox_inplace(float* x, int rot_dims, int64_t pos, float freq_base) {
+  rope_neox_yarn_inplace(x, rot_dims, pos, freq_base, RopeYarn{});
+}
+
+void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base, const RopeYarn& y) {
+  RopeAngles a;
+  rope_angles(rot_dims, pos, freq_base, y, a);
+  rope_apply(x, a);
 }
 
 void softmax_inplace(float* x, int64_t n) {
@@ -147,27 +161,25 @@ void conv1d_step_channels(const float* x, const float* weight, int K, int64_t ch
 void deltanet_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
                    int dk, int dv, float* out) {
   const float decay = std::exp(g);
-  // Pass 1: decay the state and read what it predicts for k: mem = S^T k.
+  // Pass 1 only reads: what the decayed state predicts for k, mem = (decay S)^T k. Pass 2 forms the
+  // decayed rows again (the same products, so the same values) and stores each row once.
   thread_local std::vector<float> delta;
   delta.assign(static_cast<size_t>(dv), 0.0f);
   for (int i = 0; i < dk; ++i) {
-    float* row = S + static_cast<int64_t>(i) * dv;
+    const float* row = S + static_cast<int64_t>(i) * dv;
     const float ki = k[i];
-    for (int j = 0; j < dv; ++j) {
-      row[j] *= decay;
-      delta[j] += row[j] * ki;
-    }
+    for (int j = 0; j < dv; ++j) delta[j] += row[j] * decay * ki;
   }
   // The delta rule writes only the part of v the state does not already predict, scaled by beta.
   for (int j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
-  // Pass 2: S += k delta^T, and read the output o = S^T q from the updated rows.
+  // Pass 2: S = decay S + k delta^T, and the output o = S^T q from the updated rows.
   for (int j = 0; j < dv; ++j) out[j] = 0.0f;
   for (int i = 0; i < dk; ++i) {
     float* row = S + static_cast<int64_t>(i) * dv;
     const float ki = k[i];
     const float qi = q[i];
     for (int j = 0; j < dv; ++j) {
-      row[j] += ki * delta[j];
+      row[j] = row[j] * decay + ki * delta[j];
       out[j] += row[j] * qi;
     }
   }

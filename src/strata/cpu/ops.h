@@ -41,6 +41,15 @@ struct RopeYarn {
 };
 void rope_neox_yarn_inplace(float* x, int rot_dims, int64_t pos, float freq_base, const RopeYarn& y);
 
+// One position's rotary cos/sin (YaRN-scaled when y.on()), computed once for all the heads at that
+// position: rope_apply(x, a) after rope_angles(rot_dims, pos, base, y, a) is bitwise
+// rope_neox_yarn_inplace(x, rot_dims, pos, base, y).
+struct RopeAngles {
+  std::vector<float> cos, sin;  // rot_dims / 2 pairs
+};
+void rope_angles(int rot_dims, int64_t pos, float freq_base, const RopeYarn& y, RopeAngles& a);
+void rope_apply(float* x, const RopeAngles& a);
+
 // In-place softmax over n values.
 void softmax_inplace(float* x, int64_t n);
 

@@ -34,78 +34,75 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
   std::vector<float> K(static_cast<size_t>(n) * kv_width);
   std::vector<float> V(static_cast<size_t>(n) * kv_width);
   std::vector<float> G;  // softplus output gate (laguna)
-  {
-    std::vector<const WeightMatrix*> ms{&w.q, &w.k, &w.v};
-    std::vector<float*> ys{Q.data(), K.data(), V.data()};
-    if (c.attn_gate != AttnGate::None) {
-      G.resize(static_cast<size_t>(n) * w.gate.n_rows);
-      ms.push_back(&w.gate), ys.push_back(G.data());
-    }
-    project_many(ms.data(), ys.data(), static_cast<int>(ms.size()), xn, n);
+  std::vector<const WeightMatrix*> ms{&w.q, &w.k, &w.v};
+  std::vector<float*> ys{Q.data(), K.data(), V.data()};
+  if (c.attn_gate != AttnGate::None) {
+    G.resize(static_cast<size_t>(n) * w.gate.n_rows);
+    ms.push_back(&w.gate), ys.push_back(G.data());
   }
 
-  // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append the
-  // keys and values to the cache at their positions, in the cache's types.
   const bool chain = !tree || tree->is_chain();
   const GgmlType k_type = kv_ggml_type(s.kv.k), v_type = kv_ggml_type(s.kv.v);
-  std::vector<float> k_row(static_cast<size_t>(kv_width));
-  for (int t = 0; t < n; ++t) {
-    const int64_t pos = n_past + (chain ? t : tree->depth(t));
-    const int64_t row = (n_past + t) % s.rows;
-    for (int h = 0; h < l.n_head; ++h) {
-      float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
-      rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
-      if (l.yarn.on())
-        rope_neox_yarn_inplace(q, l.rope_dims, pos, l.rope_freq_base, l.yarn);
-      else
-        rope_neox_inplace(q, l.rope_dims, pos, l.rope_freq_base);
-    }
-    for (int g = 0; g < l.n_head_kv; ++g) {
-      const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
-      rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
-      if (l.yarn.on())
-        rope_neox_yarn_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base, l.yarn);
-      else
-        rope_neox_inplace(k_row.data() + g * hd, l.rope_dims, pos, l.rope_freq_base);
-    }
-    quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
-    quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width, s.v.data() + row * static_cast<int64_t>(s.v_row),
-                 kv_width);
-  }
-
-  // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its ancestors),
-  // a sliding layer only the last `window` of them.
   const int64_t window = l.mixer == LayerKind::SlidingAttention ? l.window : 0;
   auto first_visible = [window](int64_t pos) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; };
-  // The cache rows a token reads, listed where they are not one run: a tree token's (the kept rows, then
-  // its ancestors) and a chain token's whose window wraps around the ring. Empty: the chain token reads
-  // rows first_row .. first_row + pos - from, through the same code as rows 0..pos.
   std::vector<std::vector<int32_t>> rows(static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t) {
-    std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
-    if (chain) {
-      const int64_t pos = n_past + t, from = first_visible(pos);
-      if (from % s.rows + (pos - from) >= s.rows)
-        for (int64_t p = from; p <= pos; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
-      continue;
-    }
-    const std::vector<int> path = tree->path_to(t);
-    // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
-    const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
-    for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
-    for (size_t d = 0; d < path.size(); ++d)
-      if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
-  }
   int gate_per_head = 0;  // gate values per head: 1 (per head) or hd (per element)
-  if (c.attn_gate != AttnGate::None) {
-    for (float& g : G) g = softplusf(g);
-    gate_per_head = c.attn_gate == AttnGate::SoftplusPerHead ? 1 : hd;
-  }
   std::vector<float> O(static_cast<size_t>(n) * o_width);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int group = l.n_head / l.n_head_kv;
-#pragma omp parallel
-  {
+
+  // Between the products, run by every thread of a team: one thread prepares, then the heads are shared.
+  const auto heads = [&] {
+#pragma omp single
+    {
+      // Normalise and rotate the queries (in place, gate values untouched) and the keys, then append
+      // the keys and values to the cache at their positions, in the cache's types.
+      std::vector<float> k_row(static_cast<size_t>(kv_width));
+      RopeAngles angles;  // the token's position's, shared by its heads
+      for (int t = 0; t < n; ++t) {
+        const int64_t pos = n_past + (chain ? t : tree->depth(t));
+        const int64_t row = (n_past + t) % s.rows;
+        rope_angles(l.rope_dims, pos, l.rope_freq_base, l.yarn, angles);
+        for (int h = 0; h < l.n_head; ++h) {
+          float* q = Q.data() + static_cast<int64_t>(t) * q_width + h * q_stride_head;
+          rmsnorm(q, w.q_norm.data(), c.rms_eps, hd, q);
+          rope_apply(q, angles);
+        }
+        for (int g = 0; g < l.n_head_kv; ++g) {
+          const float* k = K.data() + static_cast<int64_t>(t) * kv_width + g * hd;
+          rmsnorm(k, w.k_norm.data(), c.rms_eps, hd, k_row.data() + g * hd);
+          rope_apply(k_row.data() + g * hd, angles);
+        }
+        quantize_row(k_type, k_row.data(), s.k.data() + row * static_cast<int64_t>(s.k_row), kv_width);
+        quantize_row(v_type, V.data() + static_cast<int64_t>(t) * kv_width,
+                     s.v.data() + row * static_cast<int64_t>(s.v_row), kv_width);
+      }
+
+      // Causal attention: token t sees positions 0 .. n_past+t (a tree: the kept rows, then its
+      // ancestors), a sliding layer only the last `window` of them. The cache rows a token reads,
+      // listed where they are not one run: a tree token's (the kept rows, then its ancestors) and a
+      // chain token's whose window wraps around the ring. Empty: the chain token reads rows
+      // first_row .. first_row + pos - from, through the same code as rows 0..pos.
+      for (int t = 0; t < n; ++t) {
+        std::vector<int32_t>& r = rows[static_cast<size_t>(t)];
+        if (chain) {
+          const int64_t pos = n_past + t, from = first_visible(pos);
+          if (from % s.rows + (pos - from) >= s.rows)
+            for (int64_t p = from; p <= pos; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
+          continue;
+        }
+        const std::vector<int> path = tree->path_to(t);
+        // Kept rows sit at their own positions, ancestor a of depth d at n_past + d.
+        const int64_t from = first_visible(n_past + static_cast<int64_t>(path.size()) - 1);
+        for (int64_t p = from; p < n_past; ++p) r.push_back(static_cast<int32_t>(p % s.rows));
+        for (size_t d = 0; d < path.size(); ++d)
+          if (n_past + static_cast<int64_t>(d) >= from) r.push_back(static_cast<int32_t>((n_past + path[d]) % s.rows));
+      }
+      if (c.attn_gate != AttnGate::None) {
+        for (float& g : G) g = softplusf(g);
+        gate_per_head = c.attn_gate == AttnGate::SoftplusPerHead ? 1 : hd;
+      }
+    }
     std::vector<float> scores(static_cast<size_t>(n_past + n));
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < n; ++t) {
@@ -137,7 +134,14 @@ void attention_block(const ModelConfig& c, const LayerSpec& l, const AttentionWe
         }
       }
     }
+  };
+  if (n == 1) {  // decode: the products and the heads in one region
+    project_around(ms.data(), ys.data(), static_cast<int>(ms.size()), xn, heads, w.o, O.data(), out);
+    return;
   }
+  project_many(ms.data(), ys.data(), static_cast<int>(ms.size()), xn, n);
+#pragma omp parallel
+  heads();
   project(w.o, O.data(), n, out);
 }
 

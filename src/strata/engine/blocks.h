@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "strata/cpu/matmul.h"
@@ -20,6 +21,13 @@ void project(const WeightMatrix& w, const float* X, int n, float* Y);
 // Y_i = W_i X for m matrices on the same n rows of X: one token's products as one parallel region
 // (matvec_many), more tokens through project; the same results either way.
 void project_many(const WeightMatrix* const* ws, float* const* ys, int m, const float* X, int n);
+
+// One token's mixer as one parallel region instead of a region per product: ys[i] = ws[i] xn for the
+// m input products, then mid() (called by every thread of the team, so its omp loops share the
+// team's threads), then out = w_out o. The rows are matvec's, so the results are those of
+// project_many, mid and project run one after the other.
+void project_around(const WeightMatrix* const* ws, float* const* ys, int m, const float* xn,
+                    const std::function<void()>& mid, const WeightMatrix& w_out, const float* o, float* out);
 
 // X[t] = row tokens[t] of the embedding table, decoded from its stored type. Fails on ids out of range.
 void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float* X);

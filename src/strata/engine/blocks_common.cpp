@@ -23,6 +23,24 @@ void project_many(const WeightMatrix* const* ws, float* const* ys, int m, const 
   }
 }
 
+void project_around(const WeightMatrix* const* ws, float* const* ys, int m, const float* xn,
+                    const std::function<void()>& mid, const WeightMatrix& w_out, const float* o, float* out) {
+  PreparedVec xv, ov;
+  prepare_vec(xn, ws[0]->n_cols, xv);
+  MatvecTasks in, proj_out;
+  for (int i = 0; i < m; ++i) in.add(*ws[i], &xv, ys[i]);
+  proj_out.add(w_out, &ov, out);
+#pragma omp parallel
+  {
+    MatvecScratch s;
+    in.run(s);
+    mid();
+#pragma omp single
+    prepare_vec(o, w_out.n_cols, ov);
+    proj_out.run(s);
+  }
+}
+
 void embed_tokens(const WeightMatrix& embd, const int32_t* tokens, int n, float* X) {
   for (int t = 0; t < n; ++t) {
     const int32_t id = tokens[t];

@@ -24,53 +24,57 @@ namespace strata {
 namespace {
 
 // One token through the conv window and the recurrence, from its raw conv input row and its beta /
-// alpha pre-activations. With out, also the head outputs after the gated RMSNorm (z_row: the gate).
-void deltanet_token(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* qkv_row,
-                    const float* b_row, const float* a_row, const float* z_row, float* out, std::vector<float>& mixed) {
+// alpha pre-activations, as two loops of the calling team (every thread must call it): per key head
+// the conv window and silu of its q and k channels and their norms, then per value head the conv and
+// silu of its v channels and the recurrence (every value computed as in one pass over them). With
+// z_row, o_all receives the head outputs after the gated RMSNorm (z_row: the gate).
+void token_steps(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* qkv_row,
+                 const float* b_row, const float* a_row, const float* z_row, float* o_all, float* mixed) {
   const int nk = c.ssm_k_heads, nv = c.ssm_v_heads, dk = c.ssm_head_k, dv = c.ssm_head_v;
   const int channels = c.ssm_conv_channels();
   const int key_dim = nk * dk;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  mixed.resize(static_cast<size_t>(channels));
-  float* q = mixed.data();
-  float* k = mixed.data() + key_dim;
-  const float* v = mixed.data() + 2 * key_dim;
-  std::vector<float> discard;
-  if (!out) discard.resize(static_cast<size_t>(nv) * dv);
-  float* o_all = out ? out : discard.data();
-  // One region for the whole token: the conv window and silu per block of channels, the q/k norms per
-  // key head, then the recurrence per value head (every value computed as in one pass over them).
-  constexpr int kConvBlock = 256;
-  const int n_conv_blocks = (channels + kConvBlock - 1) / kConvBlock;
-#pragma omp parallel
-  {
+  float* q = mixed;
+  float* k = mixed + key_dim;
+  const float* v = mixed + 2 * key_dim;
+  const auto conv_silu = [&](int c0, int c1) {
+    conv1d_step_channels(qkv_row, w.conv.data(), c.ssm_conv_kernel, channels, c0, c1, s.conv.data(), mixed);
+    for (int i = c0; i < c1; ++i) mixed[i] = siluf(mixed[i]);
+  };
 #pragma omp for schedule(static)
-    for (int b = 0; b < n_conv_blocks; ++b) {
-      const int c0 = b * kConvBlock, c1 = std::min(channels, c0 + kConvBlock);
-      conv1d_step_channels(qkv_row, w.conv.data(), c.ssm_conv_kernel, channels, c0, c1, s.conv.data(), mixed.data());
-      for (int i = c0; i < c1; ++i) mixed[static_cast<size_t>(i)] = siluf(mixed[static_cast<size_t>(i)]);
-    }
-#pragma omp for schedule(static)
-    for (int h = 0; h < nk; ++h) {
-      l2norm_inplace(q + h * dk, dk, 1e-6f);
-      l2norm_inplace(k + h * dk, dk, 1e-6f);
-      for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
-    }
-#pragma omp for schedule(static)
-    for (int h = 0; h < nv; ++h) {
-      const int kh = h % nk;
-      const float beta = sigmoidf(b_row[h]);
-      const float g = w.a[h] * softplusf(a_row[h] + w.dt_bias[h]);
-      float* o = o_all + static_cast<int64_t>(h) * dv;
-      deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g, beta, dk,
-                    dv, o);
-      if (!out) continue;
-      // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
-      rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
-      const float* z = z_row + static_cast<int64_t>(h) * dv;
-      for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
-    }
+  for (int h = 0; h < nk; ++h) {
+    conv_silu(h * dk, (h + 1) * dk);
+    conv_silu(key_dim + h * dk, key_dim + (h + 1) * dk);
+    l2norm_inplace(q + h * dk, dk, 1e-6f);
+    l2norm_inplace(k + h * dk, dk, 1e-6f);
+    for (int i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
   }
+#pragma omp for schedule(static)
+  for (int h = 0; h < nv; ++h) {
+    conv_silu(2 * key_dim + h * dv, 2 * key_dim + (h + 1) * dv);
+    const int kh = h % nk;
+    const float beta = sigmoidf(b_row[h]);
+    const float g = w.a[h] * softplusf(a_row[h] + w.dt_bias[h]);
+    float* o = o_all + static_cast<int64_t>(h) * dv;
+    deltanet_step(s.ssm.data() + static_cast<int64_t>(h) * dk * dv, q + kh * dk, k + kh * dk, v + h * dv, g, beta, dk,
+                  dv, o);
+    if (!z_row) continue;
+    // Gated RMSNorm: normalise, scale by the weight, multiply by silu(z).
+    rmsnorm(o, w.norm.data(), c.rms_eps, dv, o);
+    const float* z = z_row + static_cast<int64_t>(h) * dv;
+    for (int j = 0; j < dv; ++j) o[j] *= siluf(z[j]);
+  }
+}
+
+// token_steps in a parallel region of its own. Without out, the head outputs are discarded.
+void deltanet_token(const ModelConfig& c, const DeltaNetWeights& w, LayerState& s, const float* qkv_row,
+                    const float* b_row, const float* a_row, const float* z_row, float* out, std::vector<float>& mixed) {
+  mixed.resize(static_cast<size_t>(c.ssm_conv_channels()));
+  std::vector<float> discard;
+  if (!out) discard.resize(static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_v);
+  float* o_all = out ? out : discard.data();
+#pragma omp parallel
+  token_steps(c, w, s, qkv_row, b_row, a_row, z_row, o_all, mixed.data());
 }
 
 // Advances the state by pending token t's stored inputs (no output).
@@ -93,11 +97,17 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
   std::vector<float> Z(static_cast<size_t>(n) * v_dim);
   std::vector<float> B(static_cast<size_t>(n) * nv);
   std::vector<float> A(static_cast<size_t>(n) * nv);
-  {
-    const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
-    float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
-    project_many(ms, ys, 4, xn, n);
+  std::vector<float> mixed(static_cast<size_t>(channels));
+  std::vector<float> O(static_cast<size_t>(n) * v_dim);
+  const WeightMatrix* ms[] = {&w.qkv, &w.gate, &w.beta, &w.alpha};
+  float* ys[] = {QKV.data(), Z.data(), B.data(), A.data()};
+  if (n == 1 && !pending) {  // decode: the products and the token's steps in one region
+    project_around(
+        ms, ys, 4, xn, [&] { token_steps(c, w, s, QKV.data(), B.data(), A.data(), Z.data(), O.data(), mixed.data()); },
+        w.out, O.data(), out);
+    return;
   }
+  project_many(ms, ys, 4, xn, n);
 
   if (pending) {  // deltanet_keep restores and replays: keep the state before and every token's inputs
     s.conv0 = s.conv;
@@ -107,8 +117,6 @@ void deltanet_block(const ModelConfig& c, const DeltaNetWeights& w, LayerState& 
     s.alpha_in = A;
     s.last = -1;
   }
-  std::vector<float> mixed;
-  std::vector<float> O(static_cast<size_t>(n) * v_dim);
   for (int t = 0; t < n; ++t) {
     if (pending && pending->parent(t) != s.last) {  // another branch: rebuild the parent's state
       s.conv = s.conv0;

@@ -66,11 +66,11 @@ void route_rows(const ModelConfig& c, const MoeWeights& w, std::vector<float>& p
   }
 }
 
-// Weight bytes of one task of the decode step's expert list (per matrix).
+// Weight bytes of one task of the decode step's expert lists.
 constexpr size_t kExpertTaskBytes = 16 << 10;
 
 // One token (decode): the router and the shared expert's input products in one parallel region, then
-// the picked experts' gate/up rows and their down rows as one task list in a second region (the
+// the picked experts' gate/up rows and their down rows as two task lists in a second region (the
 // input and each hidden vector quantised once), instead of a region per product. Every row is
 // computed by matvec's kernels in its tiles and the combine keeps the batch path's order, so the
 // result equals moe_block's for n = 1 bitwise.
@@ -107,51 +107,30 @@ void moe_decode(const ModelConfig& c, const MoeWeights& w, const float* xn, floa
   std::vector<float> G(static_cast<size_t>(k * ff)), U(static_cast<size_t>(k * ff));
   std::vector<float> H(static_cast<size_t>(n_slots * hmax)), Y(static_cast<size_t>(n_slots) * d);
   if (w.has_shared) swiglu(sg.data(), su.data(), sff, H.data() + static_cast<size_t>(k * hmax));
-  struct Task {
-    int slot;
-    bool up;  // phase A: the up rows (else the gate's)
-    int64_t r0, r1;
-  };
-  // Tasks in memory order (expert, gate then up, rows), so each thread's contiguous share of them
-  // streams each matrix's rows in one run.
-  std::vector<Task> a_tasks, b_tasks;
-  const int64_t a_step = matvec_task_rows(w.gate.first, kExpertTaskBytes);
-  for (int j = 0; j < k; ++j)
-    for (bool up : {false, true})
-      for (int64_t r = 0; r < ff; r += a_step) a_tasks.push_back({j, up, r, std::min(ff, r + a_step)});
-  const int64_t b_step = matvec_task_rows(w.down.first, kExpertTaskBytes);
-  for (int j = 0; j < k; ++j)
-    for (int64_t r = 0; r < d; r += b_step) b_tasks.push_back({j, false, r, std::min<int64_t>(d, r + b_step)});
-  if (w.has_shared) {
-    const int64_t s_step = matvec_task_rows(w.shared_down, kExpertTaskBytes);
-    for (int64_t r = 0; r < d; r += s_step) b_tasks.push_back({k, false, r, std::min<int64_t>(d, r + s_step)});
-  }
   PreparedVec xv;
   prepare_vec(xn, d, xv);
   std::vector<PreparedVec> hv(static_cast<size_t>(n_slots));
-  const int64_t na = static_cast<int64_t>(a_tasks.size()), nb = static_cast<int64_t>(b_tasks.size());
+  // In memory order (expert, gate then up), so the contiguous runs of tasks a thread takes stream
+  // each matrix's rows in order. The down rows read hidden vectors prepared inside the region.
+  MatvecTasks gate_up, down;
+  for (int j = 0; j < k; ++j) {
+    const int e = order[static_cast<size_t>(j)].first;
+    gate_up.add(w.gate.expert(e), &xv, G.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
+    gate_up.add(w.up.expert(e), &xv, U.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
+    down.add(w.down.expert(e), &hv[static_cast<size_t>(j)], Y.data() + static_cast<size_t>(j) * d, kExpertTaskBytes);
+  }
+  if (w.has_shared) down.add(w.shared_down, &hv[static_cast<size_t>(k)], Y.data() + static_cast<size_t>(k) * d, kExpertTaskBytes);
 #pragma omp parallel
   {
     MatvecScratch s;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < na; ++t) {
-      const Task& T = a_tasks[static_cast<size_t>(t)];
-      const int e = order[static_cast<size_t>(T.slot)].first;
-      float* y = (T.up ? U : G).data() + static_cast<size_t>(T.slot * ff);
-      matvec_rows(T.up ? w.up.expert(e) : w.gate.expert(e), xv, T.r0, T.r1, y, s);
-    }
+    gate_up.run(s);
 #pragma omp for schedule(static)
     for (int j = 0; j < n_slots; ++j) {
       float* h = H.data() + static_cast<size_t>(j * hmax);
       if (j < k) swiglu(G.data() + static_cast<size_t>(j * ff), U.data() + static_cast<size_t>(j * ff), ff, h);
       prepare_vec(h, j < k ? ff : sff, hv[static_cast<size_t>(j)]);
     }
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < nb; ++t) {
-      const Task& T = b_tasks[static_cast<size_t>(t)];
-      const WeightMatrix down = T.slot < k ? w.down.expert(order[static_cast<size_t>(T.slot)].first) : w.shared_down;
-      matvec_rows(down, hv[static_cast<size_t>(T.slot)], T.r0, T.r1, Y.data() + static_cast<size_t>(T.slot) * d, s);
-    }
+    down.run(s);
   }
 
   std::fill(out, out + d, 0.0f);
