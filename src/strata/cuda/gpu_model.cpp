@@ -3,7 +3,6 @@
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/prefill.h"
-#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 
@@ -15,9 +14,6 @@ GpuModel::GpuModel(const Model& model, const GpuSessionOptions& opt)
           opt.expert_slots.empty() ? std::vector<int>{}
                                    : expert_cache_slots_per_layer(opt.expert_slots, opt.expert_cache_slots))) {
   if (!opt.expert_slots.empty()) hybrid_ = make_hybrid_moe(model, *dm_, opt);
-  // Built now rather than on the first prompt: its workspaces, cuBLAS handle and half copies would
-  // otherwise make the first request of a process the slow one.
-  if (opt.batched_prefill && gpu_prefill_unsupported_feature(model.config()).empty()) prefill();
 }
 
 GpuModel::~GpuModel() = default;

@@ -30,8 +30,7 @@ class GpuModel {
   const Model& model() const { return model_; }
   const DeviceModel& device() const { return *dm_; }
   HybridMoe* hybrid() const { return hybrid_.get(); }
-  // The batched prefill (made with the model when its options prefill in batches, else on first
-  // use); call with exclusive() held.
+  // The batched prefill, made on first use; call with exclusive() held.
   GpuPrefill& prefill();
   std::mutex& exclusive() { return exclusive_; }
 

@@ -112,7 +112,6 @@ struct GpuPrefill::Impl {
     try {
       check_cublas(cublasCreate(&blas), "cublasCreate");
       allocate();
-      if (cache_on) fill_f16_cache();
     } catch (...) {
       release();
       throw;
@@ -293,52 +292,6 @@ struct GpuPrefill::Impl {
                      "cublasSgemm");
       }
     }
-  }
-
-  // The dense matrices the fast path reads in half (dense() without exact_only), layer by layer.
-  std::vector<const DevMatrix*> half_matrices() const {
-    std::vector<const DevMatrix*> out;
-    for (const DevLayer& D : dm.layers) {
-      if (is_attention(D.kind)) {
-        for (const DevMatrix* w : {&D.attn.q, &D.attn.k, &D.attn.v, &D.attn.o}) out.push_back(w);
-        if (c.attn_gate != AttnGate::None) out.push_back(&D.attn.gate);
-      } else {
-        for (const DevMatrix* w : {&D.deltanet.qkv, &D.deltanet.gate, &D.deltanet.beta, &D.deltanet.alpha,
-                                   &D.deltanet.out})
-          out.push_back(w);
-      }
-      if (D.ffn == FfnKind::Moe && D.moe.has_shared) {
-        for (const DevMatrix* w : {&D.moe.shared_gate, &D.moe.shared_up, &D.moe.shared_down}) out.push_back(w);
-      } else if (D.ffn == FfnKind::Dense) {
-        for (const DevMatrix* w : {&D.dense.gate, &D.dense.up, &D.dense.down}) out.push_back(w);
-      }
-    }
-    return out;
-  }
-
-  // Decodes every half copy at construction, into one allocation, so that the first prefill of a
-  // process neither allocates nor decodes (a matrix this list misses is still decoded on first use).
-  void fill_f16_cache() {
-    constexpr int64_t kAlign = 128;  // halves: 256-byte aligned copies for the GEMMs
-    std::vector<const DevMatrix*> ws;
-    int64_t total = 0;
-    for (const DevMatrix* w : half_matrices()) {
-      if (!w->data || f16_cache.count(w->data)) continue;
-      f16_cache.emplace(w->data, nullptr);
-      ws.push_back(w);
-      total += (w->n_rows * w->n_cols + kAlign - 1) / kAlign * kAlign;
-    }
-    if (ws.empty()) return;
-    __half* block = dalloc<__half>(total);
-    int64_t at = 0;
-    for (const DevMatrix* w : ws) {
-      __half* p = block + at;
-      prefill::dequant_rows_f16(*w, 0, w->n_rows, p, nullptr);
-      f16_cache[w->data] = p;
-      cache_bytes += static_cast<size_t>(w->n_rows * w->n_cols) * sizeof(__half);
-      at += (w->n_rows * w->n_cols + kAlign - 1) / kAlign * kAlign;
-    }
-    check_cuda(cudaStreamSynchronize(nullptr), "decode the half copies");
   }
 
   // The half copy of a dense matrix, decoded on first use.
