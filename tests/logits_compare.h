@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace strata::test_util {
@@ -20,6 +22,30 @@ inline double max_row_rel_err(const std::vector<float>& a, const std::vector<flo
     worst = std::max(worst, num / den);
   }
   return worst;
+}
+
+// The rows of a against b under `bound` (max_row_rel_err per row): the largest error among the rows
+// within it, and the rows beyond it, each printed with `label` (an expert near-tie that rounding flips
+// moves one token's whole row; the tests that allow for that count them).
+struct RowsAgainstBound {
+  double within = 0;
+  int beyond = 0;
+};
+inline RowsAgainstBound rows_against_bound(const std::vector<float>& a, const std::vector<float>& b, size_t vocab,
+                                           double bound, const std::string& label) {
+  RowsAgainstBound out;
+  for (size_t r = 0; r * vocab < b.size(); ++r) {
+    const std::vector<float> ar(a.begin() + r * vocab, a.begin() + (r + 1) * vocab);
+    const std::vector<float> br(b.begin() + r * vocab, b.begin() + (r + 1) * vocab);
+    const double e = max_row_rel_err(ar, br, vocab);
+    if (e > bound) {
+      ++out.beyond;
+      std::printf("%s: row %zu beyond the bound: %.3g\n", label.c_str(), r, e);
+    } else {
+      out.within = std::max(out.within, e);
+    }
+  }
+  return out;
 }
 
 }  // namespace strata::test_util

@@ -42,6 +42,7 @@ namespace sc = strata::cuda;
 using SlotMap = std::vector<std::vector<int>>;
 
 using strata::cuda_test::max_row_rel_err;
+using strata::test_util::rows_against_bound;
 using strata::cuda_test::tmp_dir;
 
 std::string convert_fixture(const std::string& name, const std::string& type) {
@@ -471,20 +472,9 @@ TEST(CudaHybrid, GroupedPrefillFastMathTinyModel) {
       const PrefillRun got = prefill_run(*model, prompt, 24, slots, true, sc::PrefillMath::Fast);
       const std::string l = std::string("strata-tiny fast ") + strata::cpu_kernel_level_name(level) +
                             (hot == all_cold ? " all cold" : " half cold");
-      // The largest error among the rows within the bound, and the rows beyond it.
-      double e = 0;
-      int misses = 0;
-      for (size_t r = 0; r < prompt.size(); ++r) {
-        const std::vector<float> a(got.logits.begin() + r * vocab, got.logits.begin() + (r + 1) * vocab);
-        const std::vector<float> b(all_gpu.logits.begin() + r * vocab, all_gpu.logits.begin() + (r + 1) * vocab);
-        const double er = max_row_rel_err(a, b, vocab);
-        if (er > 3e-2) {
-          ++misses;
-          std::printf("[cuda-hybrid] %s: row %zu beyond the bound: %.3g\n", l.c_str(), r, er);
-        } else {
-          e = std::max(e, er);
-        }
-      }
+      const auto rows = rows_against_bound(got.logits, all_gpu.logits, vocab, 3e-2, "[cuda-hybrid] " + l);
+      const double e = rows.within;
+      const int misses = rows.beyond;
       std::printf("[cuda-hybrid] grouped prefill %s: logits vs all-GPU fast batched %.3g (%d rows beyond 3e-2); greedy %s\n",
                   l.c_str(), e, misses, got.greedy == all_gpu.greedy ? "equal" : "DIFFER");
       EXPECT_LE(e, 3e-2) << l;

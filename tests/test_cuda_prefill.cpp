@@ -127,19 +127,9 @@ void compare_logits(const std::string& gguf, const std::string& label, int n_pro
       prefill_logits(*model, prompt, options(sc::PrefillMath::Exact, 7), {a, b, n_prompt - a - b}, ctx);
   const double e_chunk = max_row_rel_err(chunked, want_gpu, vocab);
   const std::vector<float> fast = prefill_logits(*model, prompt, options(sc::PrefillMath::Fast), {n_prompt}, ctx);
-  int fast_misses = 0;
-  double e_fast = 0.0;  // the largest error among the rows within the bound
-  for (size_t r = 0; r < prompt.size(); ++r) {
-    const std::vector<float> a(fast.begin() + r * vocab, fast.begin() + (r + 1) * vocab);
-    const std::vector<float> b(want_cpu.begin() + r * vocab, want_cpu.begin() + (r + 1) * vocab);
-    const double e = max_row_rel_err(a, b, vocab);
-    if (e > 3e-2) {
-      ++fast_misses;
-      std::printf("[cuda-prefill] %s: fast row %zu beyond the bound: %.3g\n", label.c_str(), r, e);
-    } else {
-      e_fast = std::max(e_fast, e);
-    }
-  }
+  const auto rows = strata::test_util::rows_against_bound(fast, want_cpu, vocab, 3e-2, "[cuda-prefill] " + label + " fast");
+  const int fast_misses = rows.beyond;
+  const double e_fast = rows.within;
   sc::PrefillOptions no_cache = options(sc::PrefillMath::Fast);
   no_cache.cache_dense_f16 = false;
   const std::vector<float> fast_nc = prefill_logits(*model, prompt, no_cache, {n_prompt}, ctx);
