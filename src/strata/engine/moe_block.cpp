@@ -5,10 +5,11 @@
 // The scale multiplies the finished sum, as HF applies routed_scaling_factor.
 // Tokens are grouped by expert so each chosen expert's matrices are read once per batch. Per token the
 // expert contributions are summed in ascending expert order, the same for prefill and decode.
-// One token (decode) runs as two parallel regions (moe_decode) rather than one per product.
+// One token (decode) runs as one parallel region (moe_decode) rather than one per product.
 #include <omp.h>
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "strata/cpu/ops.h"
@@ -69,8 +70,8 @@ void route_rows(const ModelConfig& c, const MoeWeights& w, std::vector<float>& p
 // Weight bytes of one task of the decode step's expert lists.
 constexpr size_t kExpertTaskBytes = 16 << 10;
 
-// One token (decode): the router and the shared expert's input products in one parallel region, then
-// the picked experts' gate/up rows and their down rows as two task lists in a second region (the
+// One token (decode) in one parallel region: the router and the shared expert's input products, the
+// routing (one thread), then the picked experts' gate/up rows and their down rows as task lists (the
 // input and each hidden vector quantised once), instead of a region per product. Every row is
 // computed by matvec's kernels in its tiles and the combine keeps the batch path's order, so the
 // result equals moe_block's for n = 1 bitwise.
@@ -80,58 +81,66 @@ void moe_decode(const ModelConfig& c, const MoeWeights& w, const float* xn, floa
   const int k = c.n_expert_used;
   const int64_t ff = w.gate.first.n_rows;
   const int64_t sff = w.has_shared ? w.shared_gate.n_rows : 0;
+  const int n_slots = k + (w.has_shared ? 1 : 0);
+  const int64_t hmax = std::max(ff, sff);
   std::vector<float> probs(static_cast<size_t>(c.n_expert));
   float sgate = 0.0f;
   std::vector<float> sg(static_cast<size_t>(sff)), su(static_cast<size_t>(sff));
-  {
-    std::vector<const WeightMatrix*> ms{&w.router};
-    std::vector<float*> ys{probs.data()};
-    if (w.has_shared) {
-      if (w.shared_gated) ms.push_back(&w.shared_gate_inp), ys.push_back(&sgate);
-      ms.push_back(&w.shared_gate), ys.push_back(sg.data());
-      ms.push_back(&w.shared_up), ys.push_back(su.data());
-    }
-    matvec_many(ms.data(), ys.data(), static_cast<int>(ms.size()), xn);
+  std::vector<float> G(static_cast<size_t>(k * ff)), U(static_cast<size_t>(k * ff));
+  std::vector<float> H(static_cast<size_t>(n_slots * hmax)), Y(static_cast<size_t>(n_slots) * d);
+  PreparedVec xv;
+  prepare_vec(xn, d, xv);
+  MatvecTasks inputs;
+  inputs.add(w.router, &xv, probs.data());
+  if (w.has_shared) {
+    if (w.shared_gated) inputs.add(w.shared_gate_inp, &xv, &sgate);
+    inputs.add(w.shared_gate, &xv, sg.data());
+    inputs.add(w.shared_up, &xv, su.data());
   }
   std::vector<int> chosen;
   std::vector<float> weight;
-  route_rows(c, w, probs, 1, forced, chosen, weight);
-  if (picks) *picks = chosen;
-
   // Slots 0..k-1: the picks in ascending expert order (the combine's), slot k: the shared expert.
   std::vector<std::pair<int, float>> order;
-  for (int j = 0; j < k; ++j) order.push_back({chosen[static_cast<size_t>(j)], weight[static_cast<size_t>(j)]});
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  const int n_slots = k + (w.has_shared ? 1 : 0);
-  const int64_t hmax = std::max(ff, sff);
-  std::vector<float> G(static_cast<size_t>(k * ff)), U(static_cast<size_t>(k * ff));
-  std::vector<float> H(static_cast<size_t>(n_slots * hmax)), Y(static_cast<size_t>(n_slots) * d);
-  if (w.has_shared) swiglu(sg.data(), su.data(), sff, H.data() + static_cast<size_t>(k * hmax));
-  PreparedVec xv;
-  prepare_vec(xn, d, xv);
   std::vector<PreparedVec> hv(static_cast<size_t>(n_slots));
-  // In memory order (expert, gate then up), so the contiguous runs of tasks a thread takes stream
-  // each matrix's rows in order. The down rows read hidden vectors prepared inside the region.
   MatvecTasks gate_up, down;
-  for (int j = 0; j < k; ++j) {
-    const int e = order[static_cast<size_t>(j)].first;
-    gate_up.add(w.gate.expert(e), &xv, G.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
-    gate_up.add(w.up.expert(e), &xv, U.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
-    down.add(w.down.expert(e), &hv[static_cast<size_t>(j)], Y.data() + static_cast<size_t>(j) * d, kExpertTaskBytes);
-  }
-  if (w.has_shared) down.add(w.shared_down, &hv[static_cast<size_t>(k)], Y.data() + static_cast<size_t>(k) * d, kExpertTaskBytes);
+  std::exception_ptr failed;  // an exception may not leave the region: the lists stay empty, it is rethrown after
 #pragma omp parallel
   {
     MatvecScratch s;
+    inputs.run(s);
+#pragma omp single
+    try {
+      route_rows(c, w, probs, 1, forced, chosen, weight);
+      for (int j = 0; j < k; ++j) order.push_back({chosen[static_cast<size_t>(j)], weight[static_cast<size_t>(j)]});
+      std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (w.has_shared) swiglu(sg.data(), su.data(), sff, H.data() + static_cast<size_t>(k * hmax));
+      // In memory order (expert, gate then up), so the contiguous runs of tasks a thread takes stream
+      // each matrix's rows in order. The down rows read hidden vectors prepared below.
+      for (int j = 0; j < k; ++j) {
+        const int e = order[static_cast<size_t>(j)].first;
+        gate_up.add(w.gate.expert(e), &xv, G.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
+        gate_up.add(w.up.expert(e), &xv, U.data() + static_cast<size_t>(j * ff), kExpertTaskBytes);
+        down.add(w.down.expert(e), &hv[static_cast<size_t>(j)], Y.data() + static_cast<size_t>(j) * d,
+                 kExpertTaskBytes);
+      }
+      if (w.has_shared)
+        down.add(w.shared_down, &hv[static_cast<size_t>(k)], Y.data() + static_cast<size_t>(k) * d, kExpertTaskBytes);
+    } catch (...) {
+      failed = std::current_exception();
+      gate_up = MatvecTasks();
+      down = MatvecTasks();
+    }
     gate_up.run(s);
 #pragma omp for schedule(static)
-    for (int j = 0; j < n_slots; ++j) {
+    for (int j = 0; j < (failed ? 0 : n_slots); ++j) {
       float* h = H.data() + static_cast<size_t>(j * hmax);
       if (j < k) swiglu(G.data() + static_cast<size_t>(j * ff), U.data() + static_cast<size_t>(j * ff), ff, h);
       prepare_vec(h, j < k ? ff : sff, hv[static_cast<size_t>(j)]);
     }
     down.run(s);
   }
+  if (failed) std::rethrow_exception(failed);
+  if (picks) *picks = chosen;
 
   std::fill(out, out + d, 0.0f);
   for (int j = 0; j < k; ++j) {
