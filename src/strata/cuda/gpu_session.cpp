@@ -30,6 +30,31 @@
 
 namespace strata::cuda {
 
+namespace {
+
+// A device buffer of rows that grows to the most rows asked for so far (contents are not kept).
+template <class T>
+struct GrowingRows {
+  T* data = nullptr;
+  size_t cap = 0;  // rows
+
+  T* reserve(size_t rows, size_t row_elems, const char* what) {
+    if (rows > cap) {
+      release();
+      data = static_cast<T*>(device_alloc(rows * row_elems * sizeof(T), what));
+      cap = rows;
+    }
+    return data;
+  }
+  void release() {
+    device_free(data);
+    data = nullptr;
+    cap = 0;
+  }
+};
+
+}  // namespace
+
 bool device_available() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -104,14 +129,13 @@ struct GpuSession::Impl {
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
   // Replayed routing (Sequence::set_routing_replay): each decode step's picks are copied from a pinned
   // ring (a slot per step in flight) to d_replay_step, which the step's routing reads; a prefill's
-  // picks go to d_replay_rows. replay_row[il]: layer il's row in a token's picks (-1: a dense layer).
+  // picks go to replay_rows_buf. replay_row[il]: layer il's row in a token's picks (-1: a dense layer).
   RoutingSource* replay_src = nullptr;
   static constexpr int kReplaySlots = 4;
   int* d_replay_step = nullptr;
   int* h_replay_ring = nullptr;  // pinned, kReplaySlots tokens
   unsigned replay_launches = 0;
-  int* d_replay_rows = nullptr;
-  size_t replay_rows_cap = 0;    // tokens d_replay_rows holds
+  GrowingRows<int> replay_rows_buf;  // a token per row
   std::vector<int> replay_row;
   size_t replay_stride = 0;      // ints per token
 
@@ -227,11 +251,8 @@ struct GpuSession::Impl {
     link.release();
     if (h_replay_ring) cudaFreeHost(h_replay_ring);
     h_replay_ring = nullptr;
-    if (d_replay_rows) device_free(d_replay_rows);
-    d_replay_rows = nullptr;
-    if (d_hidden) device_free(d_hidden);
-    d_hidden = nullptr;
-    d_hidden_cap = 0;
+    replay_rows_buf.release();
+    hidden_buf.release();
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -653,7 +674,8 @@ struct GpuSession::Impl {
   // record: token t's DeltaNet state and expert picks go to step t of the state's step records (room
   // for n reserved by the caller).
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false) {
-    float* hid = hidden ? hidden_device(n) : nullptr;
+    float* hid = hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows")
+                        : nullptr;
     if (n > 1 && opt.batched_prefill) {
       {
         std::lock_guard<std::mutex> lock(gm->exclusive());
@@ -692,19 +714,13 @@ struct GpuSession::Impl {
   // synchronises its stream before it returns, so the buffer is free again by the next call.
   const int* replay_rows(int n) {
     if (!replay_src) return nullptr;
-    if (static_cast<size_t>(n) > replay_rows_cap) {
-      if (d_replay_rows) device_free(d_replay_rows);
-      d_replay_rows = nullptr;
-      replay_rows_cap = 0;
-      d_replay_rows = static_cast<int*>(device_alloc(static_cast<size_t>(n) * replay_stride * sizeof(int), "replayed picks"));
-      replay_rows_cap = static_cast<size_t>(n);
-    }
+    int* d_rows = replay_rows_buf.reserve(static_cast<size_t>(n), replay_stride, "replayed picks");
     std::vector<int> h(static_cast<size_t>(n) * replay_stride);
     replay_src->next(n, h.data());
     // A pageable source: the call returns once h is staged, so h may go.
-    check_cuda(cudaMemcpyAsync(d_replay_rows, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice, stream),
+    check_cuda(cudaMemcpyAsync(d_rows, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice, stream),
                "copy replayed picks");
-    return d_replay_rows;
+    return d_rows;
   }
 
   // Replayed routing from now on (null: the router again). The decode graphs read the picks through
@@ -739,24 +755,11 @@ struct GpuSession::Impl {
   std::shared_ptr<HiddenRecord> hidden;
   std::vector<float> hidden_rows;     // [n x n_embd] of the last run
   std::vector<float> pending_hidden;  // [pending tokens x n_embd]
-  float* d_hidden = nullptr;          // device rows of a run (grown on demand)
-  size_t d_hidden_cap = 0;
-
-  float* hidden_device(int n) {
-    const size_t rows = static_cast<size_t>(n);
-    if (rows > d_hidden_cap) {
-      if (d_hidden) device_free(d_hidden);
-      d_hidden = nullptr;
-      d_hidden_cap = 0;
-      d_hidden = static_cast<float*>(device_alloc(rows * static_cast<size_t>(c.n_embd) * sizeof(float), "hidden rows"));
-      d_hidden_cap = rows;
-    }
-    return d_hidden;
-  }
+  GrowingRows<float> hidden_buf;      // the device rows of a run
   // The run's n rows from the device (its stream has run them).
   void copy_hidden(int n) {
     hidden_rows.resize(static_cast<size_t>(n) * static_cast<size_t>(c.n_embd));
-    check_cuda(cudaMemcpyAsync(hidden_rows.data(), d_hidden, hidden_rows.size() * sizeof(float), cudaMemcpyDeviceToHost,
+    check_cuda(cudaMemcpyAsync(hidden_rows.data(), hidden_buf.data, hidden_rows.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                stream),
                "copy hidden rows");
     sync();
