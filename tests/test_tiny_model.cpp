@@ -84,7 +84,7 @@ double top1_margin(const float* x, int64_t n) {
 }
 
 // Below this reference margin, Q8_0 rounding may legitimately swap the top two tokens (it moves the
-// chat prompt's logits, far from the Python the model was trained on, by more than 0.1).
+// chat prompt's logits, far from the Python the model was trained on, the most).
 constexpr double kTieMargin = 0.25;
 
 TEST(TinyModel, LogitsCloseToHf) {
