@@ -1221,6 +1221,112 @@ TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
   }
 }
 
+// Whether two float vectors are equal bit for bit.
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The token grid (gemv_batch / gemv_down_sum with n_tokens > 1) is T single-token launches, bit for bit,
+// in both arithmetics: a launch of normed dense jobs (one of many tiles) beside the router, a routed
+// gate/up launch that routes itself from each token's logits (route_in), an Accumulate launch, and the
+// fused MoE down + combine; the routing counts are every token's picks.
+TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(50);
+  const int T = 5, d = 2048, n_expert = 64, k = 8, ff = 256, big = 3000;
+  const std::vector<uint8_t> wbig = make_weights(GgmlType::Q4_K, big, d, rng);
+  const std::vector<uint8_t> wrouter = make_weights(GgmlType::F32, n_expert, d, rng);
+  const std::vector<uint8_t> wgate = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> wup = make_weights(GgmlType::Q5_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> wacc = make_weights(GgmlType::F16, d, d, rng);
+  const std::vector<uint8_t> wdown = make_weights(GgmlType::Q4_K, int64_t{d} * n_expert, ff, rng);
+  const std::vector<uint8_t> wsdown = make_weights(GgmlType::Q6_K, d, ff, rng);
+  Dev<uint8_t> dbig(wbig), drouter(wrouter), dgate(wgate), dup(wup), dacc(wacc), ddown(wdown), dsdown(wsdown);
+  const sc::DevMatrix mbig = dev_matrix(GgmlType::Q4_K, dbig, big, d);
+  const sc::DevMatrix mrouter = dev_matrix(GgmlType::F32, drouter, n_expert, d);
+  const sc::DevMatrix mgate = dev_matrix(GgmlType::Q4_K, dgate, ff, d, n_expert);
+  const sc::DevMatrix mup = dev_matrix(GgmlType::Q5_K, dup, ff, d, n_expert);
+  const sc::DevMatrix macc = dev_matrix(GgmlType::F16, dacc, d, d);
+  const sc::DevMatrix mdown = dev_matrix(GgmlType::Q4_K, ddown, d, ff, n_expert);
+  const sc::DevMatrix msdown = dev_matrix(GgmlType::Q6_K, dsdown, d, ff);
+  const std::vector<float> x = randn(static_cast<size_t>(T) * d, rng, 3.0f), nw = randn(d, rng);
+  const std::vector<float> res = randn(static_cast<size_t>(T) * d, rng), hs = randn(static_cast<size_t>(T) * ff, rng);
+  const std::vector<float> sg = randn(T, rng);
+  Dev<float> dx(x), dn(nw), dhs(hs), dsg(sg);
+  for (const bool i8 : {false, true}) {
+    std::unique_ptr<Int8Gemv> int8;
+    if (i8) int8 = std::make_unique<Int8Gemv>();
+    // Outputs of the token grid (grid) and of T single launches (one).
+    struct Out {
+      Dev<float> ybig, logits, g, wts, res, xs;
+      Dev<int> ids;
+      Dev<unsigned long long> counts;
+      Out(int T_, int big_, int ne, int k_, int ff_, const std::vector<float>& r)
+          : ybig(static_cast<size_t>(T_) * big_), logits(static_cast<size_t>(T_) * ne),
+            g(static_cast<size_t>(T_) * k_ * ff_), wts(static_cast<size_t>(T_) * k_), res(r), xs(r),
+            ids(static_cast<size_t>(T_) * k_), counts(std::vector<unsigned long long>(static_cast<size_t>(ne), 0)) {}
+    };
+    Out grid(T, big, n_expert, k, ff, res), one(T, big, n_expert, k, ff, res);
+    // The launches for token t (t < 0: the token grid over all T).
+    auto launch = [&](Out& o, int t) {
+      const int n_tok = t < 0 ? T : 1;
+      const int64_t at = t < 0 ? 0 : t;
+      sc::GemvJob first[2];
+      first[0].w = &mbig, first[0].x = dx.p + at * d, first[0].y = o.ybig.p + at * big;
+      first[1].w = &mrouter, first[1].x = dx.p + at * d, first[1].y = o.logits.p + at * n_expert;
+      for (sc::GemvJob& j : first) j.norm_w = dn.p, j.norm_eps = 1e-6f, j.x_token_stride = d;
+      first[0].y_token_stride = big, first[1].y_token_stride = n_expert;
+      sc::gemv_batch(first, 2, nullptr, nullptr, nullptr, nullptr, nullptr, n_tok);
+      sc::GemvRoute rt;
+      rt.logits = o.logits.p + at * n_expert, rt.logits_token_stride = n_expert, rt.n_expert = n_expert, rt.k = k;
+      rt.norm_topk = true, rt.ids = o.ids.p + at * k, rt.weights = o.wts.p + at * k, rt.counts = o.counts.p;
+      std::vector<sc::GemvJob> up(k);
+      for (int j = 0; j < k; ++j) {
+        sc::GemvJob& a = up[j];
+        a.w = &mgate, a.w2 = &mup, a.mode = sc::GemvMode::SwigluPair, a.ids = rt.ids, a.slot = j;
+        a.x = dx.p + at * d, a.norm_w = dn.p, a.norm_eps = 1e-6f, a.y = o.g.p + (at * k + j) * ff;
+        a.x_token_stride = d, a.y_token_stride = int64_t{k} * ff, a.ids_token_stride = k;
+      }
+      sc::gemv_batch(up.data(), k, nullptr, nullptr, nullptr, nullptr, &rt, n_tok);
+      sc::GemvJob acc;
+      acc.w = &macc, acc.x = dx.p + at * d, acc.y = o.res.p + at * d, acc.mode = sc::GemvMode::Accumulate;
+      acc.x_token_stride = d, acc.y_token_stride = d;
+      sc::gemv_batch(&acc, 1, nullptr, nullptr, nullptr, nullptr, nullptr, n_tok);
+      sc::GemvDownSum ds;
+      ds.down = &mdown, ds.ids = rt.ids, ds.weights = rt.weights, ds.k = k, ds.g = o.g.p + at * k * ff;
+      ds.shared = &msdown, ds.gs = dhs.p + at * ff, ds.shared_gate = dsg.p + at, ds.x = o.xs.p + at * d;
+      ds.n_tokens = n_tok, ds.g_token_stride = int64_t{k} * ff, ds.gs_token_stride = ff, ds.x_token_stride = d;
+      sc::gemv_down_sum(ds, nullptr);
+    };
+    launch(grid, -1);
+    for (int t = 0; t < T; ++t) launch(one, t);
+    EXPECT_TRUE(bitwise_equal(grid.ybig.get(), one.ybig.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.logits.get(), one.logits.get())) << "int8 " << i8;
+    EXPECT_EQ(grid.ids.get(), one.ids.get()) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.wts.get(), one.wts.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.g.get(), one.g.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.res.get(), one.res.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.xs.get(), one.xs.get())) << "int8 " << i8;
+    EXPECT_EQ(grid.counts.get(), one.counts.get()) << "int8 " << i8;
+    // The tokens differ (each block read its own token's rows), and every pick was counted.
+    const std::vector<float> yb = grid.ybig.get();
+    EXPECT_NE(std::memcmp(yb.data(), yb.data() + big, big * sizeof(float)), 0);
+    unsigned long long picks = 0;
+    for (unsigned long long c : grid.counts.get()) picks += c;
+    EXPECT_EQ(picks, static_cast<unsigned long long>(T) * k);
+  }
+  // What a token grid cannot take is refused.
+  Dev<float> dy(static_cast<size_t>(T) * big);
+  sc::GemvJob j;
+  j.w = &mbig, j.x = dx.p, j.y = dy.p;
+  EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, nullptr, nullptr, nullptr, nullptr, sc::kMaxGemvTokens + 1),
+               strata::Error);
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  sc::GemvNorm nm;
+  nm.x = dx.p, nm.w = dn.p, nm.out = dy.p, nm.n = d, nm.counter = counter.p;
+  EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, &nm, nullptr, nullptr, nullptr, 2), strata::Error);
+}
+
 }  // namespace
 
 #endif  // STRATA_HAVE_CUDA
