@@ -47,6 +47,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const _
   }
 }
 
+// conv_silu_tokens: a thread per channel walks the tokens, each step's window read from the record
+// the previous step wrote (the live state for token 0).
+__global__ void conv_tokens_kernel(const float* x, int n_tokens, DJob J, float* state, float* records, float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int ch = J.conv_channels;
+  if (c >= ch) return;
+  const int64_t win = static_cast<int64_t>(J.conv_k - 1) * ch;
+  for (int t = 0; t < n_tokens; ++t) {
+    J.conv_state = t == 0 ? state : records + (t - 1) * win;
+    J.conv_out = records + t * win;
+    out[t * static_cast<int64_t>(ch) + c] = conv_silu_channel(J, c, x[t * static_cast<int64_t>(ch) + c]);
+  }
+  for (int j = 0; j + 1 < J.conv_k; ++j)
+    state[static_cast<int64_t>(j) * ch + c] = records[(n_tokens - 1) * win + static_cast<int64_t>(j) * ch + c];
+}
+
 int pow2_ceil(int v) {
   int p = 1;
   while (p < v) p <<= 1;
@@ -178,13 +196,28 @@ void check_combine(const GemvCombine& c, bool needs_counter) {
 int64_t max_gemv_cols() { return mv::kMaxCols; }
 
 size_t gemv_local_bytes() {
-  cudaFuncAttributes a{};
+  cudaFuncAttributes a{}, t{};
   check_cuda(cudaFuncGetAttributes(&a, mv::gemv_kernel<false>), "cudaFuncGetAttributes(gemv)");
-  return a.localSizeBytes;
+  check_cuda(cudaFuncGetAttributes(&t, mv::gemv_kernel<true>), "cudaFuncGetAttributes(gemv)");
+  return std::max(a.localSizeBytes, t.localSizeBytes);
 }
 
 void set_gemv_math(GemvMath m) { mv::g_math = m; }
 GemvMath gemv_math() { return mv::g_math; }
+
+void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
+                      float* records, float* out, cudaStream_t s) {
+  using namespace mv;
+  check_arg(n_tokens >= 1 && K >= 1 && channels >= 1 && x && conv_w && state && records && out,
+            "conv_silu_tokens: incomplete arguments");
+  DJob J{};
+  J.conv_w = conv_w;
+  J.conv_k = K;
+  J.conv_channels = channels;
+  constexpr int kBlock = 128;
+  launch_pdl("conv_silu_tokens", conv_tokens_kernel, dim3((channels + kBlock - 1) / kBlock), dim3(kBlock), 0, s, x,
+             n_tokens, J, state, records, out);
+}
 
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
                 const GemvCombine* combine, const GemvRoute* route_in, int n_tokens) {

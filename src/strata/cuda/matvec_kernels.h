@@ -170,7 +170,16 @@ struct GemvDownSum {
 bool gemv_down_sum_fits(const GemvDownSum& a);
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
 
-// Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU.
+// The DeltaNet input conv of n_tokens tokens in order, for a multi-token step whose input projection
+// ran without the fused conv: per channel, GemvJob::conv_w's arithmetic (the same device function),
+// token t's projection x + t * channels becoming out + t * channels. The window after token t is
+// written to records + t * (K-1) * channels (a sequence state's conv step records), and state (the
+// window before token 0) ends as the window after the last token.
+void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
+                      float* records, float* out, cudaStream_t s);
+
+// Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU
+// (the larger of its single-token and token-grid forms).
 // The GPU tests require 0: a stack frame from a called routing function in the tile loop once slowed the
 // decode (docs/PERF.md), and nothing else would show it.
 size_t gemv_local_bytes();
