@@ -146,12 +146,13 @@ struct GpuSession::Impl {
     float *x = nullptr, *q = nullptr, *kk = nullptr, *vv = nullptr, *o = nullptr, *ag = nullptr;
     float *qkv = nullptr, *mixed = nullptr, *z = nullptr, *b = nullptr, *alpha = nullptr, *o2 = nullptr;
     float *router = nullptr, *wts = nullptr, *g = nullptr, *gs = nullptr, *sg = nullptr, *logits = nullptr;
+    float *ye = nullptr, *ys = nullptr;  // the MoE down jobs' outputs (where gemv_down_sum does not fit)
     int* ids = nullptr;
     int64_t ids_layer = 0;
   };
   // Floats per token of each row kind: the token strides of the multi-token step's launches.
   struct RowWidths {
-    int64_t x = 0, q = 0, kv = 0, o = 0, ch = 0, vd = 0, nv = 0, router = 0, g = 0, gs = 0, vocab = 0;
+    int64_t x = 0, q = 0, kv = 0, o = 0, ch = 0, vd = 0, nv = 0, router = 0, g = 0, gs = 0, ye = 0, vocab = 0;
   };
   RowWidths rw;
   StepRows one;
@@ -238,6 +239,7 @@ struct GpuSession::Impl {
     // The routed experts' or a dense layer's gate/up output.
     w.g = std::max(static_cast<int64_t>(c.n_expert_used) * c.n_ff_exp, static_cast<int64_t>(c.n_ff));
     w.gs = c.n_ff_shexp;
+    w.ye = static_cast<int64_t>(c.n_expert_used) * c.n_embd;
     w.vocab = c.n_vocab;
     return w;
   }
@@ -270,7 +272,9 @@ struct GpuSession::Impl {
     if (c.n_ff_shexp > 0) {
       r.sg = dalloc<float>(t);
       r.gs = dalloc<float>(t * rw.gs);
+      r.ys = dalloc<float>(t * rw.x);
     }
+    r.ye = dalloc<float>(t * rw.ye);
     r.logits = dalloc<float>(t * rw.vocab);
     r.ids_layer = static_cast<int64_t>(t * k);
     const size_t n_ids = static_cast<size_t>(c.n_layer) * t * k;
@@ -291,6 +295,7 @@ struct GpuSession::Impl {
     x = one.x, q = one.q, kk = one.kk, vv = one.vv, o = one.o, ag = one.ag;
     qkv = one.qkv, mixed = one.mixed, z = one.z, b = one.b, alpha = one.alpha, o2 = one.o2;
     router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
+    ye = one.ye, ys = one.ys;
     xn = dalloc<float>(d);
     if (c.n_attention_layers() > 0) {
       const int H = c.max_attention_heads();
@@ -309,9 +314,6 @@ struct GpuSession::Impl {
     route_counts_saved = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
-    const size_t k = static_cast<size_t>(c.n_expert_used);
-    ye = dalloc<float>(k * d);
-    if (c.n_ff_shexp > 0) ys = dalloc<float>(d);
     multi_fits = multi_step_fits();
     if (multi_fits) {
       multi = alloc_rows(kMaxStepTokens);
@@ -524,7 +526,8 @@ struct GpuSession::Impl {
   // Whether the multi-token step takes this session's model: every expert resident (the hybrid MoE
   // computes cold picks on the CPU token by token), the DeltaNet conv in the form the multi-token conv
   // launch shares with the decode step (fuse_conv), and every MoE layer in one routed expert launch
-  // and one gemv_down_sum (the other forms end in one-per-launch epilogues).
+  // and one down launch (gemv_down_sum, or the down jobs; the several-launch forms route and combine
+  // in one-per-launch epilogues).
   bool multi_step_fits() const {
     if (hybrid) return false;
     if (c.n_deltanet_layers() > 0 && !fuse_conv) return false;
@@ -532,7 +535,6 @@ struct GpuSession::Impl {
       const DevLayer& D = dm.layers[static_cast<size_t>(il)];
       if (c.layers[static_cast<size_t>(il)].ffn != FfnKind::Moe) continue;
       if (c.n_expert_used + (D.moe.has_shared ? 1 : 0) > kMaxGemvJobs) return false;
-      if (!gemv_down_sum_fits(down_sum(il, D, one, 1, nullptr))) return false;
     }
     return true;
   }
@@ -540,25 +542,37 @@ struct GpuSession::Impl {
   // The MoE down projections where gemv_down_sum does not fit: the k routed
   // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
   // last block (when one launch holds them) or by moe_combine_add_norm.
-  void moe_down_jobs(int il, const DevLayer& D, const int* slot_of) {
+  // T > 1: the multi-token step over rows r (one down launch: multi_step_fits).
+  void moe_down_jobs(int il, const DevLayer& D, const int* slot_of, const StepRows& r, int T) {
     const DevMoe& w = D.moe;
-    const int* ids_l = layer_ids(il, one);
+    const int* ids_l = layer_ids(il, r);
     const int k = c.n_expert_used;
     const int64_t d = c.n_embd;
-    std::vector<GemvJob> down(static_cast<size_t>(k));
+    std::vector<GemvJob> down;
     for (int j = 0; j < k; ++j) {
-      GemvJob& e = down[j];
-      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids_l, e.slot = j;
-      e.slot_of_expert = slot_of;
+      GemvJob e = job_to(w.down, r.ye + j * d, rw.ye);
+      e.x = r.g + static_cast<int64_t>(j) * c.n_ff_exp, e.x_token_stride = rw.g;
+      e.ids = ids_l, e.ids_token_stride = k, e.slot = j, e.slot_of_expert = slot_of;
+      down.push_back(e);
     }
     if (w.has_shared) {
-      GemvJob sd;
-      sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
+      GemvJob sd = job_to(w.shared_down, r.ys, rw.x);
+      sd.x = r.gs, sd.x_token_stride = rw.gs;
       down.push_back(sd);
     }
     const float* shared_rows = w.has_shared ? ys : nullptr;
     const float* shared_gate = w.shared_gated ? sg : nullptr;
-    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
+    if (T > 1) {
+      // The combine epilogue's last-block counter is one per launch: a combine launch per token, the
+      // epilogue's block function (the same sums, element by element, at any block size).
+      gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
+      prof.mark("moe experts+shared down", stream);
+      for (int t = 0; t < T; ++t)
+        moe_combine_add_norm(r.x + t * rw.x, r.ye + t * rw.ye, ids_l + t * k, r.wts + t * k, k, c.n_embd,
+                             w.has_shared ? r.ys + t * rw.x : nullptr, w.shared_gated ? r.sg + t : nullptr, nullptr,
+                             c.rms_eps, xn, stream);
+      prof.mark("moe combine", stream);
+    } else if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
       cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
       cb.ys = shared_rows, cb.shared_gate = shared_gate, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
@@ -577,8 +591,7 @@ struct GpuSession::Impl {
   // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
   // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
   // added into x at the end.
-  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch and gemv_down_sum
-  // forms, no hybrid).
+  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form, no hybrid).
   void moe(int il, const DevLayer& D, const StepRows& r, int T) {
     MoeJobs m = moe_jobs(il, D, r);
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
@@ -606,7 +619,7 @@ struct GpuSession::Impl {
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
-      moe_down_jobs(il, D, slot_of);
+      moe_down_jobs(il, D, slot_of, r, T);
     }
     if (hybrid) {
       hybrid->cold_add(il, x, layer_ids(il, one), wts, stream);
