@@ -1327,6 +1327,51 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
   EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, &nm, nullptr, nullptr, nullptr, 2), strata::Error);
 }
 
+// The multi-token step's DeltaNet input: the projection over a token grid without the conv, then
+// conv_silu_tokens walking the tokens, is bit for bit the decode step's projection with the conv fused
+// in (GemvJob::conv_w) run token by token: the conv outputs, the state each token leaves (the records)
+// and the final state, in both arithmetics, the input normalised in the block as the session's is.
+TEST(CudaKernels, ConvSiluTokensEqualsFusedConvProjectionPerToken) {
+  REQUIRE_GPU();
+  std::mt19937 rng(51);
+  const int T = 6, K = 4, channels = 384, cols = 512;
+  const std::vector<uint8_t> w = make_weights(GgmlType::Q4_K, channels, cols, rng);
+  const std::vector<float> x = randn(static_cast<size_t>(T) * cols, rng, 2.0f), nw = randn(cols, rng);
+  const std::vector<float> convw = randn(static_cast<size_t>(channels) * K, rng, 0.5f);
+  const std::vector<float> state0 = randn(static_cast<size_t>(K - 1) * channels, rng);
+  const size_t win = static_cast<size_t>(K - 1) * channels;
+  Dev<uint8_t> dw(w);
+  Dev<float> dx(x), dn(nw), dcw(convw);
+  const sc::DevMatrix m = dev_matrix(GgmlType::Q4_K, dw, channels, cols);
+  for (const bool i8 : {false, true}) {
+    std::unique_ptr<Int8Gemv> int8;
+    if (i8) int8 = std::make_unique<Int8Gemv>();
+    // The decode step's form, token by token: the state after each token kept aside.
+    Dev<float> dstate(state0), dmixed(static_cast<size_t>(T) * channels);
+    std::vector<float> states;
+    for (int t = 0; t < T; ++t) {
+      sc::GemvJob j;
+      j.w = &m, j.x = dx.p + static_cast<size_t>(t) * cols, j.y = dmixed.p + static_cast<size_t>(t) * channels;
+      j.norm_w = dn.p, j.norm_eps = 1e-6f;
+      j.conv_w = dcw.p, j.conv_state = dstate.p, j.conv_k = K, j.conv_channels = channels;
+      sc::gemv_batch(&j, 1, nullptr);
+      const std::vector<float> st = dstate.get();
+      states.insert(states.end(), st.begin(), st.end());
+    }
+    // The multi-token form.
+    Dev<float> dstate2(state0), draw(static_cast<size_t>(T) * channels), dmixed2(static_cast<size_t>(T) * channels),
+        drec(static_cast<size_t>(T) * win);
+    sc::GemvJob j;
+    j.w = &m, j.x = dx.p, j.y = draw.p, j.norm_w = dn.p, j.norm_eps = 1e-6f;
+    j.x_token_stride = cols, j.y_token_stride = channels;
+    sc::gemv_batch(&j, 1, nullptr, nullptr, nullptr, nullptr, nullptr, T);
+    sc::conv_silu_tokens(draw.p, T, dcw.p, K, channels, dstate2.p, drec.p, dmixed2.p, nullptr);
+    EXPECT_TRUE(bitwise_equal(dmixed2.get(), dmixed.get())) << "conv outputs, int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(drec.get(), states)) << "state after each token, int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(dstate2.get(), dstate.get())) << "final state, int8 " << i8;
+  }
+}
+
 }  // namespace
 
 #endif  // STRATA_HAVE_CUDA
