@@ -1372,6 +1372,71 @@ TEST(CudaKernels, ConvSiluTokensEqualsFusedConvProjectionPerToken) {
   }
 }
 
+// The token grid of the multi-token step's attention and embedding: attn_prep + attention_decode_split
+// over T tokens at consecutive positions (one launch each; a sliding window, softplus gates per element,
+// a cache long enough for several chunks) equal, bit for bit, the two launches token by token; the
+// prefill's embed_rows of T tokens (the multi-token step's embedding) equals T embed_row launches.
+TEST(CudaKernels, AttentionTokenGridEqualsOneTokenLaunchesBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(52);
+  const int T = 5, n_head = 4, n_kv = 2, hd = 64, max_ctx = 600, base = 300, window = 128;
+  const int q_stride = hd, kv_width = n_kv * hd, qw = n_head * q_stride, ow = n_head * hd;
+  const std::vector<float> q = randn(static_cast<size_t>(T) * qw, rng), kk = randn(static_cast<size_t>(T) * kv_width, rng),
+                           vv = randn(static_cast<size_t>(T) * kv_width, rng), qn = randn(hd, rng), kn = randn(hd, rng),
+                           gate = randn(static_cast<size_t>(T) * ow, rng),
+                           kc0 = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),
+                           vc0 = randn(static_cast<size_t>(max_ctx) * kv_width, rng);
+  std::vector<int> pos(T);
+  for (int t = 0; t < T; ++t) pos[t] = base + t;
+  Dev<float> dqn(qn), dkn(kn), dg(gate);
+  Dev<int> dpos(pos);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  struct Run {
+    Dev<float> q, kc, vc, out, scratch;
+    Dev<unsigned int> counters;
+    Run(const std::vector<float>& q0, const std::vector<float>& k0, const std::vector<float>& v0, size_t outn,
+        size_t scratch_n, size_t n_counters)
+        : q(q0), kc(k0), vc(v0), out(outn), scratch(scratch_n), counters(std::vector<unsigned int>(n_counters, 0u)) {}
+  };
+  const size_t per = sc::attention_scratch_floats(n_head, hd, max_ctx);
+  Run grid(q, kc0, vc0, static_cast<size_t>(T) * ow, T * per, static_cast<size_t>(T) * n_head);
+  Run one(q, kc0, vc0, static_cast<size_t>(T) * ow, per, n_head);
+  Dev<float> dkk(kk), dvv(vv);
+  sc::AttnOutGate og;
+  og.kind = sc::AttnOutGate::SoftplusPerElement, og.g = dg.p;
+  sc::AttnTokens tk;
+  tk.n = T, tk.q = qw, tk.kv = kv_width, tk.out = ow, tk.gate = ow, tk.scratch = static_cast<int64_t>(per);
+  tk.counters = n_head;
+  sc::attn_prep(grid.q.p, q_stride, dkk.p, dvv.p, grid.kc.p, grid.vc.p, kv_width, n_head, n_kv, hd, dqn.p, dkn.p, 1e-6f,
+                hd, 1e4f, dpos.p, nullptr, {}, 0, nullptr, tk);
+  sc::attention_decode_split(grid.q.p, q_stride, grid.kc.p, grid.vc.p, kv_width, n_head, n_kv, hd, scale, og, dpos.p,
+                             max_ctx, grid.scratch.p, grid.counters.p, grid.out.p, nullptr, {}, window, 0, tk);
+  for (int t = 0; t < T; ++t) {
+    sc::attn_prep(one.q.p + t * qw, q_stride, dkk.p + t * kv_width, dvv.p + t * kv_width, one.kc.p, one.vc.p, kv_width,
+                  n_head, n_kv, hd, dqn.p, dkn.p, 1e-6f, hd, 1e4f, dpos.p + t, nullptr);
+    sc::AttnOutGate g1 = og;
+    g1.g = dg.p + t * ow;
+    sc::attention_decode_split(one.q.p + t * qw, q_stride, one.kc.p, one.vc.p, kv_width, n_head, n_kv, hd, scale, g1,
+                               dpos.p + t, max_ctx, one.scratch.p, one.counters.p, one.out.p + t * ow, nullptr, {},
+                               window);
+  }
+  EXPECT_TRUE(bitwise_equal(grid.q.get(), one.q.get())) << "normalised, rotated queries";
+  EXPECT_TRUE(bitwise_equal(grid.kc.get(), one.kc.get())) << "key cache";
+  EXPECT_TRUE(bitwise_equal(grid.vc.get(), one.vc.get())) << "value cache";
+  EXPECT_TRUE(bitwise_equal(grid.out.get(), one.out.get())) << "attention outputs";
+  EXPECT_EQ(grid.counters.get(), std::vector<unsigned int>(static_cast<size_t>(T) * n_head, 0u));
+  // Embedding rows.
+  const int V = 40, d = 96;
+  const std::vector<uint8_t> table = make_weights(GgmlType::Q8_0, V, d, rng);
+  Dev<uint8_t> dt(table);
+  const sc::DevMatrix mt = dev_matrix(GgmlType::Q8_0, dt, V, d);
+  Dev<int> dtok(std::vector<int>{3, 39, 0, 17, 3});
+  Dev<float> eg(static_cast<size_t>(T) * d), e1(static_cast<size_t>(T) * d);
+  sc::prefill::embed_rows(mt, dtok.p, T, eg.p, nullptr);
+  for (int t = 0; t < T; ++t) sc::embed_row(mt, dtok.p + t, e1.p + t * d, nullptr);
+  EXPECT_TRUE(bitwise_equal(eg.get(), e1.get())) << "embedding rows";
+}
+
 }  // namespace
 
 #endif  // STRATA_HAVE_CUDA

@@ -24,6 +24,7 @@
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
+#include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/sample_kernels.h"
 #include "strata/moe/gpu_support.h"
 #include "strata/sample/sampler.h"
@@ -109,6 +110,7 @@ struct GpuSession::Impl {
   unsigned long long* route_counts_saved = nullptr;  // route_counts before the pending tokens
   float* ag = nullptr;                         // laguna's attention output gate, before softplus
   float* attn_scratch = nullptr;               // attention_decode_split partials
+  size_t attn_scratch_per = 0;                 // floats of a token's partials
   unsigned int* attn_counters = nullptr;
   unsigned int* norm_counter = nullptr;        // GemvNorm epilogues (one launch at a time on the stream)
   double* dn_scratch = nullptr;                // deltanet_step_fast per-slice sums of squares
@@ -297,10 +299,13 @@ struct GpuSession::Impl {
     router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
     ye = one.ye, ys = one.ys;
     xn = dalloc<float>(d);
-    if (c.n_attention_layers() > 0) {
+    multi_fits = multi_step_fits();
+    if (c.n_attention_layers() > 0) {  // a token's scratch and counters each (the multi-token step's tokens)
       const int H = c.max_attention_heads();
-      attn_scratch = dalloc<float>(attention_scratch_floats(H, c.head_dim, max_ctx));
-      attn_counters = dalloc<unsigned int>(static_cast<size_t>(H));
+      const size_t tokens = multi_fits ? kMaxStepTokens : 1;
+      attn_scratch_per = attention_scratch_floats(H, c.head_dim, max_ctx);
+      attn_scratch = dalloc<float>(tokens * attn_scratch_per);
+      attn_counters = dalloc<unsigned int>(tokens * static_cast<size_t>(H));
     }
     if (c.n_deltanet_layers() > 0) {
       dn_scratch = dalloc<double>(deltanet_scratch_doubles(c.ssm_v_heads, c.ssm_head_v));
@@ -314,7 +319,6 @@ struct GpuSession::Impl {
     route_counts_saved = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
-    multi_fits = multi_step_fits();
     if (multi_fits) {
       multi = alloc_rows(kMaxStepTokens);
       d_mio = dalloc<int>(2 * kMaxStepTokens);
@@ -389,25 +393,29 @@ struct GpuSession::Impl {
     return 4;
   }
 
-  // What runs between a mixer's input and output projections for token t of rows r at position *pos:
-  // attention's q/k norm + rope + KV store and the split-K attention; DeltaNet's conv (when not fused
-  // into the projection) and recurrent step. multi: a multi-token step's token (its conv has run; the
-  // state is updated in place: the step records keep each token's).
-  void mixer_core(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int t, const int* pos, bool multi) {
+  // What runs between a mixer's input and output projections for T tokens of rows r at positions
+  // pos[0..T): attention's q/k norm + rope + KV store and the split-K attention; DeltaNet's conv (when
+  // not fused into the projection) and recurrent step. T > 1: the multi-token step (its DeltaNet conv
+  // has run; the state is updated in place, the step records keep each token's).
+  void mixer_core(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T, const int* pos) {
     if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
       const LayerSpec& ls = c.layer(il);
       const int hd = c.head_dim;
-      float* qt = r.q + t * rw.q;
-      attn_prep(qt, q_stride_head(), r.kk + t * rw.kv, r.vv + t * rw.kv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv,
-                hd, w.q_norm, w.k_norm, c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows, &ls.yarn);
+      AttnTokens tk;
+      tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
+      tk.scratch = static_cast<int64_t>(attn_scratch_per), tk.counters = c.max_attention_heads();
+      // Every token's KV row is stored before any token attends: a sliding ring keeps window +
+      // forward_token_limit - 1 rows, so no pending token's row is one an earlier pending token reads.
+      attn_prep(r.q, q_stride_head(), r.kk, r.vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
+                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows, &ls.yarn, tk);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;
       AttnOutGate gate = out_gate();
-      if (gate.g) gate.g = r.ag + t * rw.o;
-      attention_decode_split(qt, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale, gate, pos,
-                             max_ctx, attn_scratch, attn_counters, r.o + t * rw.o, stream, L.kv, window, L.rows);
+      if (gate.g) gate.g = r.ag;
+      attention_decode_split(r.q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale, gate, pos,
+                             max_ctx, attn_scratch, attn_counters, r.o, stream, L.kv, window, L.rows, tk);
       prof.mark("attn decode", stream);
       return;
     }
@@ -418,10 +426,16 @@ struct GpuSession::Impl {
                    c.ssm_head_v, q_scale, stream, L.conv_alt);
       prof.mark("dn conv+qknorm", stream);
     }
-    deltanet_step_fast(L.ssm, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
-                       r.z + t * rw.vd, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, dn_scratch,
-                       dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale, multi ? nullptr : L.ssm_alt);
-    prof.mark("dn step", stream);
+    for (int t = 0; t < T; ++t) {  // the recurrence: token by token
+      deltanet_step_fast(L.ssm, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
+                         r.z + t * rw.vd, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v,
+                         dn_scratch, dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale,
+                         T > 1 ? nullptr : L.ssm_alt);
+      prof.mark("dn step", stream);
+      // The step reads its state before its programmatic wait: the record copy (a copy, not a kernel)
+      // also orders the next token's step after this one's completion.
+      if (T > 1) st.record_ssm(L, t, stream);
+    }
   }
 
   // The mixer's output projection, added into the residual stream x.
@@ -447,14 +461,7 @@ struct GpuSession::Impl {
                        r.mixed, stream);
       prof.mark("dn conv", stream);
     }
-    for (int t = 0; t < T; ++t) {
-      // Attention: token t's KV row is stored before token t attends and after every earlier token
-      // has, so a sliding ring row is never overwritten while a pending token still reads it.
-      mixer_core(il, D, L, r, t, T == 1 ? d_io + 1 : d_mio + kMaxStepTokens + t, T > 1);
-      // The recurrent step reads its state before its programmatic wait: the record copy (a copy, not a
-      // kernel) also orders the next token's step after this one's completion.
-      if (T > 1 && !attn) st.record_ssm(L, t, stream);
-    }
+    mixer_core(il, D, L, r, T, T == 1 ? d_io + 1 : d_mio + kMaxStepTokens);
     const GemvJob out = mixer_out_job(D, r);
     gemv_batch(&out, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
@@ -666,7 +673,8 @@ struct GpuSession::Impl {
   // Every kernel of the multi-token step of T tokens (d_mio: the tokens, then their positions).
   void enqueue_multi(int T) {
     prof.mark(nullptr, stream);  // step start
-    for (int t = 0; t < T; ++t) embed_row(dm.token_embd, d_mio + t, multi.x + t * rw.x, stream);
+    // The prefill's embedding of token rows: the decode step's row decoding, T rows in one launch.
+    prefill::embed_rows(dm.token_embd, d_mio, T, multi.x, stream);
     prof.mark("embed", stream);
     enqueue_layers(multi, T);
   }
