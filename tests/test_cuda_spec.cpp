@@ -389,7 +389,7 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   const std::vector<int32_t> prompt = ids(prompt_len, 1), drafts = ids(16, 2);
   const int32_t next = ids(1, 4)[0];
   const auto gm = sc::make_gpu_model(model, sc::GpuSessionOptions{});
-  const int ctx = prompt_len + 24;
+  const int ctx = prompt_len + 40;  // two chains of 16 and a token between them
   const int limit = forward_token_limit(model.config(), ctx);
   auto session = [&] {
     auto s = sc::make_gpu_session(gm, ctx);
