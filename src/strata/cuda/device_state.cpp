@@ -185,12 +185,9 @@ float* DeviceSequenceState::conv_step(const DeviceLayerState& L, int t) const {
   return L.conv_steps + static_cast<size_t>(t) * conv_floats(c_);
 }
 
-void DeviceSequenceState::record_ssm(const DeviceLayerState& L, int t, cudaStream_t s) const {
+float* DeviceSequenceState::ssm_step(const DeviceLayerState& L, int t) const {
   if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
-  const size_t floats = ssm_floats(c_);
-  check_cuda(cudaMemcpyAsync(L.ssm_steps + static_cast<size_t>(t) * floats, L.ssm, sizeof(float) * floats,
-                             cudaMemcpyDeviceToDevice, s),
-             "record DeltaNet state");
+  return L.ssm_steps + static_cast<size_t>(t) * ssm_floats(c_);
 }
 void DeviceSequenceState::select_step(int t, cudaStream_t s) { copy_step(t, false, s); }
 

@@ -427,14 +427,16 @@ struct GpuSession::Impl {
       prof.mark("dn conv+qknorm", stream);
     }
     for (int t = 0; t < T; ++t) {  // the recurrence: token by token
-      deltanet_step_fast(L.ssm, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
+      // The multi-token step chains the state through the step records: token t reads step t - 1's
+      // (the live state for token 0) and writes step t's, the last token the live state (a kept prefix
+      // of m < T tokens selects step m - 1). Its steps start after the previous kernel has completed:
+      // a step reads its state before its programmatic wait.
+      float* S_in = T == 1 || t == 0 ? L.ssm : st.ssm_step(L, t - 1);
+      float* S_out = T == 1 ? L.ssm_alt : (t + 1 < T ? st.ssm_step(L, t) : L.ssm);
+      deltanet_step_fast(S_in, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
                          r.z + t * rw.vd, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v,
-                         dn_scratch, dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale,
-                         T > 1 ? nullptr : L.ssm_alt);
+                         dn_scratch, dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale, S_out, T > 1);
       prof.mark("dn step", stream);
-      // The step reads its state before its programmatic wait: the record copy (a copy, not a kernel)
-      // also orders the next token's step after this one's completion.
-      if (T > 1) st.record_ssm(L, t, stream);
     }
   }
 
@@ -891,7 +893,8 @@ struct GpuSession::Impl {
   // Runs n pending tokens (multi_applies) as one multi-token step at positions n_past.. and advances
   // n_past: token t's logits (logits_out: [n x n_vocab], or the last token's unless all_positions; may
   // be null) and hidden row (hid, may be null) are what t + 1 decode steps give, and step record t holds
-  // the DeltaNet state and expert picks after token t (the caller reserved n records).
+  // the DeltaNet state and expert picks after token t (the caller reserved n records; the last token's
+  // state is the live one, its record holds only the conv window and the picks).
   void run_multi(const int32_t* tokens, int n, float* logits_out, bool all_positions, float* hid) {
     for (int t = 0; t < n; ++t) {
       h_mio[t] = tokens[t];

@@ -698,7 +698,7 @@ bool deltanet_step_fuses_qk_norm(int dk) { return split_rows_per_warp(dk) != 0; 
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out) {
+                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out, bool after_previous) {
   const int nsl = (dv + 31) / 32;
   const int rpw = split_rows_per_warp(dk);
   if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel (in place)
@@ -717,16 +717,19 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
   const size_t smem = (2 * static_cast<size_t>(dk) + static_cast<size_t>(dk / rpw) * 32) * sizeof(float);
   switch (rpw) {
     case 32:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<32>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
     case 16:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<16>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
     default:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<8>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
   }
 }

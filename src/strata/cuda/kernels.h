@@ -119,10 +119,13 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv);
 // (and q_scale) itself, so conv1d can run fused into the input projection (GemvJob::conv_w) with no
 // conv_qk_norm launch. Needs deltanet_step_fuses_qk_norm(dk); fails otherwise.
 // S_out set: the updated state goes there and S is only read (the decode lookahead's ping-pong state).
+// after_previous: launched without programmatic dependence, so it starts once the previous work on the
+// stream has completed (S may then be what the previous kernel wrote: the multi-token step's chain).
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr);
+                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr,
+                        bool after_previous = false);
 bool deltanet_step_fuses_qk_norm(int dk);
 
 // x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
