@@ -1437,6 +1437,52 @@ TEST(CudaKernels, AttentionTokenGridEqualsOneTokenLaunchesBitwise) {
   EXPECT_TRUE(bitwise_equal(eg.get(), e1.get())) << "embedding rows";
 }
 
+// The multi-token step's recurrence: T steps chained through separate state buffers (token t reads
+// the state token t - 1 wrote, launched after the previous kernel completes) equal, bit for bit, T steps
+// updating one state in place, in every output and state.
+TEST(CudaKernels, DeltaNetStepChainedThroughRecordsEqualsInPlaceSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(53);
+  const int T = 4, nk = 2, nv = 4, dk = 64, dv = 64;
+  const int key_dim = nk * dk, channels = 2 * key_dim + nv * dv, vd = nv * dv;
+  const size_t ssm = static_cast<size_t>(nv) * dk * dv;
+  const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(dk));
+  const std::vector<float> S0 = randn(ssm, rng, 0.1f), mixed = randn(static_cast<size_t>(T) * channels, rng),
+                           b = randn(static_cast<size_t>(T) * nv, rng), alpha = randn(static_cast<size_t>(T) * nv, rng),
+                           z = randn(static_cast<size_t>(T) * vd, rng), dt_bias = randn(nv, rng), norm_w = randn(dv, rng);
+  std::vector<float> a(nv);
+  for (float& v : a) v = -std::fabs(randn(1, rng)[0]);
+  Dev<float> dmixed(mixed), db(b), dalpha(alpha), dz(z), da(a), ddt(dt_bias), dnorm(norm_w);
+  Dev<double> dscratch(sc::deltanet_scratch_doubles(nv, dv));
+  Dev<unsigned int> dcounters(std::vector<unsigned int>(nv, 0u));
+  // In place, the state copied after each step.
+  Dev<float> dS(S0), dout(static_cast<size_t>(T) * vd);
+  std::vector<float> states;
+  for (int t = 0; t < T; ++t) {
+    sc::deltanet_step_fast(dS.p, dmixed.p + t * channels, db.p + t * nv, dalpha.p + t * nv, da.p, ddt.p, dnorm.p,
+                           dz.p + t * vd, eps, nk, nv, dk, dv, dscratch.p, dcounters.p, dout.p + t * vd, nullptr, true,
+                           q_scale);
+    const std::vector<float> st = dS.get();
+    states.insert(states.end(), st.begin(), st.end());
+  }
+  // Chained: records 0 .. T-2, the last step into the live state.
+  Dev<float> dlive(S0), drec(static_cast<size_t>(T) * ssm), dout2(static_cast<size_t>(T) * vd);
+  for (int t = 0; t < T; ++t) {
+    float* in = t == 0 ? dlive.p : drec.p + (t - 1) * ssm;
+    float* out = t + 1 < T ? drec.p + t * ssm : dlive.p;
+    sc::deltanet_step_fast(in, dmixed.p + t * channels, db.p + t * nv, dalpha.p + t * nv, da.p, ddt.p, dnorm.p,
+                           dz.p + t * vd, eps, nk, nv, dk, dv, dscratch.p, dcounters.p, dout2.p + t * vd, nullptr, true,
+                           q_scale, out, true);
+  }
+  EXPECT_TRUE(bitwise_equal(dout2.get(), dout.get())) << "outputs";
+  const std::vector<float> rec = drec.get();
+  EXPECT_TRUE(bitwise_equal(std::vector<float>(rec.begin(), rec.begin() + static_cast<std::ptrdiff_t>((T - 1) * ssm)),
+                            std::vector<float>(states.begin(), states.begin() + static_cast<std::ptrdiff_t>((T - 1) * ssm))))
+      << "recorded states";
+  EXPECT_TRUE(bitwise_equal(dlive.get(), std::vector<float>(states.end() - static_cast<std::ptrdiff_t>(ssm), states.end())))
+      << "final state";
+}
+
 }  // namespace
 
 #endif  // STRATA_HAVE_CUDA
