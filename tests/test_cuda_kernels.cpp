@@ -1221,6 +1221,268 @@ TEST(CudaKernels, GemvInt8NormedInputWithinTheRoundingBound) {
   }
 }
 
+// Whether two float vectors are equal bit for bit.
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The token grid (gemv_batch / gemv_down_sum with n_tokens > 1) is T single-token launches, bit for bit,
+// in both arithmetics: a launch of normed dense jobs (one of many tiles) beside the router, a routed
+// gate/up launch that routes itself from each token's logits (route_in), an Accumulate launch, and the
+// fused MoE down + combine; the routing counts are every token's picks.
+TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(50);
+  const int T = 5, d = 2048, n_expert = 64, k = 8, ff = 256, big = 3000;
+  const std::vector<uint8_t> wbig = make_weights(GgmlType::Q4_K, big, d, rng);
+  const std::vector<uint8_t> wrouter = make_weights(GgmlType::F32, n_expert, d, rng);
+  const std::vector<uint8_t> wgate = make_weights(GgmlType::Q4_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> wup = make_weights(GgmlType::Q5_K, int64_t{ff} * n_expert, d, rng);
+  const std::vector<uint8_t> wacc = make_weights(GgmlType::F16, d, d, rng);
+  const std::vector<uint8_t> wdown = make_weights(GgmlType::Q4_K, int64_t{d} * n_expert, ff, rng);
+  const std::vector<uint8_t> wsdown = make_weights(GgmlType::Q6_K, d, ff, rng);
+  Dev<uint8_t> dbig(wbig), drouter(wrouter), dgate(wgate), dup(wup), dacc(wacc), ddown(wdown), dsdown(wsdown);
+  const sc::DevMatrix mbig = dev_matrix(GgmlType::Q4_K, dbig, big, d);
+  const sc::DevMatrix mrouter = dev_matrix(GgmlType::F32, drouter, n_expert, d);
+  const sc::DevMatrix mgate = dev_matrix(GgmlType::Q4_K, dgate, ff, d, n_expert);
+  const sc::DevMatrix mup = dev_matrix(GgmlType::Q5_K, dup, ff, d, n_expert);
+  const sc::DevMatrix macc = dev_matrix(GgmlType::F16, dacc, d, d);
+  const sc::DevMatrix mdown = dev_matrix(GgmlType::Q4_K, ddown, d, ff, n_expert);
+  const sc::DevMatrix msdown = dev_matrix(GgmlType::Q6_K, dsdown, d, ff);
+  const std::vector<float> x = randn(static_cast<size_t>(T) * d, rng, 3.0f), nw = randn(d, rng);
+  const std::vector<float> res = randn(static_cast<size_t>(T) * d, rng), hs = randn(static_cast<size_t>(T) * ff, rng);
+  const std::vector<float> sg = randn(T, rng);
+  Dev<float> dx(x), dn(nw), dhs(hs), dsg(sg);
+  for (const bool i8 : {false, true}) {
+    std::unique_ptr<Int8Gemv> int8;
+    if (i8) int8 = std::make_unique<Int8Gemv>();
+    // Outputs of the token grid (grid) and of T single launches (one).
+    struct Out {
+      Dev<float> ybig, logits, g, wts, res, xs;
+      Dev<int> ids;
+      Dev<unsigned long long> counts;
+      Out(int T_, int big_, int ne, int k_, int ff_, const std::vector<float>& r)
+          : ybig(static_cast<size_t>(T_) * big_), logits(static_cast<size_t>(T_) * ne),
+            g(static_cast<size_t>(T_) * k_ * ff_), wts(static_cast<size_t>(T_) * k_), res(r), xs(r),
+            ids(static_cast<size_t>(T_) * k_), counts(std::vector<unsigned long long>(static_cast<size_t>(ne), 0)) {}
+    };
+    Out grid(T, big, n_expert, k, ff, res), one(T, big, n_expert, k, ff, res);
+    // The launches for token t (t < 0: the token grid over all T).
+    auto launch = [&](Out& o, int t) {
+      const int n_tok = t < 0 ? T : 1;
+      const int64_t at = t < 0 ? 0 : t;
+      sc::GemvJob first[2];
+      first[0].w = &mbig, first[0].x = dx.p + at * d, first[0].y = o.ybig.p + at * big;
+      first[1].w = &mrouter, first[1].x = dx.p + at * d, first[1].y = o.logits.p + at * n_expert;
+      for (sc::GemvJob& j : first) j.norm_w = dn.p, j.norm_eps = 1e-6f, j.x_token_stride = d;
+      first[0].y_token_stride = big, first[1].y_token_stride = n_expert;
+      sc::gemv_batch(first, 2, nullptr, nullptr, nullptr, nullptr, nullptr, n_tok);
+      sc::GemvRoute rt;
+      rt.logits = o.logits.p + at * n_expert, rt.logits_token_stride = n_expert, rt.n_expert = n_expert, rt.k = k;
+      rt.norm_topk = true, rt.ids = o.ids.p + at * k, rt.weights = o.wts.p + at * k, rt.counts = o.counts.p;
+      std::vector<sc::GemvJob> up(k);
+      for (int j = 0; j < k; ++j) {
+        sc::GemvJob& a = up[j];
+        a.w = &mgate, a.w2 = &mup, a.mode = sc::GemvMode::SwigluPair, a.ids = rt.ids, a.slot = j;
+        a.x = dx.p + at * d, a.norm_w = dn.p, a.norm_eps = 1e-6f, a.y = o.g.p + (at * k + j) * ff;
+        a.x_token_stride = d, a.y_token_stride = int64_t{k} * ff, a.ids_token_stride = k;
+      }
+      sc::gemv_batch(up.data(), k, nullptr, nullptr, nullptr, nullptr, &rt, n_tok);
+      sc::GemvJob acc;
+      acc.w = &macc, acc.x = dx.p + at * d, acc.y = o.res.p + at * d, acc.mode = sc::GemvMode::Accumulate;
+      acc.x_token_stride = d, acc.y_token_stride = d;
+      sc::gemv_batch(&acc, 1, nullptr, nullptr, nullptr, nullptr, nullptr, n_tok);
+      sc::GemvDownSum ds;
+      ds.down = &mdown, ds.ids = rt.ids, ds.weights = rt.weights, ds.k = k, ds.g = o.g.p + at * k * ff;
+      ds.shared = &msdown, ds.gs = dhs.p + at * ff, ds.shared_gate = dsg.p + at, ds.x = o.xs.p + at * d;
+      ds.n_tokens = n_tok, ds.g_token_stride = int64_t{k} * ff, ds.gs_token_stride = ff, ds.x_token_stride = d;
+      sc::gemv_down_sum(ds, nullptr);
+    };
+    launch(grid, -1);
+    for (int t = 0; t < T; ++t) launch(one, t);
+    EXPECT_TRUE(bitwise_equal(grid.ybig.get(), one.ybig.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.logits.get(), one.logits.get())) << "int8 " << i8;
+    EXPECT_EQ(grid.ids.get(), one.ids.get()) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.wts.get(), one.wts.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.g.get(), one.g.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.res.get(), one.res.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.xs.get(), one.xs.get())) << "int8 " << i8;
+    EXPECT_EQ(grid.counts.get(), one.counts.get()) << "int8 " << i8;
+    // The tokens differ (each block read its own token's rows), and every pick was counted.
+    const std::vector<float> yb = grid.ybig.get();
+    EXPECT_NE(std::memcmp(yb.data(), yb.data() + big, big * sizeof(float)), 0);
+    unsigned long long picks = 0;
+    for (unsigned long long c : grid.counts.get()) picks += c;
+    EXPECT_EQ(picks, static_cast<unsigned long long>(T) * k);
+  }
+  // What a token grid cannot take is refused.
+  Dev<float> dy(static_cast<size_t>(T) * big);
+  sc::GemvJob j;
+  j.w = &mbig, j.x = dx.p, j.y = dy.p;
+  EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, nullptr, nullptr, nullptr, nullptr, sc::kMaxGemvTokens + 1),
+               strata::Error);
+  Dev<unsigned int> counter(std::vector<unsigned int>{0u});
+  sc::GemvNorm nm;
+  nm.x = dx.p, nm.w = dn.p, nm.out = dy.p, nm.n = d, nm.counter = counter.p;
+  EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, &nm, nullptr, nullptr, nullptr, 2), strata::Error);
+}
+
+// The multi-token step's DeltaNet input: the projection over a token grid without the conv, then
+// conv_silu_tokens walking the tokens, is bit for bit the decode step's projection with the conv fused
+// in (GemvJob::conv_w) run token by token: the conv outputs, the state each token leaves (the records)
+// and the final state, in both arithmetics, the input normalised in the block as the session's is.
+TEST(CudaKernels, ConvSiluTokensEqualsFusedConvProjectionPerToken) {
+  REQUIRE_GPU();
+  std::mt19937 rng(51);
+  const int T = 6, K = 4, channels = 384, cols = 512;
+  const std::vector<uint8_t> w = make_weights(GgmlType::Q4_K, channels, cols, rng);
+  const std::vector<float> x = randn(static_cast<size_t>(T) * cols, rng, 2.0f), nw = randn(cols, rng);
+  const std::vector<float> convw = randn(static_cast<size_t>(channels) * K, rng, 0.5f);
+  const std::vector<float> state0 = randn(static_cast<size_t>(K - 1) * channels, rng);
+  const size_t win = static_cast<size_t>(K - 1) * channels;
+  Dev<uint8_t> dw(w);
+  Dev<float> dx(x), dn(nw), dcw(convw);
+  const sc::DevMatrix m = dev_matrix(GgmlType::Q4_K, dw, channels, cols);
+  for (const bool i8 : {false, true}) {
+    std::unique_ptr<Int8Gemv> int8;
+    if (i8) int8 = std::make_unique<Int8Gemv>();
+    // The decode step's form, token by token: the state after each token kept aside.
+    Dev<float> dstate(state0), dmixed(static_cast<size_t>(T) * channels);
+    std::vector<float> states;
+    for (int t = 0; t < T; ++t) {
+      sc::GemvJob j;
+      j.w = &m, j.x = dx.p + static_cast<size_t>(t) * cols, j.y = dmixed.p + static_cast<size_t>(t) * channels;
+      j.norm_w = dn.p, j.norm_eps = 1e-6f;
+      j.conv_w = dcw.p, j.conv_state = dstate.p, j.conv_k = K, j.conv_channels = channels;
+      sc::gemv_batch(&j, 1, nullptr);
+      const std::vector<float> st = dstate.get();
+      states.insert(states.end(), st.begin(), st.end());
+    }
+    // The multi-token form.
+    Dev<float> dstate2(state0), draw(static_cast<size_t>(T) * channels), dmixed2(static_cast<size_t>(T) * channels),
+        drec(static_cast<size_t>(T) * win);
+    sc::GemvJob j;
+    j.w = &m, j.x = dx.p, j.y = draw.p, j.norm_w = dn.p, j.norm_eps = 1e-6f;
+    j.x_token_stride = cols, j.y_token_stride = channels;
+    sc::gemv_batch(&j, 1, nullptr, nullptr, nullptr, nullptr, nullptr, T);
+    sc::conv_silu_tokens(draw.p, T, dcw.p, K, channels, dstate2.p, drec.p, dmixed2.p, nullptr);
+    EXPECT_TRUE(bitwise_equal(dmixed2.get(), dmixed.get())) << "conv outputs, int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(drec.get(), states)) << "state after each token, int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(dstate2.get(), dstate.get())) << "final state, int8 " << i8;
+  }
+}
+
+// The token grid of the multi-token step's attention and embedding: attn_prep + attention_decode_split
+// over T tokens at consecutive positions (one launch each; a sliding window, softplus gates per element,
+// a cache long enough for several chunks) equal, bit for bit, the two launches token by token; the
+// prefill's embed_rows of T tokens (the multi-token step's embedding) equals T embed_row launches.
+TEST(CudaKernels, AttentionTokenGridEqualsOneTokenLaunchesBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(52);
+  const int T = 5, n_head = 4, n_kv = 2, hd = 64, max_ctx = 600, base = 300, window = 128;
+  const int q_stride = hd, kv_width = n_kv * hd, qw = n_head * q_stride, ow = n_head * hd;
+  const std::vector<float> q = randn(static_cast<size_t>(T) * qw, rng), kk = randn(static_cast<size_t>(T) * kv_width, rng),
+                           vv = randn(static_cast<size_t>(T) * kv_width, rng), qn = randn(hd, rng), kn = randn(hd, rng),
+                           gate = randn(static_cast<size_t>(T) * ow, rng),
+                           kc0 = randn(static_cast<size_t>(max_ctx) * kv_width, rng, 0.2f),
+                           vc0 = randn(static_cast<size_t>(max_ctx) * kv_width, rng);
+  std::vector<int> pos(T);
+  for (int t = 0; t < T; ++t) pos[t] = base + t;
+  Dev<float> dqn(qn), dkn(kn), dg(gate);
+  Dev<int> dpos(pos);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  struct Run {
+    Dev<float> q, kc, vc, out, scratch;
+    Dev<unsigned int> counters;
+    Run(const std::vector<float>& q0, const std::vector<float>& k0, const std::vector<float>& v0, size_t outn,
+        size_t scratch_n, size_t n_counters)
+        : q(q0), kc(k0), vc(v0), out(outn), scratch(scratch_n), counters(std::vector<unsigned int>(n_counters, 0u)) {}
+  };
+  const size_t per = sc::attention_scratch_floats(n_head, hd, max_ctx);
+  Run grid(q, kc0, vc0, static_cast<size_t>(T) * ow, T * per, static_cast<size_t>(T) * n_head);
+  Run one(q, kc0, vc0, static_cast<size_t>(T) * ow, per, n_head);
+  Dev<float> dkk(kk), dvv(vv);
+  sc::AttnOutGate og;
+  og.kind = sc::AttnOutGate::SoftplusPerElement, og.g = dg.p;
+  sc::AttnTokens tk;
+  tk.n = T, tk.q = qw, tk.kv = kv_width, tk.out = ow, tk.gate = ow, tk.scratch = static_cast<int64_t>(per);
+  tk.counters = n_head;
+  sc::attn_prep(grid.q.p, q_stride, dkk.p, dvv.p, grid.kc.p, grid.vc.p, kv_width, n_head, n_kv, hd, dqn.p, dkn.p, 1e-6f,
+                hd, 1e4f, dpos.p, nullptr, {}, 0, nullptr, tk);
+  sc::attention_decode_split(grid.q.p, q_stride, grid.kc.p, grid.vc.p, kv_width, n_head, n_kv, hd, scale, og, dpos.p,
+                             max_ctx, grid.scratch.p, grid.counters.p, grid.out.p, nullptr, {}, window, 0, tk);
+  for (int t = 0; t < T; ++t) {
+    sc::attn_prep(one.q.p + t * qw, q_stride, dkk.p + t * kv_width, dvv.p + t * kv_width, one.kc.p, one.vc.p, kv_width,
+                  n_head, n_kv, hd, dqn.p, dkn.p, 1e-6f, hd, 1e4f, dpos.p + t, nullptr);
+    sc::AttnOutGate g1 = og;
+    g1.g = dg.p + t * ow;
+    sc::attention_decode_split(one.q.p + t * qw, q_stride, one.kc.p, one.vc.p, kv_width, n_head, n_kv, hd, scale, g1,
+                               dpos.p + t, max_ctx, one.scratch.p, one.counters.p, one.out.p + t * ow, nullptr, {},
+                               window);
+  }
+  EXPECT_TRUE(bitwise_equal(grid.q.get(), one.q.get())) << "normalised, rotated queries";
+  EXPECT_TRUE(bitwise_equal(grid.kc.get(), one.kc.get())) << "key cache";
+  EXPECT_TRUE(bitwise_equal(grid.vc.get(), one.vc.get())) << "value cache";
+  EXPECT_TRUE(bitwise_equal(grid.out.get(), one.out.get())) << "attention outputs";
+  EXPECT_EQ(grid.counters.get(), std::vector<unsigned int>(static_cast<size_t>(T) * n_head, 0u));
+  // Embedding rows.
+  const int V = 40, d = 96;
+  const std::vector<uint8_t> table = make_weights(GgmlType::Q8_0, V, d, rng);
+  Dev<uint8_t> dt(table);
+  const sc::DevMatrix mt = dev_matrix(GgmlType::Q8_0, dt, V, d);
+  Dev<int> dtok(std::vector<int>{3, 39, 0, 17, 3});
+  Dev<float> eg(static_cast<size_t>(T) * d), e1(static_cast<size_t>(T) * d);
+  sc::prefill::embed_rows(mt, dtok.p, T, eg.p, nullptr);
+  for (int t = 0; t < T; ++t) sc::embed_row(mt, dtok.p + t, e1.p + t * d, nullptr);
+  EXPECT_TRUE(bitwise_equal(eg.get(), e1.get())) << "embedding rows";
+}
+
+// The multi-token step's recurrence: T steps chained through separate state buffers (token t reads
+// the state token t - 1 wrote, launched after the previous kernel completes) equal, bit for bit, T steps
+// updating one state in place, in every output and state.
+TEST(CudaKernels, DeltaNetStepChainedThroughRecordsEqualsInPlaceSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(53);
+  const int T = 4, nk = 2, nv = 4, dk = 64, dv = 64;
+  const int key_dim = nk * dk, channels = 2 * key_dim + nv * dv, vd = nv * dv;
+  const size_t ssm = static_cast<size_t>(nv) * dk * dv;
+  const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(dk));
+  const std::vector<float> S0 = randn(ssm, rng, 0.1f), mixed = randn(static_cast<size_t>(T) * channels, rng),
+                           b = randn(static_cast<size_t>(T) * nv, rng), alpha = randn(static_cast<size_t>(T) * nv, rng),
+                           z = randn(static_cast<size_t>(T) * vd, rng), dt_bias = randn(nv, rng), norm_w = randn(dv, rng);
+  std::vector<float> a(nv);
+  for (float& v : a) v = -std::fabs(randn(1, rng)[0]);
+  Dev<float> dmixed(mixed), db(b), dalpha(alpha), dz(z), da(a), ddt(dt_bias), dnorm(norm_w);
+  Dev<double> dscratch(sc::deltanet_scratch_doubles(nv, dv));
+  Dev<unsigned int> dcounters(std::vector<unsigned int>(nv, 0u));
+  // In place, the state copied after each step.
+  Dev<float> dS(S0), dout(static_cast<size_t>(T) * vd);
+  std::vector<float> states;
+  for (int t = 0; t < T; ++t) {
+    sc::deltanet_step_fast(dS.p, dmixed.p + t * channels, db.p + t * nv, dalpha.p + t * nv, da.p, ddt.p, dnorm.p,
+                           dz.p + t * vd, eps, nk, nv, dk, dv, dscratch.p, dcounters.p, dout.p + t * vd, nullptr, true,
+                           q_scale);
+    const std::vector<float> st = dS.get();
+    states.insert(states.end(), st.begin(), st.end());
+  }
+  // Chained: records 0 .. T-2, the last step into the live state.
+  Dev<float> dlive(S0), drec(static_cast<size_t>(T) * ssm), dout2(static_cast<size_t>(T) * vd);
+  for (int t = 0; t < T; ++t) {
+    float* in = t == 0 ? dlive.p : drec.p + (t - 1) * ssm;
+    float* out = t + 1 < T ? drec.p + t * ssm : dlive.p;
+    sc::deltanet_step_fast(in, dmixed.p + t * channels, db.p + t * nv, dalpha.p + t * nv, da.p, ddt.p, dnorm.p,
+                           dz.p + t * vd, eps, nk, nv, dk, dv, dscratch.p, dcounters.p, dout2.p + t * vd, nullptr, true,
+                           q_scale, out, true);
+  }
+  EXPECT_TRUE(bitwise_equal(dout2.get(), dout.get())) << "outputs";
+  const std::vector<float> rec = drec.get();
+  EXPECT_TRUE(bitwise_equal(std::vector<float>(rec.begin(), rec.begin() + static_cast<std::ptrdiff_t>((T - 1) * ssm)),
+                            std::vector<float>(states.begin(), states.begin() + static_cast<std::ptrdiff_t>((T - 1) * ssm))))
+      << "recorded states";
+  EXPECT_TRUE(bitwise_equal(dlive.get(), std::vector<float>(states.end() - static_cast<std::ptrdiff_t>(ssm), states.end())))
+      << "final state";
+}
+
 }  // namespace
 
 #endif  // STRATA_HAVE_CUDA

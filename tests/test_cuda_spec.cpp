@@ -5,8 +5,9 @@
 // (on the CPU, over the hidden rows the GPU session copies; the bundled model has a trained one).
 // Two ways to run the target: prompts and verifications token by token through the decode step (the
 // state generation leaves gives logits within 1e-5 of the plain run's; they are not bit-equal on the
-// GPU, unlike the CPU's); and through the batched prefill in exact math,
-// where a verification's logits come from the prefill's GEMMs (within 1e-3). Keeping any prefix of a
+// GPU, unlike the CPU's); and prompts through the batched prefill in exact math, verifications through
+// the multi-token decode step of all-GPU sessions (bitwise the decode steps':
+// check_multi_token_step_bitwise) and the prefill's GEMMs in hybrid ones (within 1e-3). Keeping any prefix of a
 // verified chain leaves the state a plain run of that prefix leaves (check_keep_every_prefix).
 // Skips where CUDA is not built or no GPU exists.
 #include <gtest/gtest.h>
@@ -15,8 +16,10 @@
 TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA undefined)"; }
 #else
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -30,6 +33,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include "strata/cuda/gpu_session.h"
 #include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
+#include "strata/engine/sequence_state.h"
 #include "strata/engine/session.h"
 #include "strata/spec/draft_model.h"
 #include "strata/spec/mtp_drafter.h"
@@ -361,6 +365,141 @@ TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
     EXPECT_EQ(rg->size(), 0);
   }
   set_cpu_kernel_level(saved);
+}
+
+// The multi-token decode step (an all-GPU session's verification of up to 16 pending tokens): a
+// chain's pending logits are bit for bit the logits single forward() calls give from the same state
+// (T = 2, 5, 16 where the sliding-window rings allow), keeping m of them and going on gives what a
+// session that only ever ran the m tokens gives (logits, DeltaNet state, routing counts), and a tree's
+// rows are each its root path's single steps. Prompts run token by token, so every state compared was
+// built by the decode step; the sessions keep the batched prefill on, the path verification took
+// before the multi-token step (not bitwise the decode step's). prompt_len: longer than a sliding window
+// where the model has one, so the rings have wrapped before the pending tokens.
+void check_multi_token_step_bitwise(const Model& model, const std::string& label, int prompt_len) {
+  const int32_t V = static_cast<int32_t>(model.config().n_vocab);
+  const size_t vocab = static_cast<size_t>(V);
+  auto ids = [V](int n, int salt) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>((37 * i + 101 * salt + 11) % V);
+    return v;
+  };
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const std::vector<int32_t> prompt = ids(prompt_len, 1), drafts = ids(16, 2);
+  const int32_t next = ids(1, 4)[0];
+  const auto gm = sc::make_gpu_model(model, sc::GpuSessionOptions{});
+  const int ctx = prompt_len + 40;  // two chains of 16 and a token between them
+  const int limit = forward_token_limit(model.config(), ctx);
+  auto session = [&] {
+    auto s = sc::make_gpu_session(gm, ctx);
+    std::vector<float> scratch(vocab);
+    for (const int32_t tok : prompt) s->forward(&tok, 1, scratch.data(), false);
+    return s;
+  };
+  // Single forward() calls of tokens from a fresh session's prompt state: their logits rows.
+  auto single_steps = [&](const std::vector<int32_t>& tokens) {
+    auto s = session();
+    std::vector<float> rows(tokens.size() * vocab);
+    for (size_t t = 0; t < tokens.size(); ++t) s->forward(&tokens[t], 1, rows.data() + t * vocab, false);
+    return rows;
+  };
+  int checked = 0;
+  for (const int T : {2, 5, 16}) {
+    if (T > limit) continue;
+    ++checked;
+    SCOPED_TRACE(label + ", chain of " + std::to_string(T));
+    const std::vector<int32_t> chain(drafts.begin(), drafts.begin() + T);
+    auto a = session();
+    std::vector<float> pending(static_cast<size_t>(T) * vocab, NAN);
+    a->forward_pending(chain.data(), T, nullptr, pending.data());
+    const std::vector<float> want = single_steps(chain);
+    for (int t = 0; t < T; ++t) {
+      const std::vector<float> got(pending.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                   pending.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+      const std::vector<float> ref(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                   want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+      EXPECT_TRUE(same_bits(got, ref)) << "token " << t << " of " << T;
+    }
+    // Keep m, then go on: as a session that only ran the m kept tokens.
+    const int m = T / 2 + 1;
+    a->keep_first(m);
+    auto b = session();
+    std::vector<float> scratch(vocab);
+    for (int t = 0; t < m; ++t) b->forward(&chain[static_cast<size_t>(t)], 1, scratch.data(), false);
+    EXPECT_EQ(a->n_past(), b->n_past());
+    EXPECT_TRUE(same_bits(a->deltanet_state(), b->deltanet_state())) << "state after keeping " << m;
+    EXPECT_EQ(a->routing_counts(), b->routing_counts()) << "only kept tokens count";
+    std::vector<float> la(vocab), lb(vocab);
+    a->forward(&next, 1, la.data(), false);
+    b->forward(&next, 1, lb.data(), false);
+    EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping " << m;
+    // A second chain on top (the graph of this token count replayed), kept whole.
+    const std::vector<int32_t> more = ids(T, 5);
+    std::vector<float> pending2(static_cast<size_t>(T) * vocab);
+    a->forward_pending(more.data(), T, nullptr, pending2.data());
+    a->keep_first(T);
+    std::vector<float> rows2(static_cast<size_t>(T) * vocab);
+    for (int t = 0; t < T; ++t) b->forward(&more[static_cast<size_t>(t)], 1, rows2.data() + static_cast<size_t>(t) * vocab, false);
+    EXPECT_TRUE(same_bits(pending2, rows2)) << "second chain";
+    EXPECT_TRUE(same_bits(a->deltanet_state(), b->deltanet_state())) << "state after the second chain";
+  }
+  EXPECT_GT(checked, 0) << "no chain length fits the sliding-window limit of " << limit;
+  // A tree: root 0 with children 1 and 2, 3 below 1; each token's row is its root path's single steps.
+  SCOPED_TRACE(label + ", tree");
+  const std::vector<int32_t> tree(drafts.begin(), drafts.begin() + 4);
+  const std::vector<int> parents = {-1, 0, 0, 1};
+  auto a = session();
+  std::vector<float> pending(4 * vocab, NAN);
+  a->forward_pending(tree.data(), 4, parents.data(), pending.data());
+  const std::vector<float> p013 = single_steps({tree[0], tree[1], tree[3]}), p02 = single_steps({tree[0], tree[2]});
+  auto row = [vocab](const std::vector<float>& rows, size_t i) {
+    return std::vector<float>(rows.begin() + static_cast<std::ptrdiff_t>(i * vocab),
+                              rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
+  };
+  EXPECT_TRUE(same_bits(row(pending, 0), row(p013, 0))) << "root";
+  EXPECT_TRUE(same_bits(row(pending, 1), row(p013, 1))) << "token 1";
+  EXPECT_TRUE(same_bits(row(pending, 2), row(p02, 1))) << "token 2";
+  EXPECT_TRUE(same_bits(row(pending, 3), row(p013, 2))) << "token 3";
+  // Keeping the branch that did not run last runs it again: as single steps of it.
+  const int path[2] = {0, 2};
+  a->keep(path, 2);
+  auto b = session();
+  std::vector<float> scratch(vocab);
+  b->forward(&tree[0], 1, scratch.data(), false);
+  b->forward(&tree[2], 1, scratch.data(), false);
+  std::vector<float> la(vocab), lb(vocab);
+  a->forward(&next, 1, la.data(), false);
+  b->forward(&next, 1, lb.data(), false);
+  EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping the second branch";
+}
+
+// The largest sliding window of the model's layers (0: none).
+int largest_window(const Model& m) {
+  int w = 0;
+  for (int il = 0; il < m.config().n_layer; ++il)
+    if (m.config().layer(il).mixer == LayerKind::SlidingAttention) w = std::max(w, m.config().layer(il).window);
+  return w;
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseBundledModel) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  check_multi_token_step_bitwise(*tiny.model, "strata-tiny", 12);
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseDeltaNetFixture) {
+  REQUIRE_GPU();
+  const Loaded target = load(cuda_test::convert_fixture("qwen3_5_moe", "f32", "cuda_spec_"));
+  check_multi_token_step_bitwise(*target.model, "qwen3_5_moe", 12);
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseSlidingWindowFixture) {
+  REQUIRE_GPU();
+  const Loaded target = load(cuda_test::convert_fixture("laguna_swa", "f32", "cuda_spec_"));
+  const int window = largest_window(*target.model);
+  ASSERT_GT(window, 0) << "the fixture has sliding-window layers";
+  check_multi_token_step_bitwise(*target.model, "laguna_swa", window + 7);
 }
 
 TEST(CudaSpec, KeepEveryPrefixOfAChainBundledModel) {

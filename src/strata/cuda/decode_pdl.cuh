@@ -43,10 +43,11 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute (when enabled).
+// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute when programmatic (and enabled);
+// without it the kernel starts once the previous work on the stream has completed.
 template <typename... KArgs, typename... Args>
-void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                Args&&... args) {
+void launch_programmatic(const char* what, bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                         size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -54,10 +55,17 @@ void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 bloc
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = programmatic && pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute (when enabled).
+template <typename... KArgs, typename... Args>
+void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                Args&&... args) {
+  launch_programmatic(what, true, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace strata::cuda

@@ -179,6 +179,16 @@ void DeviceSequenceState::copy_step(int t, bool record, cudaStream_t s) {
 }
 
 void DeviceSequenceState::record_step(int t, cudaStream_t s) { copy_step(t, true, s); }
+
+float* DeviceSequenceState::conv_step(const DeviceLayerState& L, int t) const {
+  if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
+  return L.conv_steps + static_cast<size_t>(t) * conv_floats(c_);
+}
+
+float* DeviceSequenceState::ssm_step(const DeviceLayerState& L, int t) const {
+  if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
+  return L.ssm_steps + static_cast<size_t>(t) * ssm_floats(c_);
+}
 void DeviceSequenceState::select_step(int t, cudaStream_t s) { copy_step(t, false, s); }
 
 DeviceSequenceState::~DeviceSequenceState() {

@@ -76,6 +76,10 @@ class DeviceSequenceState {
   void record_step(int t, cudaStream_t s);
   // Makes step t's record the live conv/ssm state (the caller sets n_past).
   void select_step(int t, cudaStream_t s);
+  // One layer's parts of step t's record, for runs whose kernels write the records (the multi-token
+  // decode step): the conv window and the ssm state.
+  float* conv_step(const DeviceLayerState& L, int t) const;
+  float* ssm_step(const DeviceLayerState& L, int t) const;
 
   const ModelConfig& config() const { return c_; }
   int max_ctx() const { return max_ctx_; }

@@ -24,6 +24,7 @@
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
+#include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/sample_kernels.h"
 #include "strata/moe/gpu_support.h"
 #include "strata/sample/sampler.h"
@@ -109,6 +110,7 @@ struct GpuSession::Impl {
   unsigned long long* route_counts_saved = nullptr;  // route_counts before the pending tokens
   float* ag = nullptr;                         // laguna's attention output gate, before softplus
   float* attn_scratch = nullptr;               // attention_decode_split partials
+  size_t attn_scratch_per = 0;                 // floats of a token's partials
   unsigned int* attn_counters = nullptr;
   unsigned int* norm_counter = nullptr;        // GemvNorm epilogues (one launch at a time on the stream)
   double* dn_scratch = nullptr;                // deltanet_step_fast per-slice sums of squares
@@ -138,6 +140,37 @@ struct GpuSession::Impl {
   GrowingRows<int> replay_rows_buf;  // a token per row
   std::vector<int> replay_row;
   size_t replay_stride = 0;      // ints per token
+
+  // The activation rows a step's kernels read and write: one token's (one: the decode step's), or
+  // kMaxStepTokens tokens' (multi: the multi-token step's), token t's rows of each kind t widths
+  // (RowWidths) in. Layer il's expert picks are at ids + il * ids_layer ([tokens x k] in multi).
+  struct StepRows {
+    float *x = nullptr, *q = nullptr, *kk = nullptr, *vv = nullptr, *o = nullptr, *ag = nullptr;
+    float *qkv = nullptr, *mixed = nullptr, *z = nullptr, *b = nullptr, *alpha = nullptr, *o2 = nullptr;
+    float *router = nullptr, *wts = nullptr, *g = nullptr, *gs = nullptr, *sg = nullptr, *logits = nullptr;
+    float *ye = nullptr, *ys = nullptr;  // the MoE down jobs' outputs (where gemv_down_sum does not fit)
+    int* ids = nullptr;
+    int64_t ids_layer = 0;
+  };
+  // Floats per token of each row kind: the token strides of the multi-token step's launches.
+  struct RowWidths {
+    int64_t x = 0, q = 0, kv = 0, o = 0, ch = 0, vd = 0, nv = 0, router = 0, g = 0, gs = 0, ye = 0, vocab = 0;
+  };
+  RowWidths rw;
+  StepRows one;
+
+  // The multi-token decode step (speculative verification, run_multi): the decode step's kernels over
+  // a token grid, so token t's logits are bitwise those of t + 1 decode steps. One graph per token
+  // count and state parity, captured on first use; captured again when the step records are
+  // reallocated (the graph writes into them).
+  static constexpr int kMaxStepTokens = kMaxGemvTokens;
+  bool multi_fits = false;  // multi_step_fits() at construction
+  StepRows multi;
+  int* d_mio = nullptr;  // [kMaxStepTokens tokens, kMaxStepTokens positions]
+  int* h_mio = nullptr;  // pinned
+  float* h_mlogits = nullptr;  // pinned [kMaxStepTokens x n_vocab], allocated on first use
+  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1] = {};
+  int mgraph_steps = 0;  // st.step_cap() when mgraphs were captured
 
   Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
       : gm(std::move(g)),
@@ -191,33 +224,90 @@ struct GpuSession::Impl {
     return g;
   }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
+
+  RowWidths row_widths() const {
+    RowWidths w;
+    const int64_t H = c.n_attention_layers() > 0 ? c.max_attention_heads() : 0;
+    w.x = c.n_embd;
+    w.q = H * q_stride_head();
+    w.kv = H > 0 ? kv_width() : 0;
+    w.o = H * c.head_dim;  // the attention output, and laguna's gate rows
+    if (c.n_deltanet_layers() > 0) {
+      w.ch = c.ssm_conv_channels();
+      w.vd = static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_v;
+      w.nv = c.ssm_v_heads;
+    }
+    w.router = c.n_expert;
+    // The routed experts' or a dense layer's gate/up output.
+    w.g = std::max(static_cast<int64_t>(c.n_expert_used) * c.n_ff_exp, static_cast<int64_t>(c.n_ff));
+    w.gs = c.n_ff_shexp;
+    w.ye = static_cast<int64_t>(c.n_expert_used) * c.n_embd;
+    w.vocab = c.n_vocab;
+    return w;
+  }
+
+  // The rows of n tokens for every row kind this model uses; every layer's picks -1 (a dense layer's
+  // stay so).
+  StepRows alloc_rows(int n) {
+    const size_t t = static_cast<size_t>(n);
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    StepRows r;
+    r.x = dalloc<float>(t * rw.x);
+    if (c.n_attention_layers() > 0) {
+      r.q = dalloc<float>(t * rw.q);
+      r.kk = dalloc<float>(t * rw.kv);
+      r.vv = dalloc<float>(t * rw.kv);
+      r.o = dalloc<float>(t * rw.o);
+      if (c.attn_gate != AttnGate::None) r.ag = dalloc<float>(t * rw.o);
+    }
+    if (c.n_deltanet_layers() > 0) {
+      r.qkv = dalloc<float>(t * rw.ch);
+      r.mixed = dalloc<float>(t * rw.ch);
+      r.z = dalloc<float>(t * rw.vd);
+      r.b = dalloc<float>(t * rw.nv);
+      r.alpha = dalloc<float>(t * rw.nv);
+      r.o2 = dalloc<float>(t * rw.vd);
+    }
+    r.router = dalloc<float>(t * rw.router);
+    r.wts = dalloc<float>(t * k);
+    r.g = dalloc<float>(t * rw.g);
+    if (c.n_ff_shexp > 0) {
+      r.sg = dalloc<float>(t);
+      r.gs = dalloc<float>(t * rw.gs);
+      r.ys = dalloc<float>(t * rw.x);
+    }
+    r.ye = dalloc<float>(t * rw.ye);
+    r.logits = dalloc<float>(t * rw.vocab);
+    r.ids_layer = static_cast<int64_t>(t * k);
+    const size_t n_ids = static_cast<size_t>(c.n_layer) * t * k;
+    r.ids = dalloc<int>(n_ids);
+    // -1: a dense layer's ids stay so (a dropped lookahead step uncounts only what was routed).
+    check_cuda(cudaMemset(r.ids, 0xff, n_ids * sizeof(int)), "cudaMemset(ids)");
+    return r;
+  }
+
   void allocate() {
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMallocHost(&h_io, 2 * sizeof(int)), "cudaMallocHost");
     d_io = dalloc<int>(2);
     d_argmax = dalloc<int>(1);
     const size_t d = static_cast<size_t>(c.n_embd);
-    x = dalloc<float>(d);
+    rw = row_widths();
+    one = alloc_rows(1);
+    x = one.x, q = one.q, kk = one.kk, vv = one.vv, o = one.o, ag = one.ag;
+    qkv = one.qkv, mixed = one.mixed, z = one.z, b = one.b, alpha = one.alpha, o2 = one.o2;
+    router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
+    ye = one.ye, ys = one.ys;
     xn = dalloc<float>(d);
-    if (c.n_attention_layers() > 0) {
+    multi_fits = multi_step_fits();
+    if (c.n_attention_layers() > 0) {  // a token's scratch and counters each (the multi-token step's tokens)
       const int H = c.max_attention_heads();
-      q = dalloc<float>(static_cast<size_t>(H) * q_stride_head());
-      kk = dalloc<float>(kv_width());
-      vv = dalloc<float>(kv_width());
-      o = dalloc<float>(static_cast<size_t>(H) * c.head_dim);
-      if (c.attn_gate != AttnGate::None) ag = dalloc<float>(static_cast<size_t>(H) * c.head_dim);
-      attn_scratch = dalloc<float>(attention_scratch_floats(H, c.head_dim, max_ctx));
-      attn_counters = dalloc<unsigned int>(static_cast<size_t>(H));
+      const size_t tokens = multi_fits ? kMaxStepTokens : 1;
+      attn_scratch_per = attention_scratch_floats(H, c.head_dim, max_ctx);
+      attn_scratch = dalloc<float>(tokens * attn_scratch_per);
+      attn_counters = dalloc<unsigned int>(tokens * static_cast<size_t>(H));
     }
     if (c.n_deltanet_layers() > 0) {
-      const size_t ch = static_cast<size_t>(c.ssm_conv_channels());
-      const size_t vdim = static_cast<size_t>(c.ssm_v_heads) * c.ssm_head_v;
-      qkv = dalloc<float>(ch);
-      mixed = dalloc<float>(ch);
-      z = dalloc<float>(vdim);
-      b = dalloc<float>(c.ssm_v_heads);
-      alpha = dalloc<float>(c.ssm_v_heads);
-      o2 = dalloc<float>(vdim);
       dn_scratch = dalloc<double>(deltanet_scratch_doubles(c.ssm_v_heads, c.ssm_head_v));
       dn_counters = dalloc<unsigned int>(static_cast<size_t>(c.ssm_v_heads));
     }
@@ -229,20 +319,11 @@ struct GpuSession::Impl {
     route_counts_saved = dalloc<unsigned long long>(static_cast<size_t>(c.n_layer) * c.n_expert);
     norm_counter = dalloc<unsigned int>(1);
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
-    const size_t k = static_cast<size_t>(c.n_expert_used);
-    router = dalloc<float>(c.n_expert);
-    ids = dalloc<int>(static_cast<size_t>(c.n_layer) * k);  // each layer routes into its own k ids
-    // -1: a dense layer's ids stay so (a dropped lookahead step uncounts only what was routed).
-    check_cuda(cudaMemset(ids, 0xff, static_cast<size_t>(c.n_layer) * k * sizeof(int)), "cudaMemset(ids)");
-    wts = dalloc<float>(k);
-    g = dalloc<float>(std::max(k * c.n_ff_exp, static_cast<size_t>(c.n_ff)));  // routed experts' or a dense layer's
-    ye = dalloc<float>(k * d);
-    if (c.n_ff_shexp > 0) {
-      sg = dalloc<float>(1);
-      gs = dalloc<float>(c.n_ff_shexp);
-      ys = dalloc<float>(d);
+    if (multi_fits) {
+      multi = alloc_rows(kMaxStepTokens);
+      d_mio = dalloc<int>(2 * kMaxStepTokens);
+      check_cuda(cudaMallocHost(&h_mio, 2 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
     }
-    logits = dalloc<float>(static_cast<size_t>(c.n_vocab));
     check_cuda(cudaDeviceSynchronize(), "allocate");
   }
 
@@ -257,6 +338,10 @@ struct GpuSession::Impl {
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
     h_io = nullptr;
+    if (h_mio) cudaFreeHost(h_mio);
+    h_mio = nullptr;
+    if (h_mlogits) cudaFreeHost(h_mlogits);
+    h_mlogits = nullptr;
     if (h_logits) cudaFreeHost(h_logits);
     h_logits = nullptr;
     prof.release();
@@ -266,33 +351,41 @@ struct GpuSession::Impl {
 
   // A job whose input is rmsnorm(x) * norm_w of the residual stream x: each block of the launch
   // computes the norm as it stages x (no separate norm pass, no single-block epilogue).
-  void normed_input(GemvJob& j, const float* norm_w) const {
-    j.x = x;
+  void normed_input(GemvJob& j, const StepRows& r, const float* norm_w) const {
+    j.x = r.x;
+    j.x_token_stride = rw.x;
     j.norm_w = norm_w;
     j.norm_eps = c.rms_eps;
   }
+  // A fresh job writing rows y of width y_width per token.
+  static GemvJob job_to(const DevMatrix& w, float* y, int64_t y_width) {
+    GemvJob j;
+    j.w = &w, j.y = y, j.y_token_stride = y_width;
+    return j;
+  }
 
   // A layer's mixer input projections, each reading rmsnorm(x) * attn_norm: attention q/k/v, or
-  // DeltaNet qkv (with the conv1d + SiLU fused in when fuse_conv) / z / beta / alpha. Returns the count.
-  int mixer_in_jobs(const DevLayer& D, DeviceLayerState& L, GemvJob* jobs) const {
+  // DeltaNet qkv (with the conv1d + SiLU fused in when fuse_conv and conv, else the raw projection for
+  // the multi-token step's conv launch) / z / beta / alpha. Returns the count.
+  int mixer_in_jobs(const DevLayer& D, DeviceLayerState& L, GemvJob* jobs, const StepRows& r, bool conv) const {
     if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
-      jobs[0] = GemvJob{}, jobs[0].w = &w.q, jobs[0].y = q;
-      jobs[1] = GemvJob{}, jobs[1].w = &w.k, jobs[1].y = kk;
-      jobs[2] = GemvJob{}, jobs[2].w = &w.v, jobs[2].y = vv;
+      jobs[0] = job_to(w.q, r.q, rw.q);
+      jobs[1] = job_to(w.k, r.kk, rw.kv);
+      jobs[2] = job_to(w.v, r.vv, rw.kv);
       int n = 3;
-      if (c.attn_gate != AttnGate::None) jobs[n] = GemvJob{}, jobs[n].w = &w.gate, jobs[n].y = ag, ++n;
-      for (int i = 0; i < n; ++i) normed_input(jobs[i], D.attn_norm);
+      if (c.attn_gate != AttnGate::None) jobs[n++] = job_to(w.gate, r.ag, rw.o);
+      for (int i = 0; i < n; ++i) normed_input(jobs[i], r, D.attn_norm);
       return n;
     }
     const DevDeltaNet& w = D.deltanet;
-    jobs[0] = GemvJob{}, jobs[0].w = &w.qkv, jobs[0].y = qkv;
-    jobs[1] = GemvJob{}, jobs[1].w = &w.gate, jobs[1].y = z;
-    jobs[2] = GemvJob{}, jobs[2].w = &w.beta, jobs[2].y = b;
-    jobs[3] = GemvJob{}, jobs[3].w = &w.alpha, jobs[3].y = alpha;
-    for (int i = 0; i < 4; ++i) normed_input(jobs[i], D.attn_norm);
-    if (fuse_conv) {  // conv1d + SiLU per qkv row in the projection, q/k norms in the step: no conv launch
-      jobs[0].y = mixed;
+    jobs[0] = job_to(w.qkv, r.qkv, rw.ch);
+    jobs[1] = job_to(w.gate, r.z, rw.vd);
+    jobs[2] = job_to(w.beta, r.b, rw.nv);
+    jobs[3] = job_to(w.alpha, r.alpha, rw.nv);
+    for (int i = 0; i < 4; ++i) normed_input(jobs[i], r, D.attn_norm);
+    if (fuse_conv && conv) {  // conv1d + SiLU per qkv row in the projection, q/k norms in the step: no conv launch
+      jobs[0].y = r.mixed;
       jobs[0].conv_w = w.conv, jobs[0].conv_state = L.conv, jobs[0].conv_state_out = L.conv_alt;
       jobs[0].conv_k = c.ssm_conv_kernel;
       jobs[0].conv_channels = c.ssm_conv_channels();
@@ -300,65 +393,86 @@ struct GpuSession::Impl {
     return 4;
   }
 
-  // What runs between a mixer's input and output projections: attention's q/k norm + rope + KV store and
-  // the split-K attention; DeltaNet's conv (when not fused into the projection) and recurrent step.
-  void mixer_core(int il, const DevLayer& D, DeviceLayerState& L) {
+  // What runs between a mixer's input and output projections for T tokens of rows r at positions
+  // pos[0..T): attention's q/k norm + rope + KV store and the split-K attention; DeltaNet's conv (when
+  // not fused into the projection) and recurrent step. T > 1: the multi-token step (its DeltaNet conv
+  // has run; the state is updated in place, the step records keep each token's).
+  void mixer_core(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T, const int* pos) {
     if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
       const LayerSpec& ls = c.layer(il);
       const int hd = c.head_dim;
-      const int* pos = d_io + 1;
-      attn_prep(q, q_stride_head(), kk, vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
-                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows, &ls.yarn);
+      AttnTokens tk;
+      tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
+      tk.scratch = static_cast<int64_t>(attn_scratch_per), tk.counters = c.max_attention_heads();
+      // Every token's KV row is stored before any token attends: a sliding ring keeps window +
+      // forward_token_limit - 1 rows, so no pending token's row is one an earlier pending token reads.
+      attn_prep(r.q, q_stride_head(), r.kk, r.vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
+                c.rms_eps, ls.rope_dims, ls.rope_freq_base, pos, stream, L.kv, L.rows, &ls.yarn, tk);
       prof.mark("attn norm+rope", stream);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       const int window = ls.mixer == LayerKind::SlidingAttention ? ls.window : 0;
-      attention_decode_split(q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale,
-                             out_gate(), pos, max_ctx, attn_scratch, attn_counters, o, stream, L.kv, window, L.rows);
+      AttnOutGate gate = out_gate();
+      if (gate.g) gate.g = r.ag;
+      attention_decode_split(r.q, q_stride_head(), L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, scale, gate, pos,
+                             max_ctx, attn_scratch, attn_counters, r.o, stream, L.kv, window, L.rows, tk);
       prof.mark("attn decode", stream);
       return;
     }
     const DevDeltaNet& w = D.deltanet;
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
-    if (!fuse_conv) {
+    if (!fuse_conv) {  // the decode step only (the multi-token step needs fuse_conv)
       conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
                    c.ssm_head_v, q_scale, stream, L.conv_alt);
       prof.mark("dn conv+qknorm", stream);
     }
-    deltanet_step_fast(L.ssm, mixed, b, alpha, w.a, w.dt_bias, w.norm, z, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads,
-                       c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, o2, stream, fuse_conv, q_scale, L.ssm_alt);
-    prof.mark("dn step", stream);
+    for (int t = 0; t < T; ++t) {  // the recurrence: token by token
+      // The multi-token step chains the state through the step records: token t reads step t - 1's
+      // (the live state for token 0) and writes step t's, the last token the live state (a kept prefix
+      // of m < T tokens selects step m - 1). Its steps start after the previous kernel has completed:
+      // a step reads its state before its programmatic wait.
+      float* S_in = T == 1 || t == 0 ? L.ssm : st.ssm_step(L, t - 1);
+      float* S_out = T == 1 ? L.ssm_alt : (t + 1 < T ? st.ssm_step(L, t) : L.ssm);
+      deltanet_step_fast(S_in, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
+                         r.z + t * rw.vd, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v,
+                         dn_scratch, dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale, S_out, T > 1);
+      prof.mark("dn step", stream);
+    }
   }
 
   // The mixer's output projection, added into the residual stream x.
-  GemvJob mixer_out_job(const DevLayer& D) const {
-    GemvJob out;
+  GemvJob mixer_out_job(const DevLayer& D, const StepRows& r) const {
     const bool attn = is_attention(D.kind);
-    out.w = attn ? &D.attn.o : &D.deltanet.out;
-    out.x = attn ? o : o2;
-    out.y = x;
+    GemvJob out = job_to(attn ? D.attn.o : D.deltanet.out, r.x, rw.x);
+    out.x = attn ? r.o : r.o2;
+    out.x_token_stride = attn ? rw.o : rw.vd;
     out.mode = GemvMode::Accumulate;
     return out;
   }
 
-  // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))).
-  void mixer(int il, const DevLayer& D, DeviceLayerState& L) {
+  // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))), for T tokens
+  // of rows r (T > 1: the multi-token step, token t at position d_mio[kMaxStepTokens + t]).
+  void mixer(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T) {
     const bool attn = is_attention(D.kind);
     GemvJob in[4];
-    const int n = mixer_in_jobs(D, L, in);
-    gemv_batch(in, n, stream);
-    prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv ? "dn in gemv+conv" : "dn in gemv"), stream);
-    mixer_core(il, D, L);
-    const GemvJob out = mixer_out_job(D);
-    gemv_batch(&out, 1, stream);
+    const int n = mixer_in_jobs(D, L, in, r, T == 1);
+    gemv_batch(in, n, stream, nullptr, nullptr, nullptr, nullptr, T);
+    prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv && T == 1 ? "dn in gemv+conv" : "dn in gemv"), stream);
+    if (T > 1 && !attn) {  // the conv is sequential in the tokens: one launch walks them
+      conv_silu_tokens(r.qkv, T, D.deltanet.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, st.conv_step(L, 0),
+                       r.mixed, stream);
+      prof.mark("dn conv", stream);
+    }
+    mixer_core(il, D, L, r, T, T == 1 ? d_io + 1 : d_mio + kMaxStepTokens);
+    const GemvJob out = mixer_out_job(D, r);
+    gemv_batch(&out, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
   }
 
   // The lm_head over rmsnorm(x) * output_norm.
-  GemvJob head_job() const {
-    GemvJob head;
-    head.w = &dm.output, head.y = logits;
-    normed_input(head, dm.output_norm);
+  GemvJob head_job(const StepRows& r) const {
+    GemvJob head = job_to(dm.output, r.logits, rw.vocab);
+    normed_input(head, r, dm.output_norm);
     return head;
   }
 
@@ -368,8 +482,9 @@ struct GpuSession::Impl {
     return d_replay_step + static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
   }
 
-  // Layer il's k expert ids (its own, so a dropped lookahead step's picks can be uncounted).
-  int* layer_ids(int il) const { return ids + static_cast<size_t>(il) * c.n_expert_used; }
+  // Layer il's k expert ids (its own, so a dropped lookahead step's picks can be uncounted); a token
+  // grid's token t's at + t * k.
+  int* layer_ids(int il, const StepRows& r) const { return r.ids + il * r.ids_layer; }
 
   // The jobs of the MoE FFN x += experts(rmsnorm(x) * ffn_norm) up to the down projections: the router
   // (+ the shared expert's gate input), the k routed gate/up pairs and the shared expert's pair.
@@ -377,62 +492,96 @@ struct GpuSession::Impl {
     std::vector<GemvJob> first, up;  // up ends with the shared expert's pair
     GemvRoute rt;  // softmax + top-k of the router logits
   };
-  MoeJobs moe_jobs(int il, const DevLayer& D) const {
+  MoeJobs moe_jobs(int il, const DevLayer& D, const StepRows& r) const {
     const DevMoe& w = D.moe;
     MoeJobs m;
     const int k = c.n_expert_used;
-    int* ids_l = layer_ids(il);
+    int* ids_l = layer_ids(il, r);
     GemvRoute& rt = m.rt;
-    rt.logits = router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
-    rt.weights = wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    rt.logits = r.router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
+    rt.weights = r.wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
     rt.rule = route_rule(c, w.selection_bias);
     rt.rule.replay = replay_for(il);
-    m.first.resize(1);
-    m.first[0].w = &w.router, m.first[0].y = router;
-    if (w.has_shared && w.shared_gated) {
-      GemvJob gate_inp;
-      gate_inp.w = &w.shared_gate_inp, gate_inp.y = sg;
-      m.first.push_back(gate_inp);
-    }
-    for (GemvJob& j : m.first) normed_input(j, D.ffn_norm);
-    m.up.resize(static_cast<size_t>(k));
+    rt.logits_token_stride = rw.router;
+    m.first.push_back(job_to(w.router, r.router, rw.router));
+    if (w.has_shared && w.shared_gated) m.first.push_back(job_to(w.shared_gate_inp, r.sg, 1));
+    for (GemvJob& j : m.first) normed_input(j, r, D.ffn_norm);
     for (int j = 0; j < k; ++j) {
-      GemvJob& a = m.up[j];
-      a.w = &w.gate, a.w2 = &w.up, a.y = g + static_cast<int64_t>(j) * c.n_ff_exp;
-      a.mode = GemvMode::SwigluPair, a.ids = ids_l, a.slot = j;
-      normed_input(a, D.ffn_norm);
+      GemvJob a = job_to(w.gate, r.g + static_cast<int64_t>(j) * c.n_ff_exp, rw.g);
+      a.w2 = &w.up, a.mode = GemvMode::SwigluPair, a.ids = ids_l, a.slot = j, a.ids_token_stride = k;
+      normed_input(a, r, D.ffn_norm);
+      m.up.push_back(a);
     }
     if (w.has_shared) {
-      GemvJob pair;
-      pair.w = &w.shared_gate, pair.w2 = &w.shared_up, pair.y = gs, pair.mode = GemvMode::SwigluPair;
-      normed_input(pair, D.ffn_norm);
+      GemvJob pair = job_to(w.shared_gate, r.gs, rw.gs);
+      pair.w2 = &w.shared_up, pair.mode = GemvMode::SwigluPair;
+      normed_input(pair, r, D.ffn_norm);
       m.up.push_back(pair);
     }
     return m;
   }
 
+  // The fused MoE down projection + combine of layer il (gemv_down_sum) for T tokens of rows r.
+  GemvDownSum down_sum(int il, const DevLayer& D, const StepRows& r, int T, const int* slot_of) const {
+    GemvDownSum f;
+    f.down = &D.moe.down, f.ids = layer_ids(il, r), f.weights = r.wts, f.k = c.n_expert_used, f.g = r.g;
+    f.slot_of_expert = slot_of;
+    if (D.moe.has_shared) f.shared = &D.moe.shared_down, f.gs = r.gs, f.shared_gate = D.moe.shared_gated ? r.sg : nullptr;
+    f.x = r.x;
+    f.n_tokens = T, f.g_token_stride = rw.g, f.gs_token_stride = rw.gs, f.x_token_stride = rw.x;
+    return f;
+  }
+
+  // Whether the multi-token step takes this session's model: every expert resident (the hybrid MoE
+  // computes cold picks on the CPU token by token), the DeltaNet conv in the form the multi-token conv
+  // launch shares with the decode step (fuse_conv), and every MoE layer in one routed expert launch
+  // and one down launch (gemv_down_sum, or the down jobs; the several-launch forms route and combine
+  // in one-per-launch epilogues).
+  bool multi_step_fits() const {
+    if (hybrid) return false;
+    if (c.n_deltanet_layers() > 0 && !fuse_conv) return false;
+    for (int il = 0; il < c.n_layer; ++il) {
+      const DevLayer& D = dm.layers[static_cast<size_t>(il)];
+      if (c.layers[static_cast<size_t>(il)].ffn != FfnKind::Moe) continue;
+      if (c.n_expert_used + (D.moe.has_shared ? 1 : 0) > kMaxGemvJobs) return false;
+    }
+    return true;
+  }
+
   // The MoE down projections where gemv_down_sum does not fit: the k routed
   // down jobs writing per-expert rows ye (+ the shared down into ys), combined into x by the launch's
   // last block (when one launch holds them) or by moe_combine_add_norm.
-  void moe_down_jobs(int il, const DevLayer& D, const int* slot_of) {
+  // T > 1: the multi-token step over rows r (one down launch: multi_step_fits).
+  void moe_down_jobs(int il, const DevLayer& D, const int* slot_of, const StepRows& r, int T) {
     const DevMoe& w = D.moe;
-    const int* ids_l = layer_ids(il);
+    const int* ids_l = layer_ids(il, r);
     const int k = c.n_expert_used;
     const int64_t d = c.n_embd;
-    std::vector<GemvJob> down(static_cast<size_t>(k));
+    std::vector<GemvJob> down;
     for (int j = 0; j < k; ++j) {
-      GemvJob& e = down[j];
-      e.w = &w.down, e.x = g + static_cast<int64_t>(j) * c.n_ff_exp, e.y = ye + j * d, e.ids = ids_l, e.slot = j;
-      e.slot_of_expert = slot_of;
+      GemvJob e = job_to(w.down, r.ye + j * d, rw.ye);
+      e.x = r.g + static_cast<int64_t>(j) * c.n_ff_exp, e.x_token_stride = rw.g;
+      e.ids = ids_l, e.ids_token_stride = k, e.slot = j, e.slot_of_expert = slot_of;
+      down.push_back(e);
     }
     if (w.has_shared) {
-      GemvJob sd;
-      sd.w = &w.shared_down, sd.x = gs, sd.y = ys;
+      GemvJob sd = job_to(w.shared_down, r.ys, rw.x);
+      sd.x = r.gs, sd.x_token_stride = rw.gs;
       down.push_back(sd);
     }
     const float* shared_rows = w.has_shared ? ys : nullptr;
     const float* shared_gate = w.shared_gated ? sg : nullptr;
-    if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
+    if (T > 1) {
+      // The combine epilogue's last-block counter is one per launch: a combine launch per token, the
+      // epilogue's block function (the same sums, element by element, at any block size).
+      gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
+      prof.mark("moe experts+shared down", stream);
+      for (int t = 0; t < T; ++t)
+        moe_combine_add_norm(r.x + t * rw.x, r.ye + t * rw.ye, ids_l + t * k, r.wts + t * k, k, c.n_embd,
+                             w.has_shared ? r.ys + t * rw.x : nullptr, w.shared_gated ? r.sg + t : nullptr, nullptr,
+                             c.rms_eps, xn, stream);
+      prof.mark("moe combine", stream);
+    } else if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
       cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
       cb.ys = shared_rows, cb.shared_gate = shared_gate, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
@@ -451,55 +600,53 @@ struct GpuSession::Impl {
   // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
   // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
   // added into x at the end.
-  void moe(int il, const DevLayer& D) {
-    MoeJobs m = moe_jobs(il, D);
+  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form, no hybrid).
+  void moe(int il, const DevLayer& D, const StepRows& r, int T) {
+    MoeJobs m = moe_jobs(il, D, r);
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
     unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
     if (hybrid) {
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, router, layer_ids(il), wts, counts, x, D.ffn_norm, stream, replay_for(il));
+      hybrid->route_decode(il, router, layer_ids(il, one), wts, counts, x, D.ffn_norm, stream, replay_for(il));
       prof.mark("hybrid top-k+ring", stream);
       for (GemvJob& j : m.up)
         if (j.ids) j.slot_of_expert = slot_of;
       gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up");
     } else if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
+      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
       prof.mark("moe router+shared gate", stream);
-      gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt);
+      gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt, T);
       prof.mark("moe top-k+experts gate+up+shared gate/up", stream);
     } else {  // several launches: the router launch's last block routes once for all of them
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, &m.rt);
       prof.mark("moe router+top-k+shared gate", stream);
       gemv_chunks(m.up, "moe experts gate+up");
     }
-    GemvDownSum fused;
-    fused.down = &D.moe.down, fused.ids = layer_ids(il), fused.weights = wts, fused.k = c.n_expert_used, fused.g = g;
-    fused.slot_of_expert = slot_of;
-    if (D.moe.has_shared) fused.shared = &D.moe.shared_down, fused.gs = gs, fused.shared_gate = D.moe.shared_gated ? sg : nullptr;
-    fused.x = x;
+    const GemvDownSum fused = down_sum(il, D, r, T, slot_of);
     if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
-      moe_down_jobs(il, D, slot_of);
+      moe_down_jobs(il, D, slot_of, r, T);
     }
     if (hybrid) {
-      hybrid->cold_add(il, x, layer_ids(il), wts, stream);
+      hybrid->cold_add(il, x, layer_ids(il, one), wts, stream);
       prof.mark("hybrid cold wait+add", stream);
     }
   }
 
-  // A dense SwiGLU layer: x += down(silu(gate . xn) * (up . xn)), xn = rmsnorm(x) * ffn_norm.
-  void dense_ffn(const DevLayer& D) {
-    GemvJob pair;
-    pair.w = &D.dense.gate, pair.w2 = &D.dense.up, pair.y = g, pair.mode = GemvMode::SwigluPair;
-    normed_input(pair, D.ffn_norm);
-    gemv_batch(&pair, 1, stream);
+  // A dense SwiGLU layer: x += down(silu(gate . xn) * (up . xn)), xn = rmsnorm(x) * ffn_norm, for T
+  // tokens of rows r.
+  void dense_ffn(const DevLayer& D, const StepRows& r, int T) {
+    GemvJob pair = job_to(D.dense.gate, r.g, rw.g);
+    pair.w2 = &D.dense.up, pair.mode = GemvMode::SwigluPair;
+    normed_input(pair, r, D.ffn_norm);
+    gemv_batch(&pair, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark("dense ffn gate+up", stream);
-    GemvJob down;
-    down.w = &D.dense.down, down.x = g, down.y = x, down.mode = GemvMode::Accumulate;
-    gemv_batch(&down, 1, stream);
+    GemvJob down = job_to(D.dense.down, r.x, rw.x);
+    down.x = r.g, down.x_token_stride = rw.g, down.mode = GemvMode::Accumulate;
+    gemv_batch(&down, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark("dense ffn down", stream);
   }
 
@@ -510,22 +657,36 @@ struct GpuSession::Impl {
     prof.mark(what, stream);
   }
 
+  // The layers and the lm_head of T tokens of rows r, their embeddings in r.x.
+  void enqueue_layers(const StepRows& r, int T) {
+    for (int il = 0; il < c.n_layer; ++il) {
+      const DevLayer& D = dm.layers[il];
+      mixer(il, D, st.layers[il], r, T);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
+      switch (c.layers[static_cast<size_t>(il)].ffn) {
+        case FfnKind::Moe: moe(il, D, r, T); break;
+        case FfnKind::Dense: dense_ffn(D, r, T); break;
+      }
+    }
+    const GemvJob head = head_job(r);
+    gemv_batch(&head, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
+    prof.mark("lm_head gemv+norm", stream);
+  }
+
+  // Every kernel of the multi-token step of T tokens (d_mio: the tokens, then their positions).
+  void enqueue_multi(int T) {
+    prof.mark(nullptr, stream);  // step start
+    // The prefill's embedding of token rows: the decode step's row decoding, T rows in one launch.
+    prefill::embed_rows(dm.token_embd, d_mio, T, multi.x, stream);
+    prof.mark("embed", stream);
+    enqueue_layers(multi, T);
+  }
+
   // Every kernel of one decode step, reading the token and position from d_io.
   void enqueue_step() {
     prof.mark(nullptr, stream);  // step start
     embed_row(dm.token_embd, d_io, x, stream);
     prof.mark("embed", stream);
-    for (int il = 0; il < c.n_layer; ++il) {
-      const DevLayer& D = dm.layers[il];
-      mixer(il, D, st.layers[il]);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
-      switch (c.layers[static_cast<size_t>(il)].ffn) {
-        case FfnKind::Moe: moe(il, D); break;
-        case FfnKind::Dense: dense_ffn(D); break;
-      }
-    }
-    const GemvJob head = head_job();
-    gemv_batch(&head, 1, stream);
-    prof.mark("lm_head gemv+norm", stream);
+    enqueue_layers(one, 1);
     // With lookahead the arg-max's last block also publishes the pick: the next step's input, on the device.
     argmax_wide(logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream, false, lookahead ? &link : nullptr,
                 d_io);
@@ -563,7 +724,7 @@ struct GpuSession::Impl {
       enqueue_step();
     } else {
       cudaGraphExec_t& g = graphs[st.parity()];
-      if (!g) g = capture();
+      if (!g) g = capture([this] { enqueue_step(); });
       prof.mark_graph(nullptr, stream);
       check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
       prof.mark_graph("decode step (graph)", stream);
@@ -576,6 +737,14 @@ struct GpuSession::Impl {
       if (g) cudaGraphExecDestroy(g);
       g = nullptr;
     }
+    destroy_multi_graphs();
+  }
+  void destroy_multi_graphs() {
+    for (auto& by_parity : mgraphs)
+      for (cudaGraphExec_t& g : by_parity) {
+        if (g) cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
   }
 
   // Lookahead: the step at n_past from the last pick (on the device), launched before the pick is read.
@@ -635,11 +804,13 @@ struct GpuSession::Impl {
     return id;
   }
 
-  cudaGraphExec_t capture() {
+  // The graph of what enqueue() launches on the stream (the decode step unless told otherwise).
+  template <class F>
+  cudaGraphExec_t capture(F enqueue) {
     cudaGraph_t g_raw = nullptr;
     check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
-      enqueue_step();
+      enqueue();
     } catch (...) {
       cudaStreamEndCapture(stream, &g_raw);
       if (g_raw) cudaGraphDestroy(g_raw);
@@ -676,6 +847,11 @@ struct GpuSession::Impl {
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false) {
     float* hid = hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows")
                         : nullptr;
+    if (record && multi_applies(n)) {  // pending tokens: the multi-token step, bitwise the decode steps'
+      run_multi(tokens, n, logits_out, all_positions, hid);
+      return;
+    }
+    // Prompts, and pending tokens the multi-token step does not take (multi_applies says why).
     if (n > 1 && opt.batched_prefill) {
       {
         std::lock_guard<std::mutex> lock(gm->exclusive());
@@ -707,6 +883,61 @@ struct GpuSession::Impl {
       if (copy)
         std::memcpy(logits_out + (all_positions ? static_cast<size_t>(t) * vocab : 0), h_logits, vocab * sizeof(float));
     }
+    if (hid) copy_hidden(n);
+  }
+
+  // Whether the multi-token step runs these n pending tokens: the model fits it (multi_step_fits: not
+  // hybrid, ...), n is within a token grid, and the router picks (replayed picks come one token per step).
+  bool multi_applies(int n) const { return multi_fits && n >= 2 && n <= kMaxStepTokens && !replay_src; }
+
+  // Runs n pending tokens (multi_applies) as one multi-token step at positions n_past.. and advances
+  // n_past: token t's logits (logits_out: [n x n_vocab], or the last token's unless all_positions; may
+  // be null) and hidden row (hid, may be null) are what t + 1 decode steps give, and step record t holds
+  // the DeltaNet state and expert picks after token t (the caller reserved n records; the last token's
+  // state is the live one, its record holds only the conv window and the picks).
+  void run_multi(const int32_t* tokens, int n, float* logits_out, bool all_positions, float* hid) {
+    for (int t = 0; t < n; ++t) {
+      h_mio[t] = tokens[t];
+      h_mio[kMaxStepTokens + t] = n_past + t;
+    }
+    check_cuda(cudaMemcpyAsync(d_mio, h_mio, 2 * kMaxStepTokens * sizeof(int), cudaMemcpyHostToDevice, stream),
+               "copy tokens");
+    if (mgraph_steps != st.step_cap()) {  // the graphs write into the step records: captured again
+      check_cuda(cudaStreamSynchronize(stream), "multi-token step");
+      destroy_multi_graphs();
+      mgraph_steps = st.step_cap();
+    }
+    if (!opt.use_graph || prof.on) {
+      enqueue_multi(n);
+    } else {
+      cudaGraphExec_t& g = mgraphs[st.parity()][n];
+      if (!g) g = capture([this, n] { enqueue_multi(n); });
+      prof.mark_graph(nullptr, stream);
+      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+      prof.mark_graph("multi-token step (graph)", stream);
+    }
+    // Step record t's picks: token t's row of every layer's [tokens x k] ids.
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    const size_t picks = static_cast<size_t>(c.n_layer) * k;
+    for (int t = 0; t < n; ++t)
+      check_cuda(cudaMemcpy2DAsync(st.route_steps + static_cast<size_t>(t) * picks, k * sizeof(int),
+                                   multi.ids + static_cast<size_t>(t) * k, static_cast<size_t>(multi.ids_layer) * sizeof(int),
+                                   k * sizeof(int), static_cast<size_t>(c.n_layer), cudaMemcpyDeviceToDevice, stream),
+                 "record expert picks");
+    n_past += n;
+    if (hid) rmsnorm_rows(multi.x, dm.output_norm, c.rms_eps, n, c.n_embd, hid, stream);
+    const size_t vocab = static_cast<size_t>(c.n_vocab);
+    const size_t first = all_positions ? 0 : static_cast<size_t>(n - 1);  // the rows copied
+    const size_t floats = (static_cast<size_t>(n) - first) * vocab;
+    if (logits_out) {
+      if (!h_mlogits)
+        check_cuda(cudaMallocHost(&h_mlogits, kMaxStepTokens * vocab * sizeof(float)), "cudaMallocHost(logits)");
+      check_cuda(cudaMemcpyAsync(h_mlogits, multi.logits + first * vocab, floats * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "copy logits");
+    }
+    sync();
+    if (logits_out) std::memcpy(logits_out, h_mlogits, floats * sizeof(float));
     if (hid) copy_hidden(n);
   }
 

@@ -140,9 +140,14 @@ template <typename TK, typename TV>
 __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, const float* vv, TK* k_cache,
                                  TV* v_cache, int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm,
                                  const float* k_norm, float eps, int rope_dims, float freq_base, const int* pos_ptr,
-                                 int rows, YarnDev yarn) {
+                                 int rows, YarnDev yarn, AttnTokens ts) {
   extern __shared__ float buf[];  // head_dim
   const int bid = blockIdx.x;
+  const int tok = static_cast<int>(blockIdx.y);  // a token grid's token (0 in a one-token launch)
+  q += tok * ts.q;
+  kk += tok * ts.kv;
+  vv += tok * ts.kv;
+  pos_ptr += tok;
   pdl_launch_dependents();
   // The position was written before this step began (host copy or the last step's publish), so it and
   // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
@@ -404,7 +409,14 @@ template <typename TK, typename TV>
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k_cache, const TV* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, AttnOutGate gate,
                                   const int* pos_ptr, int window, int ring_rows, float* scratch, unsigned int* counters,
-                                  float* out) {
+                                  float* out, AttnTokens ts) {
+  const int tok = static_cast<int>(blockIdx.z);  // a token grid's token (0 in a one-token launch)
+  q += tok * ts.q;
+  out += tok * ts.out;
+  if (gate.g) gate.g += tok * ts.gate;
+  scratch += tok * ts.scratch;
+  counters += tok * ts.counters;
+  pos_ptr += tok;
   pdl_launch_dependents();
   extern __shared__ float sm[];  // q[head_dim], scores[chunk]
   __shared__ bool last;
@@ -637,17 +649,18 @@ YarnDev yarn_dev(const RopeYarn* yarn, int rope_dims, float freq_base) {
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
-               const RopeYarn* yarn) {
+               const RopeYarn* yarn, const AttnTokens& tokens) {
   check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
+  check_arg(tokens.n >= 1, "attn_prep: at least one token");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
   const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);
-    launch_pdl("attn_prep", attn_prep_kernel<TK, TV>, dim3(n_head + n_kv + 1), dim3(warp_round(head_dim)),
+    launch_pdl("attn_prep", attn_prep_kernel<TK, TV>, dim3(n_head + n_kv + 1, tokens.n), dim3(warp_round(head_dim)),
                head_dim * sizeof(float), s, q, q_head_stride, kk, vv, static_cast<TK*>(k_cache),
                static_cast<TV*>(v_cache), kv_width, n_head, n_kv, head_dim, q_norm, k_norm, eps, rope_dims, freq_base,
-               pos, rows, y);
+               pos, rows, y, tokens);
   });
 }
 
@@ -685,7 +698,7 @@ bool deltanet_step_fuses_qk_norm(int dk) { return split_rows_per_warp(dk) != 0; 
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out) {
+                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out, bool after_previous) {
   const int nsl = (dv + 31) / 32;
   const int rpw = split_rows_per_warp(dk);
   if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel (in place)
@@ -704,16 +717,19 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
   const size_t smem = (2 * static_cast<size_t>(dk) + static_cast<size_t>(dk / rpw) * 32) * sizeof(float);
   switch (rpw) {
     case 32:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<32>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<32>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
     case 16:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<16>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<16>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
     default:
-      launch_pdl("deltanet_step_fast", deltanet_step_split_kernel<8>, grid, block, smem, s, S_in, S_out, mixed, b,
-                 alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters, out, qk_norm, q_scale);
+      launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<8>, grid, block, smem, s,
+                          S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
+                          out, qk_norm, q_scale);
       break;
   }
 }
@@ -748,8 +764,10 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
                             AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
-                            float* out, cudaStream_t s, KvCacheTypes kv, int window, int rows) {
+                            float* out, cudaStream_t s, KvCacheTypes kv, int window, int rows,
+                            const AttnTokens& tokens) {
   if (rows <= 0) rows = max_ctx;
+  check_arg(tokens.n >= 1, "attention_decode_split: at least one token");
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
   check_arg(S <= kAttnMaxSplits, "attention_decode_split: a context this long needs more chunks than the merge holds");
@@ -758,9 +776,9 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);
-    launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S), dim3(256), smem, s, q,
+    launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S, tokens.n), dim3(256), smem, s, q,
                q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
-               n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out);
+               n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out, tokens);
   });
 }
 

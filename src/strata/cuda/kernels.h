@@ -72,6 +72,16 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 
 // ---- fused operations of the fast decode step (gpu_session.cpp) --------------------------------------
 
+// A token grid of attn_prep / attention_decode_split (the multi-token decode step): the launch runs n
+// tokens, token t at position pos[t] with its rows at q + t * q, kk / vv + t * kv, out + t * out and the
+// softplus gate values + t * gate, and (attention) its scratch + t * scratch floats and counters + t *
+// counters; each token's blocks compute what a launch of that token alone computes. Default: one token.
+struct AttnTokens {
+  int n = 1;
+  int64_t q = 0, kv = 0, out = 0, gate = 0, scratch = 0;
+  int counters = 0;
+};
+
 // attention inputs: each of the n_head query heads (q, q_head_stride) in place and each of the n_kv key
 // heads (kk, packed) into k_cache row *pos get RMSNorm (q_norm / k_norm) then NEOX rotary on the first
 // rope_dims dims at position *pos; vv (kv_width floats) is copied into v_cache row *pos. The caches hold
@@ -80,10 +90,11 @@ void route_topk(const float* logits, int n_expert, int k, bool norm_topk, int* i
 // launch): it must have been written before that kernel started (a copy or an earlier step).
 // rows > 0: the caches are a sliding layer's ring of that many rows, position p in row p % rows.
 // yarn set (factor != 1): YaRN-scaled rotary (cpu/ops.h rope_neox_yarn_inplace's arithmetic).
+// tokens: a token grid (AttnTokens), token t's key and value into the row of pos[t].
 void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, void* k_cache, void* v_cache,
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv = {}, int rows = 0,
-               const RopeYarn* yarn = nullptr);
+               const RopeYarn* yarn = nullptr, const AttnTokens& tokens = {});
 
 // Causal depthwise conv1d step with SiLU over the 2*n_k*dk + n_v*dv channels (out[c] = silu(sum_j
 // w[c*K+j] * window_j[c]), the window being state ((K-1) x channels, oldest first) followed by x; the
@@ -108,10 +119,13 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv);
 // (and q_scale) itself, so conv1d can run fused into the input projection (GemvJob::conv_w) with no
 // conv_qk_norm launch. Needs deltanet_step_fuses_qk_norm(dk); fails otherwise.
 // S_out set: the updated state goes there and S is only read (the decode lookahead's ping-pong state).
+// after_previous: launched without programmatic dependence, so it starts once the previous work on the
+// stream has completed (S may then be what the previous kernel wrote: the multi-token step's chain).
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr);
+                        cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr,
+                        bool after_previous = false);
 bool deltanet_step_fuses_qk_norm(int dk);
 
 // x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
@@ -160,6 +174,7 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
                             int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
                             AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
-                            float* out, cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0);
+                            float* out, cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0,
+                            const AttnTokens& tokens = {});
 
 }  // namespace strata::cuda

@@ -55,7 +55,16 @@ struct DJob {
   float* conv_out;  // conv_state itself, or the other buffer of a ping-pong pair
   int conv_k;
   int conv_channels;
+  int64_t x_ts, y_ts, ids_ts;  // GemvJob's token strides (token-grid launches only)
 };
+
+// The token of this block in a token-grid launch (blockIdx.y); 0, a constant, in a single-token launch,
+// so that instantiation compiles to the single-token code.
+template <bool Tokens>
+__device__ __forceinline__ int block_token() {
+  if constexpr (Tokens) return static_cast<int>(blockIdx.y);
+  return 0;
+}
 
 // Softmax + top-k (route_warp.cuh) by warp 0 of the block (the caller's threads 0..31; no block barrier).
 // The k picks end in chosen[] (shared memory); with write_out the warp also writes ids / weights /
@@ -63,16 +72,22 @@ struct DJob {
 // issue-bound: every block of the expert launch routes for itself.) Inlined: as a called function, its
 // call inside the tile loop made ptxas keep kernel registers on the stack (local memory, spill loads in
 // the row loops) and the decode slower (docs/PERF.md); warp_route itself stays a call.
+// Tokens: a token grid's block routes its own token's logits into that token's ids / weights.
+template <bool Tokens = false>
 static __device__ __forceinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
-  warp_route(r.logits, r.n_expert, r.k, chosen, chosen_p, p, &r.rule);
-  if (write_out) warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids, r.weights, r.counts, r.rule.scale);
+  const int tok = block_token<Tokens>();
+  warp_route(r.logits + tok * r.logits_token_stride, r.n_expert, r.k, chosen, chosen_p, p, &r.rule);
+  if (write_out)
+    warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids + tok * r.k, r.weights + tok * r.k, r.counts,
+                     r.rule.scale);
 }
 
 // route_warp0 while the other warps wait; chosen[] is visible to every thread on return.
+template <bool Tokens = false>
 static __device__ void route_block(const GemvRoute& r, int* chosen, bool write_out) {
-  if (threadIdx.x < 32) route_warp0(r, chosen, write_out);
+  if (threadIdx.x < 32) route_warp0<Tokens>(r, chosen, write_out);
   __syncthreads();
 }
 
@@ -241,8 +256,9 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
 
 // The end of a tile row: the G lanes of a row add their partial sums (across warps through red[] /
 // red2[] when G > 32, in warp order), and lane 0 stores the row by the job's mode.
-__device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, int sub, int G, bool skip, float a,
-                                           float a2, float* red, float* red2) {
+// y: the job's output (J.y, or its token's rows in a token-grid launch).
+__device__ __forceinline__ void finish_row(const DJob& J, float* y, int row, bool live, int sub, int G, bool skip,
+                                           float a, float a2, float* red, float* red2) {
   for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
     a += __shfl_xor_sync(0xffffffffu, a, o);
     a2 += __shfl_xor_sync(0xffffffffu, a2, o);
@@ -267,13 +283,13 @@ __device__ __forceinline__ void finish_row(const DJob& J, int row, bool live, in
   }
   if (live && sub == 0) {
     if (skip) {
-      J.y[row] = 0.0f;
+      y[row] = 0.0f;
     } else if (J.mode == GemvMode::Store) {
-      J.y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
+      y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
     } else if (J.mode == GemvMode::Accumulate) {
-      J.y[row] = __ldcg(J.y + row) + a;
+      y[row] = __ldcg(y + row) + a;
     } else {
-      J.y[row] = silu_dev(a) * a2;
+      y[row] = silu_dev(a) * a2;
     }
   }
 }
@@ -358,12 +374,12 @@ __device__ __forceinline__ void stage_int8(float* smem, const StageLayout& L, in
            reinterpret_cast<int*>(smem + L.isum16), g);
 }
 
-// Stages job J's input (stage_x, then the int8 form when int8) by thread group g; the caller
-// synchronises the block before the staged input is read.
+// Stages job J's input x (J.x, or its token's row) (stage_x, then the int8 form when int8) by thread
+// group g; the caller synchronises the block before the staged input is read.
 template <int H>
-__device__ __forceinline__ void stage_input(const DJob& J, const StageLayout& L, bool sums, bool int8, float* smem,
-                                            const Group& g) {
-  stage_x<H>(J.x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, sums, g);
+__device__ __forceinline__ void stage_input(const DJob& J, const float* x, const StageLayout& L, bool sums, bool int8,
+                                            float* smem, const Group& g) {
+  stage_x<H>(x, J.n_cols, smem, smem + L.s16, J.norm_w, J.norm_eps, sums, g);
   if (int8) {
     group_sync(g);
     stage_int8(smem, L, J.n_cols, g);
@@ -381,29 +397,35 @@ struct BlockScratch {
 // The expert slot of a routed job's tile. With route_in, the block routes once per logits vector and
 // keeps the picks in route_ids (block 0 also writes ids / weights / counts). Returns the slot, or -1
 // when the expert is not resident.
+template <bool Tokens>
 __device__ __forceinline__ int routed_slot(const GemvRoute& rin, const DJob& J, BlockStage& st, const BlockScratch& S) {
   int e;
   if (rin.logits) {
     if (st.routed_from != rin.logits) {  // block-uniform
-      route_block(rin, S.route_ids, blockIdx.x == 0);
+      route_block<Tokens>(rin, S.route_ids, blockIdx.x == 0);
       st.routed_from = rin.logits;
     }
     e = S.route_ids[J.slot];
   } else {
-    e = __ldcg(J.ids + J.slot);
+    e = __ldcg(J.ids + block_token<Tokens>() * J.ids_ts + J.slot);
   }
   return J.slot_of_expert ? __ldcg(J.slot_of_expert + e) : e;
 }
 
 // The tiles blockIdx.x, + gridDim.x, ... of n_tiles over jobs[0..n_jobs) (tile_begin ascending from 0).
 // The caller has waited for the previous kernel. Ends with route_in's outputs written (block 0 routes
-// here when it had no routed tile).
+// here when it had no routed tile). Tokens: a token grid, this block on token blockIdx.y's rows (the
+// same tiles and arithmetic as a single-token launch; the staged-input and route checks compare the
+// jobs' base pointers, which identify the token's rows as well since a block keeps its token).
+template <bool Tokens>
 __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_tiles, const GemvRoute& rin, bool i8,
                                           BlockStage& st, const BlockScratch& S) {
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
     int ji = 0;
     while (ji + 1 < n_jobs && tile >= jobs[ji + 1].tile_begin) ++ji;
     const DJob& J = jobs[ji];
+    const int tok = block_token<Tokens>();
+    const float* jx = J.x + tok * J.x_ts;
     const StageLayout L = stage_layout(J.n_cols);
     float* smem = S.smem;
     const rows::XStage X = stage_view(smem, L);
@@ -427,10 +449,10 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
       // warps stage (the routing took a third of the expert launch's time with the block waiting).
       __syncthreads();  // the previous tile's readers of the staged input are done
       if (threadIdx.x < 32) {
-        route_warp0(rin, S.route_ids, blockIdx.x == 0);
+        route_warp0<Tokens>(rin, S.route_ids, blockIdx.x == 0);
       } else {
         const Group g{static_cast<int>(threadIdx.x) - 32, static_cast<int>(blockDim.x) - 32, 1};
-        stage_input<3>(J, L, want_s16, i8a || i8b, smem, g);
+        stage_input<3>(J, jx, L, want_s16, i8a || i8b, smem, g);
       }
       __syncthreads();
       st.routed_from = rin.logits;
@@ -438,7 +460,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
       restage = false;
     }
     if (J.ids) {
-      const int s = routed_slot(rin, J, st, S);
+      const int s = routed_slot<Tokens>(rin, J, st, S);
       if (s < 0) {
         skip = true;  // not resident: no rows to read (a layer may have no resident expert), zeros stored
       } else {
@@ -448,7 +470,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     }
     if (restage) {
       __syncthreads();  // the previous tile's readers of the staged input are done
-      stage_input<2>(J, L, want_s16, i8a || i8b, smem, whole_block());
+      stage_input<2>(J, jx, L, want_s16, i8a || i8b, smem, whole_block());
       __syncthreads();
       st.note_staged(J, want_s16, i8a || i8b);
     }
@@ -466,10 +488,10 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
         a2 = rows::row_dot_rolled(J.type2, i8b, rb, J.n_cols, X, sub, G);
       }
     }
-    finish_row(J, row, live, sub, G, skip, a, a2, S.red, S.red2);
+    finish_row(J, J.y + tok * J.y_ts, row, live, sub, G, skip, a, a2, S.red, S.red2);
   }
   if (rin.logits && blockIdx.x == 0 && st.routed_from != rin.logits) {  // block-uniform
-    route_block(rin, S.route_ids, true);
+    route_block<Tokens>(rin, S.route_ids, true);
     st.routed_from = rin.logits;
   }
 }

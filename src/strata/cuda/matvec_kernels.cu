@@ -28,6 +28,8 @@ struct DBatch {
   bool i8;              // GemvMath::Int8: K-quant jobs read the int8 form of x
 };
 
+// Tokens: the token-grid instantiation (gridDim.y tokens); false compiles to the single-token kernel.
+template <bool Tokens>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const __grid_constant__ DBatch b) {
   // The next kernel may start now (it waits for this one's completion before touching its outputs).
   pdl_launch_dependents();
@@ -37,10 +39,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const _
   __shared__ int route_ids[64];
   BlockStage st;
   const BlockScratch S{smem, red, red2, route_ids};
-  run_tiles(b.j, b.n_jobs, b.n_tiles, b.route_in, b.i8, st, S);
-  if (b.norm.counter) norm_epilogue(b.norm);
-  if (b.route.counter) route_epilogue(b.route);
-  if (b.combine.counter) combine_epilogue(b.combine);
+  run_tiles<Tokens>(b.j, b.n_jobs, b.n_tiles, b.route_in, b.i8, st, S);
+  if constexpr (!Tokens) {  // a token grid takes no epilogue (gemv_batch refuses one)
+    if (b.norm.counter) norm_epilogue(b.norm);
+    if (b.route.counter) route_epilogue(b.route);
+    if (b.combine.counter) combine_epilogue(b.combine);
+  }
+}
+
+// conv_silu_tokens: a thread per channel walks the tokens, each step's window read from the record
+// the previous step wrote (the live state for token 0).
+__global__ void conv_tokens_kernel(const float* x, int n_tokens, DJob J, float* state, float* records, float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int ch = J.conv_channels;
+  if (c >= ch) return;
+  const int64_t win = static_cast<int64_t>(J.conv_k - 1) * ch;
+  for (int t = 0; t < n_tokens; ++t) {
+    J.conv_state = t == 0 ? state : records + (t - 1) * win;
+    J.conv_out = records + t * win;
+    out[t * static_cast<int64_t>(ch) + c] = conv_silu_channel(J, c, x[t * static_cast<int64_t>(ch) + c]);
+  }
+  for (int j = 0; j + 1 < J.conv_k; ++j)
+    state[static_cast<int64_t>(j) * ch + c] = records[(n_tokens - 1) * win + static_cast<int64_t>(j) * ch + c];
 }
 
 int pow2_ceil(int v) {
@@ -59,10 +81,11 @@ int log2_of(int p) {
 // fewer blocks per SM.
 int gemv_blocks_per_sm() {
   static const int n = [] {
-    allow_dynamic_smem(gemv_kernel, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(gemv)");
+    allow_dynamic_smem(gemv_kernel<false>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(gemv)");
+    allow_dynamic_smem(gemv_kernel<true>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(gemv)");
     const int smem_typ = stage_layout(4096).total * static_cast<int>(sizeof(float));
     int b = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel, kThreads, smem_typ),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<false>, kThreads, smem_typ),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return std::max(1, b);
   }();
@@ -129,6 +152,9 @@ DJob describe_job(const GemvJob& in) {
   d.conv_out = in.conv_state_out ? in.conv_state_out : in.conv_state;
   d.conv_k = in.conv_k;
   d.conv_channels = in.conv_channels;
+  d.x_ts = in.x_token_stride;
+  d.y_ts = in.y_token_stride;
+  d.ids_ts = in.ids_token_stride;
   if (in.conv_w)
     check_arg(in.mode == GemvMode::Store && in.conv_state && in.conv_k >= 1 && in.conv_channels >= w.n_rows,
               "gemv_batch: a conv job needs Store mode, a state and K >= 1 with channels >= rows");
@@ -170,18 +196,41 @@ void check_combine(const GemvCombine& c, bool needs_counter) {
 int64_t max_gemv_cols() { return mv::kMaxCols; }
 
 size_t gemv_local_bytes() {
-  cudaFuncAttributes a{};
-  check_cuda(cudaFuncGetAttributes(&a, mv::gemv_kernel), "cudaFuncGetAttributes(gemv)");
-  return a.localSizeBytes;
+  cudaFuncAttributes a{}, t{};
+  check_cuda(cudaFuncGetAttributes(&a, mv::gemv_kernel<false>), "cudaFuncGetAttributes(gemv)");
+  check_cuda(cudaFuncGetAttributes(&t, mv::gemv_kernel<true>), "cudaFuncGetAttributes(gemv)");
+  return std::max(a.localSizeBytes, t.localSizeBytes);
 }
 
 void set_gemv_math(GemvMath m) { mv::g_math = m; }
 GemvMath gemv_math() { return mv::g_math; }
 
+void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
+                      float* records, float* out, cudaStream_t s) {
+  using namespace mv;
+  check_arg(n_tokens >= 1 && K >= 1 && channels >= 1 && x && conv_w && state && records && out,
+            "conv_silu_tokens: incomplete arguments");
+  DJob J{};
+  J.conv_w = conv_w;
+  J.conv_k = K;
+  J.conv_channels = channels;
+  constexpr int kBlock = 128;
+  launch_pdl("conv_silu_tokens", conv_tokens_kernel, dim3((channels + kBlock - 1) / kBlock), dim3(kBlock), 0, s, x,
+             n_tokens, J, state, records, out);
+}
+
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
-                const GemvCombine* combine, const GemvRoute* route_in) {
+                const GemvCombine* combine, const GemvRoute* route_in, int n_tokens) {
   using namespace mv;
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
+  check_arg(n_tokens >= 1 && n_tokens <= kMaxGemvTokens, "gemv_batch: 1..kMaxGemvTokens tokens");
+  const bool tokens = n_tokens > 1;
+  // The epilogues' last-block counters and the conv state are one per launch; replayed picks one row.
+  check_arg(!tokens || (!norm && !route && !combine && (!route_in || !route_in->rule.replay)),
+            "gemv_batch: a token grid takes no epilogue and no replayed route_in");
+  if (tokens)
+    for (int i = 0; i < n_jobs; ++i)
+      check_arg(!jobs[i].conv_w, "gemv_batch: a token grid takes no conv job (the conv is sequential in the tokens)");
   DBatch b{};
   b.n_jobs = n_jobs;
   b.i8 = int8_math();
@@ -220,7 +269,11 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   }
   const int grid = std::max(1, std::min(tiles, capacity));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
-  launch_pdl("gemv_batch", gemv_kernel, dim3(grid), dim3(kThreads), smem, s, b);
+  // The tiling above does not depend on n_tokens: each token's blocks run the single-token launch's tiles.
+  if (tokens)
+    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(grid, n_tokens), dim3(kThreads), smem, s, b);
+  else
+    launch_pdl("gemv_batch", gemv_kernel<false>, dim3(grid), dim3(kThreads), smem, s, b);
 }
 
 }  // namespace strata::cuda

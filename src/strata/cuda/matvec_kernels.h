@@ -53,9 +53,17 @@ struct GemvJob {
   float* conv_state_out = nullptr;
   int conv_k = 0;
   int conv_channels = 0;
+  // A token-grid launch (gemv_batch with n_tokens > 1) runs the job once per token t: the input at
+  // x + t * x_token_stride, the output at y + t * y_token_stride, a routed job's ids at
+  // ids + t * ids_token_stride. Ignored by single-token launches.
+  int64_t x_token_stride = 0;
+  int64_t y_token_stride = 0;
+  int64_t ids_token_stride = 0;
 };
 
 constexpr int kMaxGemvJobs = 12;
+// The most tokens one token-grid launch (gemv_batch, gemv_down_sum) takes.
+constexpr int kMaxGemvTokens = 16;
 
 // How K-quant weights meet the input vector (see the top of this file). Int8 is the default and what
 // the CPU engine does at its SIMD levels; Float is the full-precision form (tests compare kernels with
@@ -90,6 +98,9 @@ struct GemvRoute {
   unsigned long long* counts = nullptr;
   unsigned int* counter = nullptr;
   RouteRule rule;  // softmax by default
+  // route_in of a token-grid launch: token t routes from logits + t * logits_token_stride and writes
+  // ids / weights at + t * k (counts are shared: every token's picks are counted).
+  int64_t logits_token_stride = 0;
 };
 
 // The MoE combine (moe_combine_add_norm of kernels.h, the same arithmetic) run by the last block to
@@ -117,9 +128,13 @@ struct GemvCombine {
 // ids == route_in->ids and take the expert ids from the block's own result. The first block writes
 // ids, weights and counts (route_topk's outputs) for later launches. Saves the router launch's
 // single-block epilogue and one kernel boundary on the way to the experts.
+// n_tokens > 1 (<= kMaxGemvTokens): a token grid, the launch repeated for every token t with the jobs'
+// token strides (GemvJob, GemvRoute::logits_token_stride); each token's blocks tile and compute exactly
+// as the single-token launch of the same jobs does, so token t's outputs are bitwise those of a
+// single-token launch on token t's rows. No epilogue, conv job or replayed route_in then.
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
-                const GemvRoute* route_in = nullptr);
+                const GemvRoute* route_in = nullptr, int n_tokens = 1);
 int64_t max_gemv_cols();
 
 // The MoE down projection and the combine in one launch, with no per-expert outputs and no last-block
@@ -142,13 +157,29 @@ struct GemvDownSum {
   const float* gs = nullptr;          // its input
   const float* shared_gate = nullptr;  // its gate logit (device, one float); null: ungated (weight 1)
   float* x = nullptr;                  // d floats, accumulated into
+  // A token grid (n_tokens > 1, <= kMaxGemvTokens, no slot map): token t reads ids / weights at + t * k,
+  // g at + t * g_token_stride, gs / shared_gate at + t * gs_token_stride / + t, and accumulates into
+  // x + t * x_token_stride; each token's rows are the single-token launch's arithmetic.
+  int n_tokens = 1;
+  int64_t g_token_stride = 0;
+  int64_t gs_token_stride = 0;
+  int64_t x_token_stride = 0;
 };
 // Whether gemv_down_sum takes this shape (ff a multiple of 64, k + 1 <= 64, every input within max_gemv_cols
 // in total, supported types); the session falls back to gemv_batch + GemvCombine otherwise.
 bool gemv_down_sum_fits(const GemvDownSum& a);
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
 
-// Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU.
+// The DeltaNet input conv of n_tokens tokens in order, for a multi-token step whose input projection
+// ran without the fused conv: per channel, GemvJob::conv_w's arithmetic (the same device function),
+// token t's projection x + t * channels becoming out + t * channels. The window after token t is
+// written to records + t * (K-1) * channels (a sequence state's conv step records), and state (the
+// window before token 0) ends as the window after the last token.
+void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
+                      float* records, float* out, cudaStream_t s);
+
+// Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU
+// (the larger of its single-token and token-grid forms).
 // The GPU tests require 0: a stack frame from a called routing function in the tile loop once slowed the
 // decode (docs/PERF.md), and nothing else would show it.
 size_t gemv_local_bytes();

@@ -41,6 +41,7 @@ struct DownSumArgs {
   float* x;
   int d;
   bool i8;
+  int64_t g_ts, gs_ts, x_ts;  // GemvDownSum's token strides (token-grid launches only)
 };
 
 // The staged input of slot s, whose values start at column off of the side-by-side vector (off % 64 == 0,
@@ -92,11 +93,14 @@ __device__ __forceinline__ float slots_dot(GgmlType t, bool i8, const uint8_t* c
 }
 
 // kSlotMap: the picks go through a.slot_of (the hybrid MoE's hot stack); a separate instantiation, so
-// the all-GPU kernel stays as it is without one.
-template <bool kSlotMap>
+// the all-GPU kernel stays as it is without one. kTokens: a token grid (no slot map), the block on
+// token blockIdx.y's picks, inputs and residual row; a constant 0 token otherwise.
+template <bool kSlotMap, bool kTokens>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(const __grid_constant__ DownSumArgs a) {
+  static_assert(!(kSlotMap && kTokens), "the token grid is all-GPU only");
   pdl_launch_dependents();
   pdl_wait();
+  const int tok = block_token<kTokens>();
   extern __shared__ float smem[];
   __shared__ const uint8_t* base[kMaxDownSlots];
   __shared__ float scale[kMaxDownSlots];
@@ -106,11 +110,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   int n_hot = a.k;
   if constexpr (!kSlotMap) {
     if (t < a.k) {
-      base[t] = a.stack + static_cast<size_t>(__ldcg(a.ids + t)) * a.stride;
-      scale[t] = __ldcg(a.weights + t);
+      base[t] = a.stack + static_cast<size_t>(__ldcg(a.ids + tok * a.k + t)) * a.stride;
+      scale[t] = __ldcg(a.weights + tok * a.k + t);
     } else if (t == a.k && a.shared) {
       base[t] = a.shared;
-      scale[t] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate)) : 1.0f;
+      scale[t] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate + tok)) : 1.0f;
     }
   } else {
     // Only the resident picks take part (a cold one's rows are added later from the CPU's result), in
@@ -149,13 +153,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   const bool sums = (!i8r && rows::int8_path_type(a.type)) || (a.shared && !i8s && rows::int8_path_type(a.shared_type));
   const Group g = whole_block();
   if constexpr (!kSlotMap) {
-    stage_x<2>(a.g, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
+    stage_x<2>(a.g + tok * a.g_ts, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
   } else {
     for (int j = 0; j < n_hot; ++j)  // each input at column j * ff (ff % 64 == 0: the layouts line up)
       stage_x<2>(a.g + static_cast<size_t>(src[j]) * a.ff, a.ff, smem + rows::xpad(j * a.ff), smem + L.s16 + j * a.ff / 16,
                  nullptr, 0.0f, sums, g);
   }
-  if (a.shared) stage_x<2>(a.gs, a.shared_ff, smem + rows::xpad(n_r), smem + L.s16 + n_r / 16, nullptr, 0.0f, sums, g);
+  if (a.shared) stage_x<2>(a.gs + tok * a.gs_ts, a.shared_ff, smem + rows::xpad(n_r), smem + L.s16 + n_r / 16, nullptr, 0.0f, sums, g);
   if (i8r || i8s) {
     __syncthreads();
     stage_int8(smem, L, n, g);
@@ -169,15 +173,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
       acc += slots_dot(a.shared_type, i8s, base + n_hot, scale + n_hot, 1, static_cast<size_t>(row) * a.shared_row_bytes,
                        a.shared_ff, shifted(X, n_r), lane);
     acc = warp_sum(acc);
-    if (lane == 0) a.x[row] = __ldcg(a.x + row) + acc;
+    if (lane == 0) a.x[tok * a.x_ts + row] = __ldcg(a.x + tok * a.x_ts + row) + acc;
   }
 }
 
 // The kernel's shared-memory opt-in for the widest staged input (once).
 void allow_down_sum_smem() {
   static const bool done = [] {
-    allow_dynamic_smem(down_sum_kernel<false>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
-    allow_dynamic_smem(down_sum_kernel<true>, stage_layout(kMaxCols).total * sizeof(float), "cudaFuncSetAttribute(down_sum)");
+    const size_t smem = stage_layout(kMaxCols).total * sizeof(float);
+    allow_dynamic_smem(down_sum_kernel<false, false>, smem, "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel<true, false>, smem, "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel<false, true>, smem, "cudaFuncSetAttribute(down_sum)");
     return true;
   }();
   (void)done;
@@ -205,6 +211,8 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   using namespace mv;
   check_arg(gemv_down_sum_fits(a), "gemv_down_sum: unsupported shape (see gemv_down_sum_fits)");
+  check_arg(a.n_tokens >= 1 && a.n_tokens <= kMaxGemvTokens && (a.n_tokens == 1 || !a.slot_of_expert),
+            "gemv_down_sum: 1..kMaxGemvTokens tokens, a token grid without a slot map");
   const DevMatrix& w = *a.down;
   DownSumArgs d{};
   d.stack = w.data, d.row_bytes = w.row_bytes, d.stride = w.expert_stride, d.type = w.type;
@@ -216,6 +224,7 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
     d.gs = a.gs, d.shared_gate = a.shared_gate;
   }
   d.x = a.x;
+  d.g_ts = a.g_token_stride, d.gs_ts = a.gs_token_stride, d.x_ts = a.x_token_stride;
   d.d = static_cast<int>(w.n_rows);
   d.i8 = gemv_math() == GemvMath::Int8;
   allow_down_sum_smem();
@@ -223,9 +232,11 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(stage_layout(n).total) * sizeof(float);
   const int grid = (d.d + kRowsPerBlock - 1) / kRowsPerBlock;
   if (d.slot_of)
-    launch_pdl("gemv_down_sum", down_sum_kernel<true>, dim3(grid), dim3(kThreads), smem, s, d);
+    launch_pdl("gemv_down_sum", down_sum_kernel<true, false>, dim3(grid), dim3(kThreads), smem, s, d);
+  else if (a.n_tokens > 1)
+    launch_pdl("gemv_down_sum", down_sum_kernel<false, true>, dim3(grid, a.n_tokens), dim3(kThreads), smem, s, d);
   else
-    launch_pdl("gemv_down_sum", down_sum_kernel<false>, dim3(grid), dim3(kThreads), smem, s, d);
+    launch_pdl("gemv_down_sum", down_sum_kernel<false, false>, dim3(grid), dim3(kThreads), smem, s, d);
 }
 
 }  // namespace strata::cuda

@@ -61,7 +61,8 @@ struct GpuExpertPlan {
 GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_used, const GpuPlanRequest& request);
 
 // GPU activations and scratch a session needs beyond weights, KV cache and recurrent state: the
-// decode step's vectors and attention scores for ctx positions, the batched prefill's buffers for
+// decode step's vectors (and the multi-token decode step's, 16 tokens of them) and attention scores for
+// ctx positions, the batched prefill's buffers for
 // prefill_chunk tokens (hidden states, attention and DeltaNet projections, router scores, the chosen
 // experts' intermediates, one row of logits per token), the decode lookahead's second copy of the
 // DeltaNet state and the pending-token snapshot (a third), plus a fixed 64 MiB for cuBLAS workspaces, CUDA graphs and small counters. An estimate from the shapes, not a measurement: the safety reserve
