@@ -86,7 +86,7 @@ class GpuSession : public Sequence {
   // each token, so keep() of any prefix copies one recorded state back (no second forward); a tree runs
   // each root-to-leaf path from a snapshot of the state (its tokens' logits from the first path that holds
   // them), and keep() runs the kept path again unless it is a prefix of the last path run. In an
-  // all-GPU session each such run of up to 16 tokens is one multi-token decode step (the decode step's
+  // all-GPU session each such run of up to kMaxGemvTokens tokens is one multi-token decode step (the decode step's
   // kernels over a token grid, a graph per token count): token t's logits are bitwise those of t + 1
   // decode steps. Hybrid sessions, replayed routing and longer runs go through the batched prefill (or
   // token by token) as before.

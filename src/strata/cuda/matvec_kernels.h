@@ -63,7 +63,7 @@ struct GemvJob {
 
 constexpr int kMaxGemvJobs = 12;
 // The most tokens one token-grid launch (gemv_batch, gemv_down_sum) takes.
-constexpr int kMaxGemvTokens = 16;
+constexpr int kMaxGemvTokens = 32;
 
 // How K-quant weights meet the input vector (see the top of this file). Int8 is the default and what
 // the CPU engine does at its SIMD levels; Float is the full-precision form (tests compare kernels with

@@ -128,7 +128,7 @@ uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill
   // The decode step's vectors, and the multi-token decode step's (pending tokens of all-GPU sessions)
   // for up to kStepTokens tokens (cuda/matvec_kernels.h kMaxGemvTokens; counted for every plan, a hybrid
   // one keeps the slack).
-  constexpr uint64_t kStepTokens = 16;
+  constexpr uint64_t kStepTokens = 32;
   const uint64_t decode = (1 + kStepTokens) * per_token * f + 2ull * c.n_head * static_cast<uint64_t>(std::max(ctx, 1)) * f;
   const uint64_t prefill = static_cast<uint64_t>(std::max(prefill_chunk, 1)) * per_token * f;
   const uint64_t fixed = 64ull << 20;

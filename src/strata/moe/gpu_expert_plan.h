@@ -61,7 +61,7 @@ struct GpuExpertPlan {
 GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_used, const GpuPlanRequest& request);
 
 // GPU activations and scratch a session needs beyond weights, KV cache and recurrent state: the
-// decode step's vectors (and the multi-token decode step's, 16 tokens of them) and attention scores for
+// decode step's vectors (and the multi-token decode step's, up to kMaxGemvTokens of them) and attention scores for
 // ctx positions, the batched prefill's buffers for
 // prefill_chunk tokens (hidden states, attention and DeltaNet projections, router scores, the chosen
 // experts' intermediates, one row of logits per token), the decode lookahead's second copy of the
