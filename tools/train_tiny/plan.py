@@ -5,8 +5,10 @@ it can be checked on machines without torch: `python3 tools/train_tiny/test_plan
 """
 
 import argparse
+import ast
 import hashlib
 import math
+import re
 import struct
 
 # ----------------------------------------------------------------------------------------------------
@@ -187,6 +189,49 @@ def is_heldout(key, percent=2):
     return int(path_hash("heldout:" + key)[:8], 16) % 100 < percent
 
 
+def short_docstrings_chosen(key, fraction):
+    """Whether training file `key` gets short_docstrings (a fixed share of files, by a hash of the key)."""
+    return int(path_hash("shortdoc:" + key)[:8], 16) % 10000 < round(fraction * 10000)
+
+
+def short_docstrings(text):
+    """The source with every multi-line docstring (module, class, function) cut to a one-line docstring
+    of its first line, the rest of the text byte for byte. The site-packages this model learns from
+    open most functions with long reference docstrings; a model of ~40M parameters then spends its
+    tokens on prose. Docstrings that share a line with code, or whose first line would need escaping,
+    are kept as they are; text that does not parse is returned unchanged."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text
+    # Line ends as the parser counts them (str.splitlines also splits at form feeds and the like).
+    lines = re.findall(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$", text)
+    cuts = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if not node.body or not isinstance(node.body[0], ast.Expr):
+            continue
+        doc = node.body[0].value
+        if not (isinstance(doc, ast.Constant) and isinstance(doc.value, str)):
+            continue
+        a, b = doc.lineno, doc.end_lineno
+        if b is None or a == b:
+            continue
+        first, last = lines[a - 1], lines[b - 1]
+        indent = first[:doc.col_offset]
+        if indent.strip() or last[doc.end_col_offset:].strip():
+            continue
+        summary = next((ln.strip() for ln in doc.value.splitlines() if ln.strip()), "")
+        if not summary or "\\" in summary or '"' in summary:
+            continue
+        eol = "\r\n" if last.endswith("\r\n") else "\n"
+        cuts.append((a, b, f'{indent}"""{summary}"""{eol}'))
+    for a, b, line in sorted(cuts, reverse=True):
+        lines[a - 1:b] = [line]
+    return "".join(lines)
+
+
 def total_steps_for(tokens, batch, seq):
     return max(1, math.ceil(tokens / (batch * seq)))
 
@@ -270,7 +315,7 @@ def gguf_tokenizer(path):
 # Settings that define a resumable run: fixed at its first call (plan.json), read back by --resume.
 PLAN_KEYS = ("preset", "quant", "vocab") + SHAPE_KEYS + (
     "seq", "batch", "lr", "warmup", "weight_decay", "aux_coef", "seed", "data_mb", "tok_train_mb", "heldout_percent",
-    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf")
+    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf", "short_docstrings")
 
 
 def parse_args(argv=None):
@@ -287,6 +332,8 @@ def parse_args(argv=None):
                     help="take the tokenizer (tokens, merges) from this GGUF instead of training one, e.g. "
                          "models/strata-tiny.gguf: same ids as the bundled model")
     ap.add_argument("--heldout-percent", type=int, default=2)
+    ap.add_argument("--short-docstrings", type=float, default=0.0,
+                    help="share of training files (0..1, by key) whose docstrings are cut to one line (held-out untouched)")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="model shape (22m = the defaults); single shape flags below override it")

@@ -171,6 +171,22 @@ def test_run_plan_is_fixed_at_the_first_call():
     assert T.load_plan(c)["total_steps"] is None  # fixed at step 25 of that call
 
 
+def test_short_docstrings_cut_to_the_first_line_and_keep_the_rest():
+    import ast
+    src = ('"""Module.\n\nMore.\n"""\nimport os\n\x0c\n\ndef f(x):\n    """\n    Return x.\n\n    Long.\n    """\n'
+           '    return x  # keep\n\n\nclass C:\n    def g(self): """a\n    b"""; return 1\n'
+           '    def h(self):\n        """Says \\"hi\\".\n        """\n        pass\n')
+    out = P.short_docstrings(src)
+    assert ast.dump(ast.parse(out)) != ast.dump(ast.parse(src))
+    assert out.startswith('"""Module."""\nimport os\n\x0c\n')
+    assert '    """Return x."""\n    return x  # keep\n' in out
+    assert 'def g(self): """a\n    b"""; return 1' in out  # shares its line with code: kept
+    assert 'Says \\"hi\\"' in out  # would need escaping: kept
+    assert P.short_docstrings("def broken(:\n") == "def broken(:\n"
+    shares = [P.short_docstrings_chosen(f"k{i}", 0.9) for i in range(2000)]
+    assert 0.85 < sum(shares) / len(shares) < 0.95 and not P.short_docstrings_chosen("k1", 0.0)
+
+
 if __name__ == "__main__":
     import contextlib
     import io

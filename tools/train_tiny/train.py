@@ -827,6 +827,15 @@ def prepare_data(args, cache_dir, timings):
     t = time.time()
     chosen, n_candidates, bytes_candidates = collect_files(int(args.data_mb * 1e6))
     train_files, held_files, skipped = read_texts(chosen, args.heldout_percent)
+    n_short, bytes_before = 0, sum(len(x[1]) for x in train_files)
+    if args.short_docstrings > 0:
+        for i, (key, text) in enumerate(train_files):
+            if P.short_docstrings_chosen(key, args.short_docstrings):
+                cut = P.short_docstrings(text)
+                n_short += cut != text
+                train_files[i] = (key, cut)
+        log(f"short docstrings in {n_short} of {len(train_files)} training files: "
+            f"{bytes_before / 1e6:.1f} -> {sum(len(x[1]) for x in train_files) / 1e6:.1f} MB")
     train_bytes = sum(len(x[1]) for x in train_files)
     held_bytes = sum(len(x[1]) for x in held_files)
     timings["collect_s"] = time.time() - t
@@ -867,7 +876,9 @@ def prepare_data(args, cache_dir, timings):
         f"held-out {len(held_stream)} tokens; evaluation stream: {eval_note}; {timings['encode_s']:.1f}s")
     assert train_stream.max() < args.vocab and held_stream.max() < args.vocab
     meta = {"candidate_files": n_candidates, "candidate_bytes": bytes_candidates, "chosen_files": len(chosen),
-            "skipped_files": skipped, "train_files": len(train_files), "heldout_files": len(held_files),
+            "skipped_files": skipped, "train_files": len(train_files),
+            "short_docstrings": {"share": args.short_docstrings, "files_changed": n_short,
+                                 "train_bytes_before": bytes_before}, "heldout_files": len(held_files),
             "train_bytes": train_bytes, "heldout_bytes": held_bytes, "train_tokens": int(len(train_stream)),
             "heldout_tokens": int(len(held_stream)), "eval_tokens": int(len(eval_stream)),
             "eval_bytes": int(eval_bytes), "eval_stream": eval_note,
