@@ -359,9 +359,12 @@ TEST(SpecLossless, BundledModel) {
   const Loaded other = load(spec_test::perturbed_copy(tiny.path, tmp_file("spec_tiny_perturbed").string(), 0.08));
   const int32_t V = static_cast<int32_t>(tiny.model->config().n_vocab);
   spec_test::Case c;
+  // Drafts must be both accepted and rejected: a prompt whose continuation partly repeats what the
+  // prompt holds (n-gram drafts taken from it hold) and partly departs from it (they fail). A prompt
+  // that a model merely copies would reject nothing.
   c.prompt = tiny.tokenizer->encode(
-      "def area(width, height):\n    return width * height\n\n\ndef area(width, height):\n    return width * height\n\n\n"
-      "def perimeter(width, height):\n    return 2 * (width + height)\n\n\ndef");
+      "import os\nimport sys\n\n\ndef main():\n    path = sys.argv[1]\n    with open(path) as f:\n        for line in f:\n"
+      "            print(line)\n\n\nif __name__ == \"__main__\":\n    main()\n\n\ndef");
   c.n_new = 64;
   c.sampling = greedy_no_end(*tiny.tokenizer, V);
   const auto make = cpu_sequences(*tiny.model);

@@ -3,7 +3,8 @@
 // (tests/fixtures/tiny/greedy_reference.json + reference_logits.bin + mtp_reference.json:
 // transformers, fp32 compute on the bf16 weights). Q8_0 rounds every matrix, so logits are compared
 // as distributions (KL divergence, top-1 where the reference is not close to a tie), greedy
-// continuations must be identical, and the MTP head must rank as the reference does.
+// continuations must be identical up to a swapped near tie, and the MTP head must rank as the
+// reference does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -124,14 +125,29 @@ TEST(TinyModel, LogitsCloseToHf) {
   EXPECT_LE(mean, 0.002);
 }
 
+// Greedy continuations equal the reference's token for token. Q8_0 rounding may swap a near tie like
+// the one LogitsCloseToHf allows for: at the first step where ours differs, the reference must be
+// within kTieMargin of a tie there and ours must be its second choice; past that step the two
+// continuations read different text, so nothing further is compared for that prompt.
 TEST(TinyModel, GreedyContinuationEqualsHf) {
   const nlohmann::json ref = load_reference();
   auto model = strata::Model::load(kModel.string());
   for (const auto& p : ref["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto expected = p["greedy_ids"].get<std::vector<int32_t>>();
+    const auto margins = p["top1_margins"].get<std::vector<double>>();
+    ASSERT_EQ(margins.size(), expected.size());
     strata::Session s(*model, static_cast<int>(ids.size() + expected.size()));
-    EXPECT_EQ(strata::generate_greedy(s, ids, static_cast<int>(expected.size())), expected) << p["prompt"];
+    const auto got = strata::generate_greedy(s, ids, static_cast<int>(expected.size()));
+    ASSERT_EQ(got.size(), expected.size()) << p["prompt"];
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == expected[i]) continue;
+      EXPECT_LT(margins[i], kTieMargin) << p["prompt"] << " step " << i << ": not a near tie in the reference";
+      EXPECT_EQ(got[i], p["top5"][i][1][0].get<int32_t>()) << p["prompt"] << " step " << i;
+      std::printf("%-40s greedy step %zu: the reference's near tie (margin %.3g) went the other way\n",
+                  p["prompt"].dump().substr(0, 40).c_str(), i, margins[i]);
+      break;
+    }
   }
 }
 
