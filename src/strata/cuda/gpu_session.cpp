@@ -151,6 +151,7 @@ struct GpuSession::Impl {
     float *ye = nullptr, *ys = nullptr;  // the MoE down jobs' outputs (where gemv_down_sum does not fit)
     int* ids = nullptr;
     int64_t ids_layer = 0;
+    const int* pos = nullptr;  // the tokens' positions (device)
   };
   // Floats per token of each row kind: the token strides of the multi-token step's launches.
   struct RowWidths {
@@ -247,7 +248,7 @@ struct GpuSession::Impl {
   }
 
   // The rows of n tokens for every row kind this model uses; every layer's picks -1 (a dense layer's
-  // stay so).
+  // stay so), the MTP layers' after the trunk's (layer_ids of il = n_layer + j).
   StepRows alloc_rows(int n) {
     const size_t t = static_cast<size_t>(n);
     const size_t k = static_cast<size_t>(c.n_expert_used);
@@ -279,7 +280,7 @@ struct GpuSession::Impl {
     r.ye = dalloc<float>(t * rw.ye);
     r.logits = dalloc<float>(t * rw.vocab);
     r.ids_layer = static_cast<int64_t>(t * k);
-    const size_t n_ids = static_cast<size_t>(c.n_layer) * t * k;
+    const size_t n_ids = static_cast<size_t>(c.n_layer + c.n_mtp) * t * k;
     r.ids = dalloc<int>(n_ids);
     // -1: a dense layer's ids stay so (a dropped lookahead step uncounts only what was routed).
     check_cuda(cudaMemset(r.ids, 0xff, n_ids * sizeof(int)), "cudaMemset(ids)");
@@ -294,6 +295,7 @@ struct GpuSession::Impl {
     const size_t d = static_cast<size_t>(c.n_embd);
     rw = row_widths();
     one = alloc_rows(1);
+    one.pos = d_io + 1;
     x = one.x, q = one.q, kk = one.kk, vv = one.vv, o = one.o, ag = one.ag;
     qkv = one.qkv, mixed = one.mixed, z = one.z, b = one.b, alpha = one.alpha, o2 = one.o2;
     router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
@@ -322,6 +324,7 @@ struct GpuSession::Impl {
     if (multi_fits) {
       multi = alloc_rows(kMaxStepTokens);
       d_mio = dalloc<int>(2 * kMaxStepTokens);
+      multi.pos = d_mio + kMaxStepTokens;
       check_cuda(cudaMallocHost(&h_mio, 2 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
     }
     check_cuda(cudaDeviceSynchronize(), "allocate");
@@ -334,6 +337,7 @@ struct GpuSession::Impl {
     h_replay_ring = nullptr;
     replay_rows_buf.release();
     hidden_buf.release();
+    mtp_release();  // before allocs: its rows are among them
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -393,6 +397,9 @@ struct GpuSession::Impl {
     return 4;
   }
 
+  // Layer il's spec: a trunk layer's, or for il = n_layer + j the MTP layer's.
+  const LayerSpec& layer_spec(int il) const { return il < c.n_layer ? c.layer(il) : c.mtp_layer; }
+
   // What runs between a mixer's input and output projections for T tokens of rows r at positions
   // pos[0..T): attention's q/k norm + rope + KV store and the split-K attention; DeltaNet's conv (when
   // not fused into the projection) and recurrent step. T > 1: the multi-token step (its DeltaNet conv
@@ -400,7 +407,7 @@ struct GpuSession::Impl {
   void mixer_core(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T, const int* pos) {
     if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
-      const LayerSpec& ls = c.layer(il);
+      const LayerSpec& ls = layer_spec(il);
       const int hd = c.head_dim;
       AttnTokens tk;
       tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
@@ -451,7 +458,7 @@ struct GpuSession::Impl {
   }
 
   // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))), for T tokens
-  // of rows r (T > 1: the multi-token step, token t at position d_mio[kMaxStepTokens + t]).
+  // of rows r at positions r.pos (T > 1: the multi-token step).
   void mixer(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T) {
     const bool attn = is_attention(D.kind);
     GemvJob in[4];
@@ -463,7 +470,7 @@ struct GpuSession::Impl {
                        r.mixed, stream);
       prof.mark("dn conv", stream);
     }
-    mixer_core(il, D, L, r, T, T == 1 ? d_io + 1 : d_mio + kMaxStepTokens);
+    mixer_core(il, D, L, r, T, r.pos);
     const GemvJob out = mixer_out_job(D, r);
     gemv_batch(&out, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
@@ -476,9 +483,10 @@ struct GpuSession::Impl {
     return head;
   }
 
-  // Layer il's replayed picks in the decode step (device), or null when the router picks.
+  // Layer il's replayed picks in the decode step (device), or null when the router picks (always in
+  // the MTP layers: the replay holds the trunk's).
   const int* replay_for(int il) const {
-    if (!replay_src) return nullptr;
+    if (!replay_src || il >= c.n_layer) return nullptr;
     return d_replay_step + static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
   }
 
@@ -499,7 +507,9 @@ struct GpuSession::Impl {
     int* ids_l = layer_ids(il, r);
     GemvRoute& rt = m.rt;
     rt.logits = r.router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
-    rt.weights = r.wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    rt.weights = r.wts, rt.counter = norm_counter;
+    // The routing counts are the trunk's; the MTP head's picks are not counted.
+    rt.counts = il < c.n_layer ? route_counts + static_cast<size_t>(il) * c.n_expert : nullptr;
     rt.rule = route_rule(c, w.selection_bias);
     rt.rule.replay = replay_for(il);
     rt.logits_token_stride = rw.router;
@@ -569,8 +579,8 @@ struct GpuSession::Impl {
       sd.x = r.gs, sd.x_token_stride = rw.gs;
       down.push_back(sd);
     }
-    const float* shared_rows = w.has_shared ? ys : nullptr;
-    const float* shared_gate = w.shared_gated ? sg : nullptr;
+    const float* shared_rows = w.has_shared ? r.ys : nullptr;
+    const float* shared_gate = w.shared_gated ? r.sg : nullptr;
     if (T > 1) {
       // The combine epilogue's last-block counter is one per launch: a combine launch per token, the
       // epilogue's block function (the same sums, element by element, at any block size).
@@ -583,14 +593,14 @@ struct GpuSession::Impl {
       prof.mark("moe combine", stream);
     } else if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
-      cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+      cb.x = r.x, cb.ye = r.ye, cb.ids = ids_l, cb.weights = r.wts, cb.k = k, cb.d = c.n_embd;
       cb.ys = shared_rows, cb.shared_gate = shared_gate, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
       cb.counter = norm_counter;
       gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids_l, wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn, stream);
+      moe_combine_add_norm(r.x, r.ye, ids_l, r.wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn, stream);
       prof.mark("moe combine", stream);
     }
   }
@@ -657,15 +667,20 @@ struct GpuSession::Impl {
     prof.mark(what, stream);
   }
 
+  // Layer il's FFN for T tokens of rows r.
+  void ffn(int il, const DevLayer& D, const StepRows& r, int T) {
+    switch (D.ffn) {
+      case FfnKind::Moe: moe(il, D, r, T); break;
+      case FfnKind::Dense: dense_ffn(D, r, T); break;
+    }
+  }
+
   // The layers and the lm_head of T tokens of rows r, their embeddings in r.x.
   void enqueue_layers(const StepRows& r, int T) {
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
       mixer(il, D, st.layers[il], r, T);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
-      switch (c.layers[static_cast<size_t>(il)].ffn) {
-        case FfnKind::Moe: moe(il, D, r, T); break;
-        case FfnKind::Dense: dense_ffn(D, r, T); break;
-      }
+      ffn(il, D, r, T);
     }
     const GemvJob head = head_job(r);
     gemv_batch(&head, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
@@ -1050,6 +1065,97 @@ struct GpuSession::Impl {
       if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
         fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
   }
+
+  // The MTP head (GpuMtpHead), allocated on first use: block 0 of dm.mtp over a cache of its own. A row
+  // is one graph replay reading its token and position from io and its hidden row from h; it leaves its
+  // pick in io[0] and its output in h, so chained rows run with no host in between.
+  struct MtpPart {
+    DeviceSequenceState st;  // the MTP layer's KV cache
+    StepRows r;
+    int* io = nullptr;      // [token, position]
+    float* h = nullptr;     // [n_embd]
+    float* both = nullptr;  // [2 n_embd]: enorm(embed(token)); hnorm(h)
+    GrowingRows<int> rows_io;      // a row's [token, position] (chained rows: the position only)
+    GrowingRows<float> rows_h;     // the hidden rows of rows()
+    GrowingRows<int> picks;        // the chained rows' picks
+    cudaGraphExec_t graph = nullptr;
+    int64_t n_allowed = 0;  // ids the graph's arg-max covers
+    int n_past = 0;
+    MtpPart(const Model& model, int ctx, KvCacheTypes kv) : st(mtp_cache_config(model), ctx, kv) {}
+  };
+  std::unique_ptr<MtpPart> mtp;
+
+  // Why this session cannot run the MTP head on the GPU ("" when it can).
+  std::string mtp_unsupported() const {
+    if (c.n_mtp == 0) return "the model has no multi-token-prediction layer";
+    if (hybrid || dm.hybrid()) return "the session keeps experts on the CPU (hybrid), whose VRAM plan leaves the MTP layer off the GPU";
+    if (!is_attention(c.mtp_layer.mixer)) return "the MTP layer's mixer is not attention";
+    return "";
+  }
+
+  void mtp_setup() {
+    if (mtp) return;
+    const std::string why = mtp_unsupported();
+    if (!why.empty()) fail("GPU MTP head: ", why);
+    gm->device_with_mtp();  // dm is that device model
+    mtp = std::make_unique<MtpPart>(model, max_ctx, opt.kv_types);
+    mtp->r = alloc_rows(1);
+    mtp->io = dalloc<int>(2);
+    mtp->r.pos = mtp->io + 1;
+    mtp->h = dalloc<float>(static_cast<size_t>(c.n_embd));
+    mtp->both = dalloc<float>(2 * static_cast<size_t>(c.n_embd));
+    check_cuda(cudaDeviceSynchronize(), "allocate");  // alloc_rows' memsets precede any use on the stream
+  }
+
+  void mtp_release() {
+    if (!mtp) return;
+    if (mtp->graph) cudaGraphExecDestroy(mtp->graph);
+    mtp->rows_io.release();
+    mtp->rows_h.release();
+    mtp->picks.release();
+    mtp.reset();
+  }
+
+  // Every kernel of an MTP row (engine/mtp.h's formulas), with the decode step's layer launches.
+  void enqueue_mtp_row() {
+    MtpPart& m = *mtp;
+    const DevMtp& w = dm.mtp[0];
+    const int d = c.n_embd;
+    embed_row(dm.token_embd, m.io, m.r.x, stream);
+    // The embedding half first, as eh_proj's columns are ordered.
+    rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, 1, d, m.both, stream);
+    rmsnorm_rows(m.h, w.hnorm, c.rms_eps, 1, d, m.both + d, stream);
+    GemvJob in = job_to(w.eh_proj, m.r.x, rw.x);
+    in.x = m.both;
+    gemv_batch(&in, 1, stream);
+    const int il = c.n_layer;  // the MTP layer's index (layer_spec, layer_ids)
+    mixer(il, w.layer, m.st.layers[0], m.r, 1);
+    ffn(il, w.layer, m.r, 1);
+    rmsnorm_rows(m.r.x, w.shared_head_norm, c.rms_eps, 1, d, m.h, stream);
+    GemvJob head = job_to(dm.output, m.r.logits, rw.vocab);
+    head.x = m.h;
+    gemv_batch(&head, 1, stream);
+    argmax_wide(m.r.logits, m.n_allowed, argmax_part, argmax_counter, m.io, stream);
+  }
+
+  // Enqueues one MTP row at position mtp->n_past (io and h already hold its inputs) and advances it.
+  void launch_mtp_row(int32_t n_allowed) {
+    MtpPart& m = *mtp;
+    if (m.n_past >= max_ctx) fail("GPU MTP head: position ", m.n_past, " exceeds the context of ", max_ctx);
+    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graph
+      check_cuda(cudaStreamSynchronize(stream), "MTP row");
+      if (m.graph) cudaGraphExecDestroy(m.graph);
+      m.graph = nullptr;
+      m.n_allowed = n_allowed;
+    }
+    if (!opt.use_graph || prof.on) {
+      enqueue_mtp_row();
+    } else {
+      if (!m.graph) m.graph = capture([this] { enqueue_mtp_row(); });
+      check_cuda(cudaGraphLaunch(m.graph, stream), "cudaGraphLaunch");
+    }
+    ++m.n_past;
+  }
 };
 
 GpuSession::GpuSession(const Model& model, int max_ctx, GpuSessionOptions options)
@@ -1311,6 +1417,100 @@ std::vector<int32_t> generate_greedy(GpuSession& session, const std::vector<int3
     out.push_back(next);
     if (i + 1 < n_new) next = session.decode_argmax(next);
   }
+  return out;
+}
+
+std::unique_ptr<MtpHead> GpuSession::make_mtp_head(int max_ctx, std::string& why_cpu) {
+  const std::string why = impl_->mtp_unsupported();
+  if (!why.empty()) {
+    why_cpu = why;
+    return nullptr;
+  }
+  return std::make_unique<GpuMtpHead>(*this, max_ctx);
+}
+
+GpuMtpHead::GpuMtpHead(GpuSession& session, int max_ctx) : m_(*session.impl_) {
+  m_.mtp_setup();
+  max_ctx_ = std::min(max_ctx, m_.max_ctx);
+  if (m_.mtp->n_past > max_ctx_) m_.mtp->n_past = max_ctx_;
+}
+
+int GpuMtpHead::n_past() const { return m_.mtp->n_past; }
+
+void GpuMtpHead::restart(int pos) {
+  if (pos < 0 || pos > max_ctx_) fail("GPU MTP head: restart at ", pos, " of ", max_ctx_, " positions");
+  m_.mtp->n_past = pos;  // the cache rows need no clearing: rows >= n_past are written before read
+}
+
+void GpuMtpHead::truncate(int pos) {
+  if (pos < 0 || pos > n_past()) fail("MTP cache: truncate to ", pos, " of ", n_past(), " positions");
+  m_.mtp->n_past = pos;
+}
+
+int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+  auto& p = *m_.mtp;
+  const ModelConfig& c = m_.c;
+  if (n <= 0) fail("MTP forward needs at least one row");
+  if (p.n_past + n > max_ctx_) fail("MTP forward: ", p.n_past + n, " positions exceed the context of ", max_ctx_);
+  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
+  const size_t d = static_cast<size_t>(c.n_embd);
+  std::vector<int> io(2 * static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+    io[2 * static_cast<size_t>(t)] = tokens[t];
+    io[2 * static_cast<size_t>(t) + 1] = p.n_past + t;
+  }
+  int* d_io = p.rows_io.reserve(static_cast<size_t>(n), 2, "MTP rows");
+  float* d_h = p.rows_h.reserve(static_cast<size_t>(n), d, "MTP hidden rows");
+  // Pageable sources: each call returns once its data is staged.
+  check_cuda(cudaMemcpyAsync(d_io, io.data(), io.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
+             "copy MTP rows");
+  check_cuda(cudaMemcpyAsync(d_h, hidden, static_cast<size_t>(n) * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
+             "copy MTP hidden rows");
+  for (int t = 0; t < n; ++t) {
+    check_cuda(cudaMemcpyAsync(p.io, d_io + 2 * t, 2 * sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP row");
+    check_cuda(cudaMemcpyAsync(p.h, d_h + static_cast<size_t>(t) * d, d * sizeof(float), cudaMemcpyDeviceToDevice,
+                               m_.stream),
+               "MTP row");
+    m_.launch_mtp_row(n_allowed);
+  }
+  const int32_t pick = m_.read_token(p.io);
+  if (pick < 0) fail("GPU MTP head: no token has a finite logit");
+  return pick;
+}
+
+void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) {
+  auto& p = *m_.mtp;
+  if (count <= 0) return;
+  if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
+  if (p.n_past + count > max_ctx_) fail("MTP forward: ", p.n_past + count, " positions exceed the context of ", max_ctx_);
+  // io[0] and h hold the last row's pick and output already: only the positions come from the host.
+  std::vector<int> pos(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) pos[static_cast<size_t>(i)] = p.n_past + i;
+  int* d_pos = p.rows_io.reserve(static_cast<size_t>(count), 1, "MTP rows");
+  int* d_picks = p.picks.reserve(static_cast<size_t>(count), 1, "MTP picks");
+  check_cuda(cudaMemcpyAsync(d_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
+             "copy MTP positions");
+  for (int i = 0; i < count; ++i) {
+    check_cuda(cudaMemcpyAsync(p.io + 1, d_pos + i, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP row");
+    m_.launch_mtp_row(n_allowed);
+    check_cuda(cudaMemcpyAsync(d_picks + i, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
+  }
+  check_cuda(cudaMemcpyAsync(pos.data(), d_picks, pos.size() * sizeof(int), cudaMemcpyDeviceToHost, m_.stream),
+             "copy MTP picks");
+  m_.sync();
+  for (int id : pos) {
+    if (id < 0) fail("GPU MTP head: no token has a finite logit");
+    picks.push_back(id);
+  }
+}
+
+std::vector<float> GpuMtpHead::logits() const {
+  std::vector<float> out(static_cast<size_t>(m_.c.n_vocab));
+  check_cuda(cudaMemcpyAsync(out.data(), m_.mtp->r.logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                             m_.stream),
+             "copy MTP logits");
+  m_.sync();
   return out;
 }
 
