@@ -488,7 +488,8 @@ int largest_window(const Model& m) {
 // The GPU MTP head against mtp_forward on the CPU, row by row over real hidden rows (a CPU session's
 // record of a prompt): logits within the int8 decode bound (a rare expert near-tie may move a row),
 // the same arg-max where the CPU's is clear; chained rows fed the GPU's picks likewise; a truncated
-// head run again gives its first run's logits; a hybrid session says why it has no GPU head.
+// head run again gives its first run's logits, row by row or several rows per call; a hybrid session
+// says why it has no GPU head.
 TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
   REQUIRE_GPU();
   using test_util::max_row_rel_err;
@@ -571,12 +572,18 @@ TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
     head.rows(&tok, rec->row(t), 1, V);
     EXPECT_LE(max_row_rel_err(head.logits(), first_run[static_cast<size_t>(t)], vocab), 1e-6) << "row " << t;
   }
-  // Several rows in one call end where row-by-row calls end.
-  head.truncate(keep);
-  std::vector<int32_t> toks(prompt.begin() + keep + 1, prompt.begin() + n + 1);
-  std::vector<float> hid(rec->row(keep), rec->row(keep) + static_cast<size_t>(n - keep) * d);
-  head.rows(toks.data(), hid.data(), n - keep, V);
-  EXPECT_LE(max_row_rel_err(head.logits(), first_run.back(), vocab), 1e-6) << "rows in one call";
+  // Several rows in one call (one token-grid launch, the multi-token step's arithmetic: bitwise the
+  // single rows') end where row-by-row calls end, and so do all rows from position 0 in one call.
+  for (const int from : {keep, 0}) {
+    head.truncate(from);
+    std::vector<int32_t> toks(prompt.begin() + from + 1, prompt.begin() + n + 1);
+    std::vector<float> hid(rec->row(from), rec->row(from) + static_cast<size_t>(n - from) * d);
+    const int32_t pick = head.rows(toks.data(), hid.data(), n - from, V);
+    const std::vector<float> lg = head.logits();
+    EXPECT_LE(max_row_rel_err(lg, first_run.back(), vocab), 1e-5) << "rows in one call from " << from;
+    EXPECT_EQ(pick, argmax(lg.data(), V));
+    EXPECT_EQ(head.n_past(), n);
+  }
   EXPECT_THROW(head.truncate(n + 1), Error);
 
   // Hybrid sessions keep the MTP layer off the GPU: no head, and why.

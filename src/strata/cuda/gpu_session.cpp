@@ -1066,22 +1066,32 @@ struct GpuSession::Impl {
         fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
   }
 
-  // The MTP head (GpuMtpHead), allocated on first use: block 0 of dm.mtp over a cache of its own. A row
-  // is one graph replay reading its token and position from io and its hidden row from h; it leaves its
-  // pick in io[0] and its output in h, so chained rows run with no host in between.
+  // The MTP head (GpuMtpHead), allocated on first use: block 0 of dm.mtp over a cache of its own. T
+  // rows (up to mtp_max_rows()) are one graph replay of the decode step's layer launches over a token
+  // grid, as the multi-token step, reading tokens and positions from io and hidden rows from h; the
+  // last row's pick goes to io[0] and its output to h's first row, so chained rows (T = 1) run with no
+  // host in between.
   struct MtpPart {
     DeviceSequenceState st;  // the MTP layer's KV cache
     StepRows r;
-    int* io = nullptr;      // [token, position]
-    float* h = nullptr;     // [n_embd]
-    float* both = nullptr;  // [2 n_embd]: enorm(embed(token)); hnorm(h)
-    GrowingRows<int> rows_io;      // a row's [token, position] (chained rows: the position only)
-    GrowingRows<float> rows_h;     // the hidden rows of rows()
-    GrowingRows<int> picks;        // the chained rows' picks
-    cudaGraphExec_t graph = nullptr;
-    int64_t n_allowed = 0;  // ids the graph's arg-max covers
+    int* io = nullptr;      // [kMaxStepTokens tokens, kMaxStepTokens positions]
+    float* h = nullptr;     // [kMaxStepTokens x n_embd]
+    float* en = nullptr;    // [kMaxStepTokens x n_embd]: enorm(embed(token))
+    float* hn = nullptr;    // [kMaxStepTokens x n_embd]: hnorm(h)
+    float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
+    GrowingRows<int> rows_io;   // rows()' tokens, then their positions (chain(): the positions)
+    GrowingRows<float> rows_h;  // rows()' hidden rows
+    GrowingRows<int> picks;     // chain()'s picks
+    cudaGraphExec_t graphs[kMaxStepTokens + 1] = {};  // by row count
+    int64_t n_allowed = 0;  // ids the graphs' arg-max covers
     int n_past = 0;
     MtpPart(const Model& model, int ctx, KvCacheTypes kv) : st(mtp_cache_config(model), ctx, kv) {}
+    void destroy_graphs() {
+      for (cudaGraphExec_t& g : graphs) {
+        if (g) cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
+    }
   };
   std::unique_ptr<MtpPart> mtp;
 
@@ -1093,68 +1103,88 @@ struct GpuSession::Impl {
     return "";
   }
 
+  // The most rows one MTP graph runs: a token grid where the multi-token step's scratch exists and the
+  // MTP layer's experts fit one launch (multi_step_fits' rule), else one.
+  int mtp_max_rows() const {
+    if (!multi_fits) return 1;
+    const bool shared = c.mtp_layer.ffn == FfnKind::Moe && dm.mtp[0].layer.moe.has_shared;
+    return c.mtp_layer.ffn != FfnKind::Moe || c.n_expert_used + (shared ? 1 : 0) <= kMaxGemvJobs ? kMaxStepTokens : 1;
+  }
+
   void mtp_setup() {
     if (mtp) return;
     const std::string why = mtp_unsupported();
     if (!why.empty()) fail("GPU MTP head: ", why);
     gm->device_with_mtp();  // dm is that device model
     mtp = std::make_unique<MtpPart>(model, max_ctx, opt.kv_types);
-    mtp->r = alloc_rows(1);
-    mtp->io = dalloc<int>(2);
-    mtp->r.pos = mtp->io + 1;
-    mtp->h = dalloc<float>(static_cast<size_t>(c.n_embd));
-    mtp->both = dalloc<float>(2 * static_cast<size_t>(c.n_embd));
+    const size_t rows = static_cast<size_t>(kMaxStepTokens) * static_cast<size_t>(c.n_embd);
+    mtp->r = alloc_rows(kMaxStepTokens);
+    mtp->io = dalloc<int>(2 * kMaxStepTokens);
+    mtp->r.pos = mtp->io + kMaxStepTokens;
+    mtp->h = dalloc<float>(rows);
+    mtp->en = dalloc<float>(rows);
+    mtp->hn = dalloc<float>(rows);
+    mtp->both = dalloc<float>(2 * rows);
     check_cuda(cudaDeviceSynchronize(), "allocate");  // alloc_rows' memsets precede any use on the stream
   }
 
   void mtp_release() {
     if (!mtp) return;
-    if (mtp->graph) cudaGraphExecDestroy(mtp->graph);
+    mtp->destroy_graphs();
     mtp->rows_io.release();
     mtp->rows_h.release();
     mtp->picks.release();
     mtp.reset();
   }
 
-  // Every kernel of an MTP row (engine/mtp.h's formulas), with the decode step's layer launches.
-  void enqueue_mtp_row() {
+  // Every kernel of T MTP rows (engine/mtp.h's formulas), with the decode step's layer launches; the
+  // lm_head and arg-max for the last row only.
+  void enqueue_mtp_rows(int T) {
     MtpPart& m = *mtp;
     const DevMtp& w = dm.mtp[0];
     const int d = c.n_embd;
-    embed_row(dm.token_embd, m.io, m.r.x, stream);
+    const size_t row = static_cast<size_t>(d) * sizeof(float);
+    prefill::embed_rows(dm.token_embd, m.io, T, m.r.x, stream);
+    rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, T, d, m.en, stream);
+    rmsnorm_rows(m.h, w.hnorm, c.rms_eps, T, d, m.hn, stream);
     // The embedding half first, as eh_proj's columns are ordered.
-    rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, 1, d, m.both, stream);
-    rmsnorm_rows(m.h, w.hnorm, c.rms_eps, 1, d, m.both + d, stream);
+    check_cuda(cudaMemcpy2DAsync(m.both, 2 * row, m.en, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream),
+               "MTP rows");
+    check_cuda(cudaMemcpy2DAsync(m.both + d, 2 * row, m.hn, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
+                                 stream),
+               "MTP rows");
     GemvJob in = job_to(w.eh_proj, m.r.x, rw.x);
-    in.x = m.both;
-    gemv_batch(&in, 1, stream);
+    in.x = m.both, in.x_token_stride = 2 * static_cast<int64_t>(d);
+    gemv_batch(&in, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     const int il = c.n_layer;  // the MTP layer's index (layer_spec, layer_ids)
-    mixer(il, w.layer, m.st.layers[0], m.r, 1);
-    ffn(il, w.layer, m.r, 1);
-    rmsnorm_rows(m.r.x, w.shared_head_norm, c.rms_eps, 1, d, m.h, stream);
+    mixer(il, w.layer, m.st.layers[0], m.r, T);
+    ffn(il, w.layer, m.r, T);
+    // The last row's output is what a chained row takes: it goes to h's first row.
+    rmsnorm_rows(m.r.x + static_cast<int64_t>(T - 1) * rw.x, w.shared_head_norm, c.rms_eps, 1, d, m.h, stream);
     GemvJob head = job_to(dm.output, m.r.logits, rw.vocab);
     head.x = m.h;
     gemv_batch(&head, 1, stream);
     argmax_wide(m.r.logits, m.n_allowed, argmax_part, argmax_counter, m.io, stream);
   }
 
-  // Enqueues one MTP row at position mtp->n_past (io and h already hold its inputs) and advances it.
-  void launch_mtp_row(int32_t n_allowed) {
+  // Enqueues T MTP rows at positions mtp->n_past.. (io and h already hold their inputs) and advances.
+  void launch_mtp_rows(int T, int32_t n_allowed) {
     MtpPart& m = *mtp;
-    if (m.n_past >= max_ctx) fail("GPU MTP head: position ", m.n_past, " exceeds the context of ", max_ctx);
-    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graph
-      check_cuda(cudaStreamSynchronize(stream), "MTP row");
-      if (m.graph) cudaGraphExecDestroy(m.graph);
-      m.graph = nullptr;
+    if (T < 1 || T > mtp_max_rows()) fail("GPU MTP head: ", T, " rows in one launch");
+    if (m.n_past + T > max_ctx) fail("GPU MTP head: ", m.n_past + T, " positions exceed the context of ", max_ctx);
+    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graphs
+      check_cuda(cudaStreamSynchronize(stream), "MTP rows");
+      m.destroy_graphs();
       m.n_allowed = n_allowed;
     }
     if (!opt.use_graph || prof.on) {
-      enqueue_mtp_row();
+      enqueue_mtp_rows(T);
     } else {
-      if (!m.graph) m.graph = capture([this] { enqueue_mtp_row(); });
-      check_cuda(cudaGraphLaunch(m.graph, stream), "cudaGraphLaunch");
+      cudaGraphExec_t& g = m.graphs[T];
+      if (!g) g = capture([this, T] { enqueue_mtp_rows(T); });
+      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
     }
-    ++m.n_past;
+    m.n_past += T;
   }
 };
 
@@ -1453,26 +1483,33 @@ int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int3
   if (n <= 0) fail("MTP forward needs at least one row");
   if (p.n_past + n > max_ctx_) fail("MTP forward: ", p.n_past + n, " positions exceed the context of ", max_ctx_);
   if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
-  const size_t d = static_cast<size_t>(c.n_embd);
-  std::vector<int> io(2 * static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t) {
+  const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n);
+  std::vector<int> io(2 * rows);  // the tokens, then their positions
+  for (size_t t = 0; t < rows; ++t) {
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
-    io[2 * static_cast<size_t>(t)] = tokens[t];
-    io[2 * static_cast<size_t>(t) + 1] = p.n_past + t;
+    io[t] = tokens[t];
+    io[rows + t] = p.n_past + static_cast<int>(t);
   }
-  int* d_io = p.rows_io.reserve(static_cast<size_t>(n), 2, "MTP rows");
-  float* d_h = p.rows_h.reserve(static_cast<size_t>(n), d, "MTP hidden rows");
+  int* d_io = p.rows_io.reserve(2 * rows, 1, "MTP rows");
+  float* d_h = p.rows_h.reserve(rows, d, "MTP hidden rows");
   // Pageable sources: each call returns once its data is staged.
   check_cuda(cudaMemcpyAsync(d_io, io.data(), io.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
              "copy MTP rows");
-  check_cuda(cudaMemcpyAsync(d_h, hidden, static_cast<size_t>(n) * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
+  check_cuda(cudaMemcpyAsync(d_h, hidden, rows * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
              "copy MTP hidden rows");
-  for (int t = 0; t < n; ++t) {
-    check_cuda(cudaMemcpyAsync(p.io, d_io + 2 * t, 2 * sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP row");
-    check_cuda(cudaMemcpyAsync(p.h, d_h + static_cast<size_t>(t) * d, d * sizeof(float), cudaMemcpyDeviceToDevice,
+  const int most = m_.mtp_max_rows();
+  constexpr int K = GpuSession::Impl::kMaxStepTokens;
+  for (int t = 0; t < n; t += most) {
+    const int T = std::min(most, n - t);
+    const size_t T_ints = static_cast<size_t>(T) * sizeof(int);
+    check_cuda(cudaMemcpyAsync(p.io, d_io + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.io + K, d_io + rows + static_cast<size_t>(t), T_ints, cudaMemcpyDeviceToDevice,
                                m_.stream),
-               "MTP row");
-    m_.launch_mtp_row(n_allowed);
+               "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.h, d_h + static_cast<size_t>(t) * d, static_cast<size_t>(T) * d * sizeof(float),
+                               cudaMemcpyDeviceToDevice, m_.stream),
+               "MTP rows");
+    m_.launch_mtp_rows(T, n_allowed);
   }
   const int32_t pick = m_.read_token(p.io);
   if (pick < 0) fail("GPU MTP head: no token has a finite logit");
@@ -1484,7 +1521,8 @@ void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks
   if (count <= 0) return;
   if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
   if (p.n_past + count > max_ctx_) fail("MTP forward: ", p.n_past + count, " positions exceed the context of ", max_ctx_);
-  // io[0] and h hold the last row's pick and output already: only the positions come from the host.
+  // io[0] and h's first row hold the last row's pick and output already: only the positions come from
+  // the host.
   std::vector<int> pos(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) pos[static_cast<size_t>(i)] = p.n_past + i;
   int* d_pos = p.rows_io.reserve(static_cast<size_t>(count), 1, "MTP rows");
@@ -1492,8 +1530,10 @@ void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks
   check_cuda(cudaMemcpyAsync(d_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
              "copy MTP positions");
   for (int i = 0; i < count; ++i) {
-    check_cuda(cudaMemcpyAsync(p.io + 1, d_pos + i, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP row");
-    m_.launch_mtp_row(n_allowed);
+    check_cuda(cudaMemcpyAsync(p.io + GpuSession::Impl::kMaxStepTokens, d_pos + i, sizeof(int), cudaMemcpyDeviceToDevice,
+                               m_.stream),
+               "MTP row");
+    m_.launch_mtp_rows(1, n_allowed);
     check_cuda(cudaMemcpyAsync(d_picks + i, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
   }
   check_cuda(cudaMemcpyAsync(pos.data(), d_picks, pos.size() * sizeof(int), cudaMemcpyDeviceToHost, m_.stream),
