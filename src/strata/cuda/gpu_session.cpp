@@ -1469,7 +1469,9 @@ int GpuMtpHead::n_past() const { return m_.mtp->n_past; }
 
 void GpuMtpHead::restart(int pos) {
   if (pos < 0 || pos > max_ctx_) fail("GPU MTP head: restart at ", pos, " of ", max_ctx_, " positions");
-  m_.mtp->n_past = pos;  // the cache rows need no clearing: rows >= n_past are written before read
+  // As the CPU head's: no clearing (rows >= n_past are written before read; those before pos keep what
+  // they held, which costs acceptance only).
+  m_.mtp->n_past = pos;
 }
 
 void GpuMtpHead::truncate(int pos) {
