@@ -584,7 +584,21 @@ TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
     EXPECT_EQ(pick, argmax(lg.data(), V));
     EXPECT_EQ(head.n_past(), n);
   }
-  EXPECT_THROW(head.truncate(n + 1), Error);
+  // draft() (one read back) picks what rows() then chain() pick.
+  {
+    head.truncate(keep);
+    std::vector<int32_t> toks(prompt.begin() + keep + 1, prompt.begin() + n + 1);
+    std::vector<float> hid(rec->row(keep), rec->row(keep) + static_cast<size_t>(n - keep) * d);
+    std::vector<int32_t> drafted, stepped;
+    head.draft(toks.data(), hid.data(), n - keep, 3, V, drafted);
+    EXPECT_EQ(head.n_past(), n + 3);
+    head.truncate(keep);
+    stepped.push_back(head.rows(toks.data(), hid.data(), n - keep, V));
+    head.chain(3, V, stepped);
+    EXPECT_EQ(drafted, stepped);
+    EXPECT_EQ(drafted.size(), 4u);
+  }
+  EXPECT_THROW(head.truncate(n + 4), Error);
 
   // Hybrid sessions keep the MTP layer off the GPU: no head, and why.
   sc::GpuSessionOptions ho;

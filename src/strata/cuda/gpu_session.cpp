@@ -1079,9 +1079,10 @@ struct GpuSession::Impl {
     float* en = nullptr;    // [kMaxStepTokens x n_embd]: enorm(embed(token))
     float* hn = nullptr;    // [kMaxStepTokens x n_embd]: hnorm(h)
     float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
-    GrowingRows<int> rows_io;   // rows()' tokens, then their positions (chain(): the positions)
-    GrowingRows<float> rows_h;  // rows()' hidden rows
-    GrowingRows<int> picks;     // chain()'s picks
+    GrowingRows<int> rows_io;    // the rows' tokens, then their positions
+    GrowingRows<float> rows_h;   // the rows' hidden rows
+    GrowingRows<int> chain_pos;  // the chained rows' positions
+    GrowingRows<int> picks;      // the picks read back
     cudaGraphExec_t graphs[kMaxStepTokens + 1] = {};  // by row count
     int64_t n_allowed = 0;  // ids the graphs' arg-max covers
     int n_past = 0;
@@ -1133,6 +1134,7 @@ struct GpuSession::Impl {
     mtp->destroy_graphs();
     mtp->rows_io.release();
     mtp->rows_h.release();
+    mtp->chain_pos.release();
     mtp->picks.release();
     mtp.reset();
   }
@@ -1479,11 +1481,26 @@ void GpuMtpHead::truncate(int pos) {
   m_.mtp->n_past = pos;
 }
 
-int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+void GpuMtpHead::check_room(int rows) const {
+  const int end = m_.mtp->n_past + rows;
+  if (end > max_ctx_) fail("MTP forward: ", end, " positions exceed the context of ", max_ctx_);
+}
+
+// The positions of `count` chained rows from `from` on, on the device. Staged before any launch: a
+// pageable copy waits for the stream.
+int* GpuMtpHead::stage_positions(int from, int count) {
+  std::vector<int> pos(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) pos[static_cast<size_t>(i)] = from + i;
+  int* d_pos = m_.mtp->chain_pos.reserve(static_cast<size_t>(count), 1, "MTP positions");
+  check_cuda(cudaMemcpyAsync(d_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
+             "copy MTP positions");
+  return d_pos;
+}
+
+void GpuMtpHead::enqueue_rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
   auto& p = *m_.mtp;
   const ModelConfig& c = m_.c;
   if (n <= 0) fail("MTP forward needs at least one row");
-  if (p.n_past + n > max_ctx_) fail("MTP forward: ", p.n_past + n, " positions exceed the context of ", max_ctx_);
   if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
   const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n);
   std::vector<int> io(2 * rows);  // the tokens, then their positions
@@ -1513,38 +1530,60 @@ int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int3
                "MTP rows");
     m_.launch_mtp_rows(T, n_allowed);
   }
-  const int32_t pick = m_.read_token(p.io);
-  if (pick < 0) fail("GPU MTP head: no token has a finite logit");
-  return pick;
 }
 
-void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) {
+// io[0] and h's first row hold the last row's pick and output already: each chained row takes only
+// its position, and leaves its pick at d_picks[i].
+void GpuMtpHead::enqueue_chain(const int* d_pos, int count, int32_t n_allowed, int* d_picks) {
   auto& p = *m_.mtp;
-  if (count <= 0) return;
-  if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
-  if (p.n_past + count > max_ctx_) fail("MTP forward: ", p.n_past + count, " positions exceed the context of ", max_ctx_);
-  // io[0] and h's first row hold the last row's pick and output already: only the positions come from
-  // the host.
-  std::vector<int> pos(static_cast<size_t>(count));
-  for (int i = 0; i < count; ++i) pos[static_cast<size_t>(i)] = p.n_past + i;
-  int* d_pos = p.rows_io.reserve(static_cast<size_t>(count), 1, "MTP rows");
-  int* d_picks = p.picks.reserve(static_cast<size_t>(count), 1, "MTP picks");
-  check_cuda(cudaMemcpyAsync(d_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
-             "copy MTP positions");
   for (int i = 0; i < count; ++i) {
-    check_cuda(cudaMemcpyAsync(p.io + GpuSession::Impl::kMaxStepTokens, d_pos + i, sizeof(int), cudaMemcpyDeviceToDevice,
-                               m_.stream),
+    check_cuda(cudaMemcpyAsync(p.io + GpuSession::Impl::kMaxStepTokens, d_pos + i, sizeof(int),
+                               cudaMemcpyDeviceToDevice, m_.stream),
                "MTP row");
     m_.launch_mtp_rows(1, n_allowed);
     check_cuda(cudaMemcpyAsync(d_picks + i, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
   }
-  check_cuda(cudaMemcpyAsync(pos.data(), d_picks, pos.size() * sizeof(int), cudaMemcpyDeviceToHost, m_.stream),
+}
+
+void GpuMtpHead::read_picks(const int* d_picks, int count, std::vector<int32_t>& picks) {
+  std::vector<int> h(static_cast<size_t>(count));
+  check_cuda(cudaMemcpyAsync(h.data(), d_picks, h.size() * sizeof(int), cudaMemcpyDeviceToHost, m_.stream),
              "copy MTP picks");
   m_.sync();
-  for (int id : pos) {
+  for (int id : h) {
     if (id < 0) fail("GPU MTP head: no token has a finite logit");
     picks.push_back(id);
   }
+}
+
+void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                       std::vector<int32_t>& picks) {
+  auto& p = *m_.mtp;
+  check_room(n + count);
+  const int* d_pos = count > 0 ? stage_positions(p.n_past + n, count) : nullptr;
+  int* d_picks = p.picks.reserve(static_cast<size_t>(1 + count), 1, "MTP picks");
+  enqueue_rows(tokens, hidden, n, n_allowed);
+  check_cuda(cudaMemcpyAsync(d_picks, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
+  enqueue_chain(d_pos, count, n_allowed, d_picks + 1);
+  read_picks(d_picks, 1 + count, picks);
+}
+
+int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+  check_room(n);
+  enqueue_rows(tokens, hidden, n, n_allowed);
+  std::vector<int32_t> pick;
+  read_picks(m_.mtp->io, 1, pick);
+  return pick[0];
+}
+
+void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) {
+  if (count <= 0) return;
+  if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
+  check_room(count);
+  const int* d_pos = stage_positions(m_.mtp->n_past, count);
+  int* d_picks = m_.mtp->picks.reserve(static_cast<size_t>(count), 1, "MTP picks");
+  enqueue_chain(d_pos, count, n_allowed, d_picks);
+  read_picks(d_picks, count, picks);
 }
 
 std::vector<float> GpuMtpHead::logits() const {

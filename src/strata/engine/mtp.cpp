@@ -67,21 +67,20 @@ void CpuMtpHead::restart(int pos) {
   state_.state().n_past = pos;
 }
 
-int32_t CpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+void CpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                       std::vector<int32_t>& picks) {
   const size_t d = static_cast<size_t>(model_.config().n_embd);
-  std::vector<float> all(static_cast<size_t>(n) * d);
+  out_.resize(static_cast<size_t>(n) * d);
+  next_.resize(d);
   logits_.resize(static_cast<size_t>(model_.config().n_vocab));
-  mtp_forward(model_, 0, state_, tokens, hidden, n, all.data(), logits_.data());
-  out_.assign(all.end() - static_cast<std::ptrdiff_t>(d), all.end());
-  return argmax(logits_.data(), n_allowed);
-}
-
-void CpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) {
-  next_.resize(out_.size());
+  mtp_forward(model_, 0, state_, tokens, hidden, n, out_.data(), logits_.data());
+  picks.push_back(argmax(logits_.data(), n_allowed));
+  // Each chained row takes the previous row's output (out_'s last row, then next_).
+  std::vector<float> h(out_.end() - static_cast<std::ptrdiff_t>(d), out_.end());
   for (int i = 0; i < count; ++i) {
-    mtp_forward(model_, 0, state_, &picks.back(), out_.data(), 1, next_.data(), logits_.data());
+    mtp_forward(model_, 0, state_, &picks.back(), h.data(), 1, next_.data(), logits_.data());
     picks.push_back(argmax(logits_.data(), n_allowed));
-    out_.swap(next_);
+    h.swap(next_);
   }
 }
 

@@ -52,12 +52,11 @@ class MtpHead {
   virtual void restart(int pos) = 0;
   // As MtpState::truncate.
   virtual void truncate(int pos) = 0;
-  // Runs n rows as mtp_forward; returns the last row's arg-max over ids < n_allowed (lowest id among
-  // equals).
-  virtual int32_t rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) = 0;
-  // Runs `count` more rows, each fed the previous row's pick and output, appending each row's pick to
-  // picks.
-  virtual void chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) = 0;
+  // Runs n rows as mtp_forward, then `count` more, each fed the previous row's pick and output; appends
+  // the picks of the n-th row and of each chained row (1 + count; arg-max over ids < n_allowed, lowest
+  // id among equals) to picks.
+  virtual void draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                     std::vector<int32_t>& picks) = 0;
 };
 
 class CpuMtpHead final : public MtpHead {
@@ -67,13 +66,13 @@ class CpuMtpHead final : public MtpHead {
   int max_ctx() const override { return state_.max_ctx(); }
   void restart(int pos) override;
   void truncate(int pos) override { state_.truncate(pos); }
-  int32_t rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) override;
-  void chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) override;
+  void draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+             std::vector<int32_t>& picks) override;
 
  private:
   const Model& model_;
   MtpState state_;
-  std::vector<float> out_, next_, logits_;  // out_: the last row's output, which the next chained row takes
+  std::vector<float> out_, next_, logits_;
 };
 
 }  // namespace strata

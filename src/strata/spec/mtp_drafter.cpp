@@ -56,12 +56,11 @@ void MtpDrafter::propose(const std::vector<int32_t>& history, int max_tokens, Dr
     tokens_[static_cast<size_t>(t)] = p + 1 < kept ? r.tokens[static_cast<size_t>(p + 1 - r.begin)] : history.back();
     std::copy_n(r.row(p), d, hidden_.data() + static_cast<size_t>(t) * d);
   }
-  out.tokens.push_back(head.rows(tokens_.data(), hidden_.data(), n, n_allowed_));
+  const int more = std::max(0, std::min(max_tokens - 1, head.max_ctx() - kept));
+  head.draft(tokens_.data(), hidden_.data(), n, more, n_allowed_, out.tokens);
   // The last row ran the token just sampled, which verification may still reject: it is run again
   // next time, so the cache and the record keep only what precedes it.
   r.drop_before(kept - 1);
-  const int more = std::min(max_tokens - 1, head.max_ctx() - head.n_past());
-  if (more > 0) head.chain(more, n_allowed_, out.tokens);
   head.truncate(kept - 1);
 }
 
