@@ -48,7 +48,7 @@ class MtpHead {
   virtual ~MtpHead() = default;
   virtual int n_past() const = 0;
   virtual int max_ctx() const = 0;
-  // Forgets every row; the next row runs at position pos (the cache rows before it stay empty).
+  // Forgets every row; the next row runs at position pos (the cache rows before it are not cleared).
   virtual void restart(int pos) = 0;
   // As MtpState::truncate.
   virtual void truncate(int pos) = 0;
