@@ -26,6 +26,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "cuda_test_models.h"
 #include "logits_compare.h"
 #include "spec_lossless.h"
@@ -636,6 +637,30 @@ TEST(CudaSpec, GpuMtpHeadDraftsLosslessly) {
     print(b.name + ", gpu mtp", s);
     EXPECT_GT(s.accepted_tokens, 0);
   }
+}
+
+// The command line: run --spec mtp --gpu prints what run --gpu prints, with its head on the GPU (no
+// note of a CPU head); bench --spec mtp --gpu finds its output token-identical; a hybrid target drafts
+// on the CPU and says why, once.
+TEST(CudaSpec, RunAndBenchMtpOnTheGpu) {
+  REQUIRE_GPU();
+  const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef perimeter(w, h):\\n    return\"";
+  const auto plain = testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu");
+  const auto spec = testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu --spec mtp --draft-max 3");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_EQ(spec.err.find("runs on the CPU"), std::string::npos) << spec.err;
+  const auto bench = testing_cli::run_cli("bench --spec mtp -n 16 -r 1 --draft-max 3 --gpu");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;
+  EXPECT_EQ(bench.err.find("runs on the CPU"), std::string::npos) << bench.err;
+  const auto hybrid =
+      testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu --expert-budget 50% --spec mtp --draft-max 3");
+  ASSERT_EQ(hybrid.exit_code, 0) << hybrid.err;
+  const size_t note = hybrid.err.find("the MTP head runs on the CPU");
+  EXPECT_NE(note, std::string::npos) << hybrid.err;
+  EXPECT_EQ(hybrid.err.find("the MTP head runs on the CPU", note + 1), std::string::npos) << "said once";
 }
 
 TEST(CudaSpec, MultiTokenStepBitwiseBundledModel) {
