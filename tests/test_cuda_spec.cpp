@@ -645,19 +645,15 @@ TEST(CudaSpec, GpuMtpHeadDraftsLosslessly) {
 TEST(CudaSpec, RunAndBenchMtpOnTheGpu) {
   REQUIRE_GPU();
   const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef perimeter(w, h):\\n    return\"";
-  const auto plain = testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu");
-  const auto spec = testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu --spec mtp --draft-max 3");
-  ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  ASSERT_EQ(spec.exit_code, 0) << spec.err;
-  EXPECT_EQ(spec.out, plain.out);
+  const auto spec = testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 32 --gpu", "--spec mtp --draft-max 3");
+  EXPECT_NE(spec.err.find("spec mtp:"), std::string::npos) << spec.err;
   EXPECT_EQ(spec.err.find("runs on the CPU"), std::string::npos) << spec.err;
   const auto bench = testing_cli::run_cli("bench --spec mtp -n 16 -r 1 --draft-max 3 --gpu");
   ASSERT_EQ(bench.exit_code, 0) << bench.err;
   EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;
   EXPECT_EQ(bench.err.find("runs on the CPU"), std::string::npos) << bench.err;
-  const auto hybrid =
-      testing_cli::run_cli("run " + prompt + " --temp 0 -n 32 --gpu --expert-budget 50% --spec mtp --draft-max 3");
-  ASSERT_EQ(hybrid.exit_code, 0) << hybrid.err;
+  const auto hybrid = testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 32 --gpu --expert-budget 50%",
+                                                            "--spec mtp --draft-max 3");
   const size_t note = hybrid.err.find("the MTP head runs on the CPU");
   EXPECT_NE(note, std::string::npos) << hybrid.err;
   EXPECT_EQ(hybrid.err.find("the MTP head runs on the CPU", note + 1), std::string::npos) << "said once";
