@@ -10,7 +10,8 @@
 namespace strata {
 
 MtpDrafter::MtpDrafter(const Model& target, int max_ctx, int32_t n_allowed)
-    : model_(target), max_ctx_(max_ctx), head_(std::make_unique<CpuMtpHead>(target, max_ctx)), n_allowed_(n_allowed) {
+    : model_(target), max_ctx_(max_ctx), n_allowed_(n_allowed) {
+  mtp_cache_config(target);  // fails naming the model when it has no MTP layer; the head comes at attach
   const int64_t n_vocab = target.config().n_vocab;
   if (n_allowed_ <= 0 || n_allowed_ > n_vocab) n_allowed_ = static_cast<int32_t>(n_vocab);
 }

@@ -28,7 +28,7 @@ class MtpDrafter final : public Drafter {
  private:
   const Model& model_;
   int max_ctx_;
-  std::unique_ptr<MtpHead> head_;
+  std::unique_ptr<MtpHead> head_;  // made by attach: the target's, or on the CPU
   int32_t n_allowed_;
   Sequence* target_ = nullptr;
   std::string told_;  // the last reason given for a CPU head next to a target that computes elsewhere
