@@ -1079,10 +1079,13 @@ struct GpuSession::Impl {
     float* en = nullptr;    // [kMaxStepTokens x n_embd]: enorm(embed(token))
     float* hn = nullptr;    // [kMaxStepTokens x n_embd]: hnorm(h)
     float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
-    GrowingRows<int> rows_io;    // the rows' tokens, then their positions
-    GrowingRows<float> rows_h;   // the rows' hidden rows
-    GrowingRows<int> chain_pos;  // the chained rows' positions
-    GrowingRows<int> picks;      // the picks read back
+    // A call's inputs: staged in pinned host memory (copies from it are asynchronous, so the host
+    // never waits for the stream before the last read back), then on the device.
+    unsigned char* h_stage = nullptr;
+    size_t h_stage_bytes = 0;
+    GrowingRows<int> ints;      // the chained rows' positions, the rows' tokens, the rows' positions
+    GrowingRows<float> rows_h;  // the rows' hidden rows
+    GrowingRows<int> picks;     // the picks read back
     cudaGraphExec_t graphs[kMaxStepTokens + 1] = {};  // by row count
     int64_t n_allowed = 0;  // ids the graphs' arg-max covers
     int n_past = 0;
@@ -1132,9 +1135,9 @@ struct GpuSession::Impl {
   void mtp_release() {
     if (!mtp) return;
     mtp->destroy_graphs();
-    mtp->rows_io.release();
+    if (mtp->h_stage) cudaFreeHost(mtp->h_stage);
+    mtp->ints.release();
     mtp->rows_h.release();
-    mtp->chain_pos.release();
     mtp->picks.release();
     mtp.reset();
   }
@@ -1486,46 +1489,61 @@ void GpuMtpHead::check_room(int rows) const {
   if (end > max_ctx_) fail("MTP forward: ", end, " positions exceed the context of ", max_ctx_);
 }
 
-// The positions of `count` chained rows from `from` on, on the device. Staged before any launch: a
-// pageable copy waits for the stream.
-int* GpuMtpHead::stage_positions(int from, int count) {
-  std::vector<int> pos(static_cast<size_t>(count));
-  for (int i = 0; i < count; ++i) pos[static_cast<size_t>(i)] = from + i;
-  int* d_pos = m_.mtp->chain_pos.reserve(static_cast<size_t>(count), 1, "MTP positions");
-  check_cuda(cudaMemcpyAsync(d_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
-             "copy MTP positions");
-  return d_pos;
-}
-
-void GpuMtpHead::enqueue_rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+// Stages n rows (tokens, hidden rows) and `count` chained rows after them: their positions and
+// tokens on the device, and host room for the 1 + count picks read back.
+GpuMtpHead::Staged GpuMtpHead::stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed) {
   auto& p = *m_.mtp;
   const ModelConfig& c = m_.c;
-  if (n <= 0) fail("MTP forward needs at least one row");
   if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
-  const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n);
-  std::vector<int> io(2 * rows);  // the tokens, then their positions
-  for (size_t t = 0; t < rows; ++t) {
+  for (int t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
-    io[t] = tokens[t];
-    io[rows + t] = p.n_past + static_cast<int>(t);
+  const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n), more = static_cast<size_t>(count);
+  const size_t n_ints = more + 2 * rows, int_bytes = (n_ints + 1 + more) * sizeof(int);
+  const size_t bytes = int_bytes + rows * d * sizeof(float);
+  // Every call ends reading back, so nothing reads the staging now; the sync covers a call a failure cut.
+  m_.sync();
+  if (bytes > p.h_stage_bytes) {
+    if (p.h_stage) cudaFreeHost(p.h_stage);
+    p.h_stage = nullptr;
+    p.h_stage_bytes = 0;
+    check_cuda(cudaMallocHost(&p.h_stage, bytes), "cudaMallocHost(MTP staging)");
+    p.h_stage_bytes = bytes;
   }
-  int* d_io = p.rows_io.reserve(2 * rows, 1, "MTP rows");
-  float* d_h = p.rows_h.reserve(rows, d, "MTP hidden rows");
-  // Pageable sources: each call returns once its data is staged.
-  check_cuda(cudaMemcpyAsync(d_io, io.data(), io.size() * sizeof(int), cudaMemcpyHostToDevice, m_.stream),
-             "copy MTP rows");
-  check_cuda(cudaMemcpyAsync(d_h, hidden, rows * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
-             "copy MTP hidden rows");
+  int* h_ints = reinterpret_cast<int*>(p.h_stage);
+  for (size_t i = 0; i < more; ++i) h_ints[i] = p.n_past + n + static_cast<int>(i);
+  for (size_t t = 0; t < rows; ++t) {
+    h_ints[more + t] = tokens[t];
+    h_ints[more + rows + t] = p.n_past + static_cast<int>(t);
+  }
+  Staged st;
+  int* d_ints = p.ints.reserve(n_ints, 1, "MTP rows");
+  check_cuda(cudaMemcpyAsync(d_ints, h_ints, n_ints * sizeof(int), cudaMemcpyHostToDevice, m_.stream), "copy MTP rows");
+  st.pos = d_ints, st.tokens = d_ints + more, st.row_pos = d_ints + more + rows;
+  if (n > 0) {
+    float* h_rows = reinterpret_cast<float*>(p.h_stage + int_bytes);
+    std::copy_n(hidden, rows * d, h_rows);
+    float* d_rows = p.rows_h.reserve(rows, d, "MTP hidden rows");
+    check_cuda(cudaMemcpyAsync(d_rows, h_rows, rows * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
+               "copy MTP hidden rows");
+    st.hidden = d_rows;
+  }
+  st.h_picks = h_ints + n_ints;
+  st.d_picks = p.picks.reserve(1 + more, 1, "MTP picks");
+  return st;
+}
+
+// The n staged rows, in launches of up to mtp_max_rows().
+void GpuMtpHead::enqueue_rows(const Staged& st, int n, int32_t n_allowed) {
+  auto& p = *m_.mtp;
+  const size_t d = static_cast<size_t>(m_.c.n_embd);
   const int most = m_.mtp_max_rows();
   constexpr int K = GpuSession::Impl::kMaxStepTokens;
   for (int t = 0; t < n; t += most) {
     const int T = std::min(most, n - t);
     const size_t T_ints = static_cast<size_t>(T) * sizeof(int);
-    check_cuda(cudaMemcpyAsync(p.io, d_io + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
-    check_cuda(cudaMemcpyAsync(p.io + K, d_io + rows + static_cast<size_t>(t), T_ints, cudaMemcpyDeviceToDevice,
-                               m_.stream),
-               "MTP rows");
-    check_cuda(cudaMemcpyAsync(p.h, d_h + static_cast<size_t>(t) * d, static_cast<size_t>(T) * d * sizeof(float),
+    check_cuda(cudaMemcpyAsync(p.io, st.tokens + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.io + K, st.row_pos + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.h, st.hidden + static_cast<size_t>(t) * d, static_cast<size_t>(T) * d * sizeof(float),
                                cudaMemcpyDeviceToDevice, m_.stream),
                "MTP rows");
     m_.launch_mtp_rows(T, n_allowed);
@@ -1545,34 +1563,31 @@ void GpuMtpHead::enqueue_chain(const int* d_pos, int count, int32_t n_allowed, i
   }
 }
 
-void GpuMtpHead::read_picks(const int* d_picks, int count, std::vector<int32_t>& picks) {
-  std::vector<int> h(static_cast<size_t>(count));
-  check_cuda(cudaMemcpyAsync(h.data(), d_picks, h.size() * sizeof(int), cudaMemcpyDeviceToHost, m_.stream),
+void GpuMtpHead::read_picks(const Staged& st, int count, std::vector<int32_t>& picks) {
+  check_cuda(cudaMemcpyAsync(st.h_picks, st.d_picks, static_cast<size_t>(count) * sizeof(int), cudaMemcpyDeviceToHost,
+                             m_.stream),
              "copy MTP picks");
   m_.sync();
-  for (int id : h) {
-    if (id < 0) fail("GPU MTP head: no token has a finite logit");
-    picks.push_back(id);
+  for (int i = 0; i < count; ++i) {
+    if (st.h_picks[i] < 0) fail("GPU MTP head: no token has a finite logit");
+    picks.push_back(st.h_picks[i]);
   }
 }
 
 void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
                        std::vector<int32_t>& picks) {
-  auto& p = *m_.mtp;
+  if (n <= 0) fail("MTP forward needs at least one row");
   check_room(n + count);
-  const int* d_pos = count > 0 ? stage_positions(p.n_past + n, count) : nullptr;
-  int* d_picks = p.picks.reserve(static_cast<size_t>(1 + count), 1, "MTP picks");
-  enqueue_rows(tokens, hidden, n, n_allowed);
-  check_cuda(cudaMemcpyAsync(d_picks, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
-  enqueue_chain(d_pos, count, n_allowed, d_picks + 1);
-  read_picks(d_picks, 1 + count, picks);
+  const Staged st = stage(tokens, hidden, n, count, n_allowed);
+  enqueue_rows(st, n, n_allowed);
+  check_cuda(cudaMemcpyAsync(st.d_picks, m_.mtp->io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
+  enqueue_chain(st.pos, count, n_allowed, st.d_picks + 1);
+  read_picks(st, 1 + count, picks);
 }
 
 int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
-  check_room(n);
-  enqueue_rows(tokens, hidden, n, n_allowed);
   std::vector<int32_t> pick;
-  read_picks(m_.mtp->io, 1, pick);
+  draft(tokens, hidden, n, 0, n_allowed, pick);
   return pick[0];
 }
 
@@ -1580,10 +1595,9 @@ void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks
   if (count <= 0) return;
   if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
   check_room(count);
-  const int* d_pos = stage_positions(m_.mtp->n_past, count);
-  int* d_picks = m_.mtp->picks.reserve(static_cast<size_t>(count), 1, "MTP picks");
-  enqueue_chain(d_pos, count, n_allowed, d_picks);
-  read_picks(d_picks, count, picks);
+  const Staged st = stage(nullptr, nullptr, 0, count, n_allowed);
+  enqueue_chain(st.pos, count, n_allowed, st.d_picks);
+  read_picks(st, count, picks);
 }
 
 std::vector<float> GpuMtpHead::logits() const {

@@ -167,18 +167,24 @@ class GpuMtpHead final : public MtpHead {
   // One read back of the picks (rows and chained rows run without the host between them).
   void draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
              std::vector<int32_t>& picks) override;
-  // draft's parts, each read back: n rows (returns the last row's pick); `count` chained rows.
+  // draft's parts: n rows (returns the last row's pick); `count` chained rows.
   int32_t rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed);
   void chain(int count, int32_t n_allowed, std::vector<int32_t>& picks);
   // The last row's logits ([n_vocab]), copied from the device.
   std::vector<float> logits() const;
 
  private:
+  struct Staged {  // a call's inputs on the device, and where its picks land
+    const int *pos = nullptr, *tokens = nullptr, *row_pos = nullptr;  // chained rows', rows', rows'
+    const float* hidden = nullptr;
+    int* d_picks = nullptr;
+    int* h_picks = nullptr;  // pinned
+  };
   void check_room(int rows) const;
-  int* stage_positions(int from, int count);
-  void enqueue_rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed);
+  Staged stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed);
+  void enqueue_rows(const Staged& st, int n, int32_t n_allowed);
   void enqueue_chain(const int* d_pos, int count, int32_t n_allowed, int* d_picks);
-  void read_picks(const int* d_picks, int count, std::vector<int32_t>& picks);
+  void read_picks(const Staged& st, int count, std::vector<int32_t>& picks);
 
   GpuSession::Impl& m_;
   int max_ctx_ = 0;
