@@ -600,7 +600,8 @@ struct GpuSession::Impl {
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(r.x, r.ye, ids_l, r.wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn, stream);
+      moe_combine_add_norm(r.x, r.ye, ids_l, r.wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn,
+                           stream);
       prof.mark("moe combine", stream);
     }
   }
@@ -1102,7 +1103,8 @@ struct GpuSession::Impl {
   // Why this session cannot run the MTP head on the GPU ("" when it can).
   std::string mtp_unsupported() const {
     if (c.n_mtp == 0) return "the model has no multi-token-prediction layer";
-    if (hybrid || dm.hybrid()) return "the session keeps experts on the CPU (hybrid), whose VRAM plan leaves the MTP layer off the GPU";
+    if (hybrid || dm.hybrid())
+      return "the session keeps experts on the CPU (hybrid), whose VRAM plan leaves the MTP layer off the GPU";
     if (!is_attention(c.mtp_layer.mixer)) return "the MTP layer's mixer is not attention";
     return "";
   }
@@ -1153,7 +1155,8 @@ struct GpuSession::Impl {
     rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, T, d, m.en, stream);
     rmsnorm_rows(m.h, w.hnorm, c.rms_eps, T, d, m.hn, stream);
     // The embedding half first, as eh_proj's columns are ordered.
-    check_cuda(cudaMemcpy2DAsync(m.both, 2 * row, m.en, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream),
+    check_cuda(cudaMemcpy2DAsync(m.both, 2 * row, m.en, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
+                                 stream),
                "MTP rows");
     check_cuda(cudaMemcpy2DAsync(m.both + d, 2 * row, m.hn, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
                                  stream),

@@ -27,7 +27,8 @@ void MtpDrafter::attach(Sequence& target) {
   if (near) {
     head_ = std::move(near);
   } else {
-    if (!why.empty() && why != told_) std::fprintf(stderr, "--spec mtp: the MTP head runs on the CPU: %s\n", why.c_str());
+    if (!why.empty() && why != told_)
+      std::fprintf(stderr, "--spec mtp: the MTP head runs on the CPU: %s\n", why.c_str());
     told_ = why;
     if (!dynamic_cast<CpuMtpHead*>(head_.get())) head_ = std::make_unique<CpuMtpHead>(model_, max_ctx_);
   }
