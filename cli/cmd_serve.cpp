@@ -147,7 +147,7 @@ void setup_serve(CLI::App& sub) {
           *drafters = std::make_unique<strata::DrafterFactory>(spec_choice, *spec, target);
           std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
                        spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
-                       : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (cpu)"
+                       : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
                                                                   : ("draft model " + spec_choice.draft_path + " (cpu)").c_str(),
                        spec_choice.params.draft_max);
         }

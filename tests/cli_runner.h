@@ -44,4 +44,15 @@ inline RunResult run_cli(const std::string& args, const std::string& env = "") {
   return run_shell(env + " " + std::string(STRATA_CLI) + " " + args);
 }
 
+// `strata run RUN_ARGS` without and with SPEC_ARGS: both succeed and print the same text; returns the
+// speculative run (its stderr holds the drafter's statistics and notes).
+inline RunResult expect_spec_run_lossless(const std::string& run_args, const std::string& spec_args) {
+  const RunResult plain = run_cli("run " + run_args);
+  const RunResult spec = run_cli("run " + run_args + " " + spec_args);
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out) << spec_args;
+  return spec;
+}
+
 }  // namespace strata::testing_cli

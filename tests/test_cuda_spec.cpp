@@ -2,7 +2,7 @@
 // sessions give without one (tests/spec_lossless.h), all-GPU and hybrid (most experts cold), on the
 // bundled model and the qwen3_5_moe (DeltaNet) and laguna_swa (sliding window) fixtures, with n-gram
 // lookup, scripted drafts (rejections at every depth), draft models on the CPU and on the GPU, and the MTP head
-// (on the CPU, over the hidden rows the GPU session copies; the bundled model has a trained one).
+// (on the GPU next to all-GPU targets, on the CPU next to hybrid ones; the bundled model has a trained one).
 // Two ways to run the target: prompts and verifications token by token through the decode step (the
 // state generation leaves gives logits within 1e-5 of the plain run's; they are not bit-equal on the
 // GPU, unlike the CPU's); and prompts through the batched prefill in exact math, verifications through
@@ -21,10 +21,12 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "cuda_test_models.h"
 #include "logits_compare.h"
 #include "spec_lossless.h"
@@ -33,6 +35,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include "strata/cuda/gpu_session.h"
 #include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
+#include "strata/engine/mtp.h"
 #include "strata/engine/sequence_state.h"
 #include "strata/engine/session.h"
 #include "strata/spec/draft_model.h"
@@ -115,7 +118,8 @@ spec_test::MakeDrafter gpu_draft(const std::shared_ptr<sc::GpuModel>& gm, const 
                                                static_cast<int32_t>(draft.config().n_vocab));
   };
 }
-// The target's own MTP layer, its head on the CPU over the hidden rows the GPU session copies.
+// The target's own MTP layer: its head on the GPU next to an all-GPU target (GpuMtpHead), on the CPU
+// over the hidden rows a hybrid one copies.
 spec_test::MakeDrafter mtp(const Model& m, int ctx) {
   return [&m, ctx]() -> std::unique_ptr<Drafter> {
     return std::make_unique<MtpDrafter>(m, ctx, static_cast<int32_t>(m.config().n_vocab));
@@ -480,6 +484,181 @@ int largest_window(const Model& m) {
   for (int il = 0; il < m.config().n_layer; ++il)
     if (m.config().layer(il).mixer == LayerKind::SlidingAttention) w = std::max(w, m.config().layer(il).window);
   return w;
+}
+
+// The GPU MTP head against mtp_forward on the CPU, row by row over real hidden rows (a CPU session's
+// record of a prompt): logits within the int8 decode bound (a rare expert near-tie may move a row),
+// the same arg-max where the CPU's is clear; chained rows fed the GPU's picks likewise; a truncated
+// head run again gives its first run's logits, row by row or several rows per call; a hybrid session
+// says why it has no GPU head.
+TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
+  REQUIRE_GPU();
+  using test_util::max_row_rel_err;
+  using test_util::rows_against_bound;
+  const Loaded tiny = load(kTiny);
+  const Model& m = *tiny.model;
+  ASSERT_GT(m.config().n_mtp, 0);
+  const int32_t V = static_cast<int32_t>(m.config().n_vocab);
+  const size_t vocab = static_cast<size_t>(V), d = static_cast<size_t>(m.config().n_embd);
+  const std::vector<int32_t> prompt = tiny.tokenizer->encode(
+      "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return");
+  const int n = static_cast<int>(prompt.size()) - 1;  // row t: hidden state at t, token t + 1
+  ASSERT_GE(n, 8);
+  Session cpu(m, 128);
+  auto rec = std::make_shared<HiddenRecord>();
+  cpu.set_hidden_record(rec);
+  std::vector<float> scratch(vocab);
+  cpu.forward(prompt.data(), n, scratch.data(), false);
+  ASSERT_EQ(rec->size(), n);
+
+  auto gpu = sc::make_gpu_session(m, 128);
+  std::string why;
+  std::unique_ptr<MtpHead> made = gpu->make_mtp_head(128, why);
+  ASSERT_TRUE(made) << why;
+  auto& head = dynamic_cast<sc::GpuMtpHead&>(*made);
+  MtpState cs(m, 128);
+  std::vector<float> lc_all, lg_all, out(d), logits(vocab);
+  int clear = 0, same = 0;
+  auto compare_argmax = [&](const std::vector<float>& lg, int32_t gpu_pick) {
+    std::vector<float> sorted(logits);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    float scale = 0;
+    for (float v : logits) scale = std::max(scale, std::fabs(v));
+    EXPECT_EQ(gpu_pick, argmax(lg.data(), V)) << "the pick is the logits' arg-max";
+    if (sorted[0] - sorted[1] > 0.05f * scale) {
+      ++clear;
+      same += gpu_pick == argmax(logits.data(), V) ? 1 : 0;
+    }
+  };
+  std::vector<std::vector<float>> first_run;
+  int32_t last_pick = -1;
+  for (int t = 0; t < n; ++t) {
+    const int32_t tok = prompt[static_cast<size_t>(t + 1)];
+    mtp_forward(m, 0, cs, &tok, rec->row(t), 1, out.data(), logits.data());
+    const int32_t pick = head.rows(&tok, rec->row(t), 1, V);
+    last_pick = pick;
+    const std::vector<float> lg = head.logits();
+    compare_argmax(lg, pick);
+    lc_all.insert(lc_all.end(), logits.begin(), logits.end());
+    lg_all.insert(lg_all.end(), lg.begin(), lg.end());
+    first_run.push_back(lg);
+  }
+  EXPECT_EQ(head.n_past(), n);
+  // Chained rows: the GPU's pick and output fed back, the CPU fed the same pick and its own output.
+  std::vector<int32_t> picks = {last_pick};
+  std::vector<float> h(out), next(d);
+  for (int i = 0; i < 4; ++i) {
+    const int32_t fed = picks.back();
+    head.chain(1, V, picks);
+    mtp_forward(m, 0, cs, &fed, h.data(), 1, next.data(), logits.data());
+    h.swap(next);
+    const std::vector<float> lg = head.logits();
+    compare_argmax(lg, picks.back());
+    lc_all.insert(lc_all.end(), logits.begin(), logits.end());
+    lg_all.insert(lg_all.end(), lg.begin(), lg.end());
+  }
+  EXPECT_EQ(head.n_past(), n + 4);
+  const auto rows = rows_against_bound(lg_all, lc_all, vocab, 2e-2, "gpu mtp head");
+  std::printf("[cuda-spec] GPU MTP head: %d rows, max row relative error %.3g within 2e-2, %d beyond; arg-max %d/%d "
+              "where the CPU's is clear\n",
+              n + 4, rows.within, rows.beyond, same, clear);
+  EXPECT_LE(rows.beyond, 2);
+  EXPECT_GT(clear, 0);
+  EXPECT_GE(same, clear - rows.beyond);
+
+  // Truncated, then the same rows again: the first run's logits (the same kernels on the same inputs).
+  const int keep = n / 2;
+  head.truncate(keep);
+  EXPECT_EQ(head.n_past(), keep);
+  for (int t = keep; t < n; ++t) {
+    const int32_t tok = prompt[static_cast<size_t>(t + 1)];
+    head.rows(&tok, rec->row(t), 1, V);
+    EXPECT_LE(max_row_rel_err(head.logits(), first_run[static_cast<size_t>(t)], vocab), 1e-6) << "row " << t;
+  }
+  // Several rows in one call (one token-grid launch, the multi-token step's arithmetic: bitwise the
+  // single rows') end where row-by-row calls end, and so do all rows from position 0 in one call.
+  for (const int from : {keep, 0}) {
+    head.truncate(from);
+    std::vector<int32_t> toks(prompt.begin() + from + 1, prompt.begin() + n + 1);
+    std::vector<float> hid(rec->row(from), rec->row(from) + static_cast<size_t>(n - from) * d);
+    const int32_t pick = head.rows(toks.data(), hid.data(), n - from, V);
+    const std::vector<float> lg = head.logits();
+    EXPECT_LE(max_row_rel_err(lg, first_run.back(), vocab), 1e-5) << "rows in one call from " << from;
+    EXPECT_EQ(pick, argmax(lg.data(), V));
+    EXPECT_EQ(head.n_past(), n);
+  }
+  // draft() (one read back) picks what rows() then chain() pick.
+  {
+    head.truncate(keep);
+    std::vector<int32_t> toks(prompt.begin() + keep + 1, prompt.begin() + n + 1);
+    std::vector<float> hid(rec->row(keep), rec->row(keep) + static_cast<size_t>(n - keep) * d);
+    std::vector<int32_t> drafted, stepped;
+    head.draft(toks.data(), hid.data(), n - keep, 3, V, drafted);
+    EXPECT_EQ(head.n_past(), n + 3);
+    head.truncate(keep);
+    stepped.push_back(head.rows(toks.data(), hid.data(), n - keep, V));
+    head.chain(3, V, stepped);
+    EXPECT_EQ(drafted, stepped);
+    EXPECT_EQ(drafted.size(), 4u);
+  }
+  EXPECT_THROW(head.truncate(n + 4), Error);
+
+  // Hybrid sessions keep the MTP layer off the GPU: no head, and why.
+  sc::GpuSessionOptions ho;
+  ho.expert_slots = third_hot(m);
+  ho.cpu_threads = 2;
+  auto hybrid = sc::make_gpu_session(m, 64, ho);
+  std::string why_hybrid;
+  EXPECT_FALSE(hybrid->make_mtp_head(64, why_hybrid));
+  EXPECT_NE(why_hybrid.find("hybrid"), std::string::npos) << why_hybrid;
+  EXPECT_THROW({ sc::GpuMtpHead no(*hybrid, 64); }, Error);
+}
+
+// --spec mtp next to all-GPU targets drafts with the GPU head: generation is token for token the plain
+// one, through decode-step and multi-token-step verification, and the trained head's drafts are accepted.
+TEST(CudaSpec, GpuMtpHeadDraftsLosslessly) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  spec_test::Case c;
+  c.prompt = tiny.tokenizer->encode(
+      "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 *");
+  c.n_new = 48;
+  c.sampling = greedy_no_end(*tiny.tokenizer, static_cast<int32_t>(tiny.model->config().n_vocab));
+  const int ctx = static_cast<int>(c.prompt.size()) + c.n_new + 1;
+  for (const Backend& b : {Backend{"all-GPU decode-step", false, false}, Backend{"all-GPU prefill", false, true}}) {
+    SCOPED_TRACE(b.name);
+    const auto gm = gpu_model(*tiny.model, b);
+    const auto make = gpu_sequences(gm, b);
+    {
+      auto s = make(ctx);
+      std::string why;
+      EXPECT_TRUE(s->make_mtp_head(ctx, why)) << why;
+    }
+    const GenerationStats s = spec_test::expect_lossless(make, *tiny.tokenizer, c, mtp(*tiny.model, ctx), true,
+                                                         b.name + ", gpu mtp", b.batched_prefill ? 1e-3 : 1e-5);
+    print(b.name + ", gpu mtp", s);
+    EXPECT_GT(s.accepted_tokens, 0);
+  }
+}
+
+// The command line: run --spec mtp --gpu prints what run --gpu prints, with its head on the GPU (no
+// note of a CPU head); bench --spec mtp --gpu finds its output token-identical; a hybrid target drafts
+// on the CPU and says why, once.
+TEST(CudaSpec, RunAndBenchMtpOnTheGpu) {
+  REQUIRE_GPU();
+  const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef perimeter(w, h):\\n    return\"";
+  const auto spec = testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 32 --gpu", "--spec mtp --draft-max 3");
+  EXPECT_NE(spec.err.find("spec mtp:"), std::string::npos) << spec.err;
+  EXPECT_EQ(spec.err.find("runs on the CPU"), std::string::npos) << spec.err;
+  const auto bench = testing_cli::run_cli("bench --spec mtp -n 16 -r 1 --draft-max 3 --gpu");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;
+  EXPECT_EQ(bench.err.find("runs on the CPU"), std::string::npos) << bench.err;
+  const auto hybrid = testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 32 --gpu --expert-budget 50%",
+                                                            "--spec mtp --draft-max 3");
+  const size_t note = hybrid.err.find("the MTP head runs on the CPU");
+  EXPECT_NE(note, std::string::npos) << hybrid.err;
+  EXPECT_EQ(hybrid.err.find("the MTP head runs on the CPU", note + 1), std::string::npos) << "said once";
 }
 
 TEST(CudaSpec, MultiTokenStepBitwiseBundledModel) {

@@ -88,6 +88,54 @@ std::vector<int> validate_expert_slots(const Model& model, const std::vector<std
   return n_hot;
 }
 
+DevLayer DeviceModel::upload_layer(const LayerWeights& L, const LayerSpec& spec, int l, const std::vector<int>* slots,
+                                   int extra) {
+  DevLayer D;
+  D.kind = L.kind;
+  D.attn_norm = upload(L.attn_norm);
+  D.ffn_norm = upload(L.ffn_norm);
+  if (is_attention(L.kind)) {
+    D.attn.q = upload(L.attn.q, "attn_q.weight", l);
+    D.attn.k = upload(L.attn.k, "attn_k.weight", l);
+    D.attn.v = upload(L.attn.v, "attn_v.weight", l);
+    D.attn.o = upload(L.attn.o, "attn_output.weight", l);
+    if (config_.attn_gate != AttnGate::None) D.attn.gate = upload(L.attn.gate, "attn_gate.weight", l);
+    D.attn.q_norm = upload(L.attn.q_norm);
+    D.attn.k_norm = upload(L.attn.k_norm);
+  } else {
+    D.deltanet.qkv = upload(L.deltanet.qkv, "attn_qkv.weight", l);
+    D.deltanet.gate = upload(L.deltanet.gate, "attn_gate.weight", l);
+    D.deltanet.beta = upload(L.deltanet.beta, "ssm_beta.weight", l);
+    D.deltanet.alpha = upload(L.deltanet.alpha, "ssm_alpha.weight", l);
+    D.deltanet.out = upload(L.deltanet.out, "ssm_out.weight", l);
+    D.deltanet.conv = upload(L.deltanet.conv);
+    D.deltanet.a = upload(L.deltanet.a);
+    D.deltanet.dt_bias = upload(L.deltanet.dt_bias);
+    D.deltanet.norm = upload(L.deltanet.norm);
+  }
+  D.ffn = spec.ffn;
+  if (D.ffn == FfnKind::Dense) {
+    D.dense.gate = upload(L.dense.gate, "ffn_gate.weight", l);
+    D.dense.up = upload(L.dense.up, "ffn_up.weight", l);
+    D.dense.down = upload(L.dense.down, "ffn_down.weight", l);
+    return D;
+  }
+  D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
+  if (!L.moe.selection_bias.empty()) D.moe.selection_bias = upload(L.moe.selection_bias);
+  D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots, extra);
+  D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots, extra);
+  D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots, extra);
+  D.moe.has_shared = L.moe.has_shared;
+  D.moe.shared_gated = L.moe.shared_gated;
+  if (L.moe.has_shared) {
+    if (L.moe.shared_gated) D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);
+    D.moe.shared_gate = upload(L.moe.shared_gate, "ffn_gate_shexp.weight", l);
+    D.moe.shared_up = upload(L.moe.shared_up, "ffn_up_shexp.weight", l);
+    D.moe.shared_down = upload(L.moe.shared_down, "ffn_down_shexp.weight", l);
+  }
+  return D;
+}
+
 DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>& expert_slots,
                          const std::vector<int>& cache_slots)
     : config_(model.config()), expert_slots_(expert_slots) {
@@ -103,57 +151,29 @@ DeviceModel::DeviceModel(const Model& model, const std::vector<std::vector<int>>
     output_norm = upload(w.output_norm);
     layers.resize(w.layers.size());
     for (size_t il = 0; il < w.layers.size(); ++il) {
-      const LayerWeights& L = w.layers[il];
-      DevLayer& D = layers[il];
-      const int l = static_cast<int>(il);
-      D.kind = L.kind;
-      D.attn_norm = upload(L.attn_norm);
-      D.ffn_norm = upload(L.ffn_norm);
-      if (is_attention(L.kind)) {
-        D.attn.q = upload(L.attn.q, "attn_q.weight", l);
-        D.attn.k = upload(L.attn.k, "attn_k.weight", l);
-        D.attn.v = upload(L.attn.v, "attn_v.weight", l);
-        D.attn.o = upload(L.attn.o, "attn_output.weight", l);
-        if (config_.attn_gate != AttnGate::None) D.attn.gate = upload(L.attn.gate, "attn_gate.weight", l);
-        D.attn.q_norm = upload(L.attn.q_norm);
-        D.attn.k_norm = upload(L.attn.k_norm);
-      } else {
-        D.deltanet.qkv = upload(L.deltanet.qkv, "attn_qkv.weight", l);
-        D.deltanet.gate = upload(L.deltanet.gate, "attn_gate.weight", l);
-        D.deltanet.beta = upload(L.deltanet.beta, "ssm_beta.weight", l);
-        D.deltanet.alpha = upload(L.deltanet.alpha, "ssm_alpha.weight", l);
-        D.deltanet.out = upload(L.deltanet.out, "ssm_out.weight", l);
-        D.deltanet.conv = upload(L.deltanet.conv);
-        D.deltanet.a = upload(L.deltanet.a);
-        D.deltanet.dt_bias = upload(L.deltanet.dt_bias);
-        D.deltanet.norm = upload(L.deltanet.norm);
-      }
-      D.ffn = config_.layer(l).ffn;
-      if (D.ffn == FfnKind::Dense) {
-        D.dense.gate = upload(L.dense.gate, "ffn_gate.weight", l);
-        D.dense.up = upload(L.dense.up, "ffn_up.weight", l);
-        D.dense.down = upload(L.dense.down, "ffn_down.weight", l);
-        continue;
-      }
-      D.moe.router = upload(L.moe.router, "ffn_gate_inp.weight", l);
-      if (!L.moe.selection_bias.empty()) D.moe.selection_bias = upload(L.moe.selection_bias);
       const std::vector<int>* slots = expert_slots_.empty() ? nullptr : &expert_slots_[il];
       const int extra = cache_slots.empty() ? 0 : cache_slots[il];
-      D.moe.gate = upload(L.moe.gate, "ffn_gate_exps.weight", l, slots, extra);
-      D.moe.up = upload(L.moe.up, "ffn_up_exps.weight", l, slots, extra);
-      D.moe.down = upload(L.moe.down, "ffn_down_exps.weight", l, slots, extra);
-      D.moe.has_shared = L.moe.has_shared;
-      D.moe.shared_gated = L.moe.shared_gated;
-      if (L.moe.has_shared) {
-        if (L.moe.shared_gated) D.moe.shared_gate_inp = upload(L.moe.shared_gate_inp, "ffn_gate_inp_shexp.weight", l);
-        D.moe.shared_gate = upload(L.moe.shared_gate, "ffn_gate_shexp.weight", l);
-        D.moe.shared_up = upload(L.moe.shared_up, "ffn_up_shexp.weight", l);
-        D.moe.shared_down = upload(L.moe.shared_down, "ffn_down_shexp.weight", l);
-      }
+      layers[il] = upload_layer(w.layers[il], config_.layer(static_cast<int>(il)), static_cast<int>(il), slots, extra);
     }
   } catch (...) {
     for (void* p : allocations_) device_free(p);
     throw;
+  }
+}
+
+void DeviceModel::upload_mtp(const Model& model) {
+  if (hybrid()) fail("the MTP layer runs on the GPU next to an all-GPU model only (this one keeps experts on the CPU)");
+  const ModelWeights& w = model.weights();
+  for (size_t j = mtp.size(); j < w.mtp.size(); ++j) {
+    const MtpWeights& m = w.mtp[j];
+    const int l = config_.n_layer + static_cast<int>(j);  // the GGUF's block number of the MTP layer
+    DevMtp D;
+    D.layer = upload_layer(m.layer, config_.mtp_layer, l, nullptr, 0);
+    D.eh_proj = upload(m.eh_proj, "nextn.eh_proj.weight", l);
+    D.enorm = upload(m.enorm);
+    D.hnorm = upload(m.hnorm);
+    D.shared_head_norm = upload(m.shared_head_norm);
+    mtp.push_back(D);
   }
 }
 

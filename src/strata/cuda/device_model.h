@@ -46,6 +46,16 @@ struct DevLayer {
   DevDenseFfn dense;
 };
 
+// An MTP block (ModelWeights::mtp): its layer, eh_proj and norms; the token embedding and lm_head are
+// the trunk's.
+struct DevMtp {
+  DevLayer layer;
+  DevMatrix eh_proj;
+  const float* enorm = nullptr;
+  const float* hnorm = nullptr;
+  const float* shared_head_norm = nullptr;
+};
+
 // The router rule of a model's MoE layers (kernels.h RouteRule) with a layer's selection bias.
 inline RouteRule route_rule(const ModelConfig& c, const float* selection_bias) {
   RouteRule r;
@@ -77,6 +87,10 @@ class DeviceModel {
   DevMatrix token_embd, output;
   const float* output_norm = nullptr;
   std::vector<DevLayer> layers;
+  std::vector<DevMtp> mtp;  // the model's MTP blocks once upload_mtp has run, else none
+  // Uploads the model's MTP blocks (ModelWeights::mtp) unless they are; fails on a hybrid model (its
+  // VRAM is planned for experts) or as the constructor does. Not thread-safe (GpuModel locks).
+  void upload_mtp(const Model& model);
   size_t bytes() const { return bytes_; }
   // The slot map the model was built with (empty: all experts resident).
   const std::vector<std::vector<int>>& expert_slots() const { return expert_slots_; }
@@ -88,6 +102,8 @@ class DeviceModel {
   DevMatrix upload(const WeightMatrix& w, const char* what, int layer);
   DevMatrix upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots, int extra_slots);
   const float* upload(const std::vector<float>& v);
+  // A layer's weights; l names its tensors in errors, slots / extra as expert_slots / cache_slots.
+  DevLayer upload_layer(const LayerWeights& L, const LayerSpec& spec, int l, const std::vector<int>* slots, int extra);
 
   ModelConfig config_;
   std::vector<void*> allocations_;

@@ -1,5 +1,7 @@
 #include "strata/cuda/gpu_model.h"
 
+#include <mutex>
+
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/prefill.h"
@@ -17,6 +19,12 @@ GpuModel::GpuModel(const Model& model, const GpuSessionOptions& opt)
 }
 
 GpuModel::~GpuModel() = default;
+
+const DeviceModel& GpuModel::device_with_mtp() {
+  std::lock_guard<std::mutex> lock(exclusive_);
+  dm_->upload_mtp(model_);
+  return *dm_;
+}
 
 GpuPrefill& GpuModel::prefill() {
   if (!prefill_) {

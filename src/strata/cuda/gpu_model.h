@@ -33,6 +33,9 @@ class GpuModel {
   // The batched prefill, made on first use; call with exclusive() held.
   GpuPrefill& prefill();
   std::mutex& exclusive() { return exclusive_; }
+  // The MTP blocks on the device (DeviceModel::upload_mtp), uploaded on first use: only a GPU MTP head
+  // pays their memory. Takes exclusive().
+  const DeviceModel& device_with_mtp();
 
  private:
   const Model& model_;

@@ -151,6 +151,7 @@ struct GpuSession::Impl {
     float *ye = nullptr, *ys = nullptr;  // the MoE down jobs' outputs (where gemv_down_sum does not fit)
     int* ids = nullptr;
     int64_t ids_layer = 0;
+    const int* pos = nullptr;  // the tokens' positions (device)
   };
   // Floats per token of each row kind: the token strides of the multi-token step's launches.
   struct RowWidths {
@@ -247,7 +248,7 @@ struct GpuSession::Impl {
   }
 
   // The rows of n tokens for every row kind this model uses; every layer's picks -1 (a dense layer's
-  // stay so).
+  // stay so), the MTP layers' after the trunk's (layer_ids of il = n_layer + j).
   StepRows alloc_rows(int n) {
     const size_t t = static_cast<size_t>(n);
     const size_t k = static_cast<size_t>(c.n_expert_used);
@@ -279,7 +280,7 @@ struct GpuSession::Impl {
     r.ye = dalloc<float>(t * rw.ye);
     r.logits = dalloc<float>(t * rw.vocab);
     r.ids_layer = static_cast<int64_t>(t * k);
-    const size_t n_ids = static_cast<size_t>(c.n_layer) * t * k;
+    const size_t n_ids = static_cast<size_t>(c.n_layer + c.n_mtp) * t * k;
     r.ids = dalloc<int>(n_ids);
     // -1: a dense layer's ids stay so (a dropped lookahead step uncounts only what was routed).
     check_cuda(cudaMemset(r.ids, 0xff, n_ids * sizeof(int)), "cudaMemset(ids)");
@@ -294,6 +295,7 @@ struct GpuSession::Impl {
     const size_t d = static_cast<size_t>(c.n_embd);
     rw = row_widths();
     one = alloc_rows(1);
+    one.pos = d_io + 1;
     x = one.x, q = one.q, kk = one.kk, vv = one.vv, o = one.o, ag = one.ag;
     qkv = one.qkv, mixed = one.mixed, z = one.z, b = one.b, alpha = one.alpha, o2 = one.o2;
     router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
@@ -322,6 +324,7 @@ struct GpuSession::Impl {
     if (multi_fits) {
       multi = alloc_rows(kMaxStepTokens);
       d_mio = dalloc<int>(2 * kMaxStepTokens);
+      multi.pos = d_mio + kMaxStepTokens;
       check_cuda(cudaMallocHost(&h_mio, 2 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
     }
     check_cuda(cudaDeviceSynchronize(), "allocate");
@@ -334,6 +337,7 @@ struct GpuSession::Impl {
     h_replay_ring = nullptr;
     replay_rows_buf.release();
     hidden_buf.release();
+    mtp_release();  // before allocs: its rows are among them
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
     if (h_io) cudaFreeHost(h_io);
@@ -393,6 +397,9 @@ struct GpuSession::Impl {
     return 4;
   }
 
+  // Layer il's spec: a trunk layer's, or for il = n_layer + j the MTP layer's.
+  const LayerSpec& layer_spec(int il) const { return il < c.n_layer ? c.layer(il) : c.mtp_layer; }
+
   // What runs between a mixer's input and output projections for T tokens of rows r at positions
   // pos[0..T): attention's q/k norm + rope + KV store and the split-K attention; DeltaNet's conv (when
   // not fused into the projection) and recurrent step. T > 1: the multi-token step (its DeltaNet conv
@@ -400,7 +407,7 @@ struct GpuSession::Impl {
   void mixer_core(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T, const int* pos) {
     if (is_attention(D.kind)) {
       const DevAttention& w = D.attn;
-      const LayerSpec& ls = c.layer(il);
+      const LayerSpec& ls = layer_spec(il);
       const int hd = c.head_dim;
       AttnTokens tk;
       tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
@@ -451,7 +458,7 @@ struct GpuSession::Impl {
   }
 
   // One layer's mixer in separate launches: x += out(core(in(rmsnorm(x) * attn_norm))), for T tokens
-  // of rows r (T > 1: the multi-token step, token t at position d_mio[kMaxStepTokens + t]).
+  // of rows r at positions r.pos (T > 1: the multi-token step).
   void mixer(int il, const DevLayer& D, DeviceLayerState& L, const StepRows& r, int T) {
     const bool attn = is_attention(D.kind);
     GemvJob in[4];
@@ -463,7 +470,7 @@ struct GpuSession::Impl {
                        r.mixed, stream);
       prof.mark("dn conv", stream);
     }
-    mixer_core(il, D, L, r, T, T == 1 ? d_io + 1 : d_mio + kMaxStepTokens);
+    mixer_core(il, D, L, r, T, r.pos);
     const GemvJob out = mixer_out_job(D, r);
     gemv_batch(&out, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn out gemv" : "dn out gemv", stream);
@@ -476,9 +483,10 @@ struct GpuSession::Impl {
     return head;
   }
 
-  // Layer il's replayed picks in the decode step (device), or null when the router picks.
+  // Layer il's replayed picks in the decode step (device), or null when the router picks (always in
+  // the MTP layers: the replay holds the trunk's).
   const int* replay_for(int il) const {
-    if (!replay_src) return nullptr;
+    if (!replay_src || il >= c.n_layer) return nullptr;
     return d_replay_step + static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
   }
 
@@ -499,7 +507,9 @@ struct GpuSession::Impl {
     int* ids_l = layer_ids(il, r);
     GemvRoute& rt = m.rt;
     rt.logits = r.router, rt.n_expert = c.n_expert, rt.k = k, rt.norm_topk = c.norm_topk, rt.ids = ids_l;
-    rt.weights = r.wts, rt.counts = route_counts + static_cast<size_t>(il) * c.n_expert, rt.counter = norm_counter;
+    rt.weights = r.wts, rt.counter = norm_counter;
+    // The routing counts are the trunk's; the MTP head's picks are not counted.
+    rt.counts = il < c.n_layer ? route_counts + static_cast<size_t>(il) * c.n_expert : nullptr;
     rt.rule = route_rule(c, w.selection_bias);
     rt.rule.replay = replay_for(il);
     rt.logits_token_stride = rw.router;
@@ -569,8 +579,8 @@ struct GpuSession::Impl {
       sd.x = r.gs, sd.x_token_stride = rw.gs;
       down.push_back(sd);
     }
-    const float* shared_rows = w.has_shared ? ys : nullptr;
-    const float* shared_gate = w.shared_gated ? sg : nullptr;
+    const float* shared_rows = w.has_shared ? r.ys : nullptr;
+    const float* shared_gate = w.shared_gated ? r.sg : nullptr;
     if (T > 1) {
       // The combine epilogue's last-block counter is one per launch: a combine launch per token, the
       // epilogue's block function (the same sums, element by element, at any block size).
@@ -583,14 +593,15 @@ struct GpuSession::Impl {
       prof.mark("moe combine", stream);
     } else if (down.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // combine by the launch's last block
       GemvCombine cb;
-      cb.x = x, cb.ye = ye, cb.ids = ids_l, cb.weights = wts, cb.k = k, cb.d = c.n_embd;
+      cb.x = r.x, cb.ye = r.ye, cb.ids = ids_l, cb.weights = r.wts, cb.k = k, cb.d = c.n_embd;
       cb.ys = shared_rows, cb.shared_gate = shared_gate, cb.norm_w = nullptr, cb.eps = c.rms_eps, cb.xn = nullptr;
       cb.counter = norm_counter;
       gemv_batch(down.data(), static_cast<int>(down.size()), stream, nullptr, nullptr, &cb);
       prof.mark("moe experts+shared down+combine", stream);
     } else {
       gemv_chunks(down, "moe experts+shared down");
-      moe_combine_add_norm(x, ye, ids_l, wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn, stream);
+      moe_combine_add_norm(r.x, r.ye, ids_l, r.wts, k, c.n_embd, shared_rows, shared_gate, nullptr, c.rms_eps, xn,
+                           stream);
       prof.mark("moe combine", stream);
     }
   }
@@ -657,15 +668,20 @@ struct GpuSession::Impl {
     prof.mark(what, stream);
   }
 
+  // Layer il's FFN for T tokens of rows r.
+  void ffn(int il, const DevLayer& D, const StepRows& r, int T) {
+    switch (D.ffn) {
+      case FfnKind::Moe: moe(il, D, r, T); break;
+      case FfnKind::Dense: dense_ffn(D, r, T); break;
+    }
+  }
+
   // The layers and the lm_head of T tokens of rows r, their embeddings in r.x.
   void enqueue_layers(const StepRows& r, int T) {
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
       mixer(il, D, st.layers[il], r, T);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
-      switch (c.layers[static_cast<size_t>(il)].ffn) {
-        case FfnKind::Moe: moe(il, D, r, T); break;
-        case FfnKind::Dense: dense_ffn(D, r, T); break;
-      }
+      ffn(il, D, r, T);
     }
     const GemvJob head = head_job(r);
     gemv_batch(&head, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
@@ -1050,6 +1066,134 @@ struct GpuSession::Impl {
       if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
         fail("token id ", tokens[t], " at index ", t, " is out of range (vocabulary of ", c.n_vocab, ")");
   }
+
+  // The MTP head (GpuMtpHead), allocated on first use: block 0 of dm.mtp over a cache of its own. T
+  // rows (up to mtp_max_rows()) are one graph replay of the decode step's layer launches over a token
+  // grid, as the multi-token step, reading tokens and positions from io and hidden rows from h; the
+  // last row's pick goes to io[0] and its output to h's first row, so chained rows (T = 1) run with no
+  // host in between.
+  struct MtpPart {
+    DeviceSequenceState st;  // the MTP layer's KV cache
+    StepRows r;
+    int* io = nullptr;      // [kMaxStepTokens tokens, kMaxStepTokens positions]
+    float* h = nullptr;     // [kMaxStepTokens x n_embd]
+    float* en = nullptr;    // [kMaxStepTokens x n_embd]: enorm(embed(token))
+    float* hn = nullptr;    // [kMaxStepTokens x n_embd]: hnorm(h)
+    float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
+    // A call's inputs: staged in pinned host memory (copies from it are asynchronous, so the host
+    // never waits for the stream before the last read back), then on the device.
+    unsigned char* h_stage = nullptr;
+    size_t h_stage_bytes = 0;
+    GrowingRows<int> ints;      // the chained rows' positions, the rows' tokens, the rows' positions
+    GrowingRows<float> rows_h;  // the rows' hidden rows
+    GrowingRows<int> picks;     // the picks read back
+    cudaGraphExec_t graphs[kMaxStepTokens + 1] = {};  // by row count
+    int64_t n_allowed = 0;  // ids the graphs' arg-max covers
+    int n_past = 0;
+    MtpPart(const Model& model, int ctx, KvCacheTypes kv) : st(mtp_cache_config(model), ctx, kv) {}
+    void destroy_graphs() {
+      for (cudaGraphExec_t& g : graphs) {
+        if (g) cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
+    }
+  };
+  std::unique_ptr<MtpPart> mtp;
+
+  // Why this session cannot run the MTP head on the GPU ("" when it can).
+  std::string mtp_unsupported() const {
+    if (c.n_mtp == 0) return "the model has no multi-token-prediction layer";
+    if (hybrid || dm.hybrid())
+      return "the session keeps experts on the CPU (hybrid), whose VRAM plan leaves the MTP layer off the GPU";
+    if (!is_attention(c.mtp_layer.mixer)) return "the MTP layer's mixer is not attention";
+    return "";
+  }
+
+  // The most rows one MTP graph runs: a token grid where the multi-token step's scratch exists and the
+  // MTP layer's experts fit one launch (multi_step_fits' rule), else one.
+  int mtp_max_rows() const {
+    if (!multi_fits) return 1;
+    const bool shared = c.mtp_layer.ffn == FfnKind::Moe && dm.mtp[0].layer.moe.has_shared;
+    return c.mtp_layer.ffn != FfnKind::Moe || c.n_expert_used + (shared ? 1 : 0) <= kMaxGemvJobs ? kMaxStepTokens : 1;
+  }
+
+  void mtp_setup() {
+    if (mtp) return;
+    const std::string why = mtp_unsupported();
+    if (!why.empty()) fail("GPU MTP head: ", why);
+    gm->device_with_mtp();  // dm is that device model
+    mtp = std::make_unique<MtpPart>(model, max_ctx, opt.kv_types);
+    const size_t rows = static_cast<size_t>(kMaxStepTokens) * static_cast<size_t>(c.n_embd);
+    mtp->r = alloc_rows(kMaxStepTokens);
+    mtp->io = dalloc<int>(2 * kMaxStepTokens);
+    mtp->r.pos = mtp->io + kMaxStepTokens;
+    mtp->h = dalloc<float>(rows);
+    mtp->en = dalloc<float>(rows);
+    mtp->hn = dalloc<float>(rows);
+    mtp->both = dalloc<float>(2 * rows);
+    check_cuda(cudaDeviceSynchronize(), "allocate");  // alloc_rows' memsets precede any use on the stream
+  }
+
+  void mtp_release() {
+    if (!mtp) return;
+    mtp->destroy_graphs();
+    if (mtp->h_stage) cudaFreeHost(mtp->h_stage);
+    mtp->ints.release();
+    mtp->rows_h.release();
+    mtp->picks.release();
+    mtp.reset();
+  }
+
+  // Every kernel of T MTP rows (engine/mtp.h's formulas), with the decode step's layer launches; the
+  // lm_head and arg-max for the last row only.
+  void enqueue_mtp_rows(int T) {
+    MtpPart& m = *mtp;
+    const DevMtp& w = dm.mtp[0];
+    const int d = c.n_embd;
+    const size_t row = static_cast<size_t>(d) * sizeof(float);
+    prefill::embed_rows(dm.token_embd, m.io, T, m.r.x, stream);
+    rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, T, d, m.en, stream);
+    rmsnorm_rows(m.h, w.hnorm, c.rms_eps, T, d, m.hn, stream);
+    // The embedding half first, as eh_proj's columns are ordered.
+    check_cuda(cudaMemcpy2DAsync(m.both, 2 * row, m.en, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
+                                 stream),
+               "MTP rows");
+    check_cuda(cudaMemcpy2DAsync(m.both + d, 2 * row, m.hn, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
+                                 stream),
+               "MTP rows");
+    GemvJob in = job_to(w.eh_proj, m.r.x, rw.x);
+    in.x = m.both, in.x_token_stride = 2 * static_cast<int64_t>(d);
+    gemv_batch(&in, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
+    const int il = c.n_layer;  // the MTP layer's index (layer_spec, layer_ids)
+    mixer(il, w.layer, m.st.layers[0], m.r, T);
+    ffn(il, w.layer, m.r, T);
+    // The last row's output is what a chained row takes: it goes to h's first row.
+    rmsnorm_rows(m.r.x + static_cast<int64_t>(T - 1) * rw.x, w.shared_head_norm, c.rms_eps, 1, d, m.h, stream);
+    GemvJob head = job_to(dm.output, m.r.logits, rw.vocab);
+    head.x = m.h;
+    gemv_batch(&head, 1, stream);
+    argmax_wide(m.r.logits, m.n_allowed, argmax_part, argmax_counter, m.io, stream);
+  }
+
+  // Enqueues T MTP rows at positions mtp->n_past.. (io and h already hold their inputs) and advances.
+  void launch_mtp_rows(int T, int32_t n_allowed) {
+    MtpPart& m = *mtp;
+    if (T < 1 || T > mtp_max_rows()) fail("GPU MTP head: ", T, " rows in one launch");
+    if (m.n_past + T > max_ctx) fail("GPU MTP head: ", m.n_past + T, " positions exceed the context of ", max_ctx);
+    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graphs
+      check_cuda(cudaStreamSynchronize(stream), "MTP rows");
+      m.destroy_graphs();
+      m.n_allowed = n_allowed;
+    }
+    if (!opt.use_graph || prof.on) {
+      enqueue_mtp_rows(T);
+    } else {
+      cudaGraphExec_t& g = m.graphs[T];
+      if (!g) g = capture([this, T] { enqueue_mtp_rows(T); });
+      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+    }
+    m.n_past += T;
+  }
 };
 
 GpuSession::GpuSession(const Model& model, int max_ctx, GpuSessionOptions options)
@@ -1311,6 +1455,160 @@ std::vector<int32_t> generate_greedy(GpuSession& session, const std::vector<int3
     out.push_back(next);
     if (i + 1 < n_new) next = session.decode_argmax(next);
   }
+  return out;
+}
+
+std::unique_ptr<MtpHead> GpuSession::make_mtp_head(int max_ctx, std::string& why_cpu) {
+  const std::string why = impl_->mtp_unsupported();
+  if (!why.empty()) {
+    why_cpu = why;
+    return nullptr;
+  }
+  return std::make_unique<GpuMtpHead>(*this, max_ctx);
+}
+
+GpuMtpHead::GpuMtpHead(GpuSession& session, int max_ctx) : m_(*session.impl_) {
+  m_.mtp_setup();
+  max_ctx_ = std::min(max_ctx, m_.max_ctx);
+  if (m_.mtp->n_past > max_ctx_) m_.mtp->n_past = max_ctx_;
+}
+
+int GpuMtpHead::n_past() const { return m_.mtp->n_past; }
+
+void GpuMtpHead::restart(int pos) {
+  if (pos < 0 || pos > max_ctx_) fail("GPU MTP head: restart at ", pos, " of ", max_ctx_, " positions");
+  // As the CPU head's: no clearing (rows >= n_past are written before read; those before pos keep what
+  // they held, which costs acceptance only).
+  m_.mtp->n_past = pos;
+}
+
+void GpuMtpHead::truncate(int pos) {
+  if (pos < 0 || pos > n_past()) fail("MTP cache: truncate to ", pos, " of ", n_past(), " positions");
+  m_.mtp->n_past = pos;
+}
+
+void GpuMtpHead::check_room(int rows) const {
+  const int end = m_.mtp->n_past + rows;
+  if (end > max_ctx_) fail("MTP forward: ", end, " positions exceed the context of ", max_ctx_);
+}
+
+// Stages n rows (tokens, hidden rows) and `count` chained rows after them: their positions and
+// tokens on the device, and host room for the 1 + count picks read back.
+GpuMtpHead::Staged GpuMtpHead::stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed) {
+  auto& p = *m_.mtp;
+  const ModelConfig& c = m_.c;
+  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
+  for (int t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+  const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n), more = static_cast<size_t>(count);
+  const size_t n_ints = more + 2 * rows, int_bytes = (n_ints + 1 + more) * sizeof(int);
+  const size_t bytes = int_bytes + rows * d * sizeof(float);
+  // Every call ends reading back, so nothing reads the staging now; the sync covers a call a failure cut.
+  m_.sync();
+  if (bytes > p.h_stage_bytes) {
+    if (p.h_stage) cudaFreeHost(p.h_stage);
+    p.h_stage = nullptr;
+    p.h_stage_bytes = 0;
+    check_cuda(cudaMallocHost(&p.h_stage, bytes), "cudaMallocHost(MTP staging)");
+    p.h_stage_bytes = bytes;
+  }
+  int* h_ints = reinterpret_cast<int*>(p.h_stage);
+  for (size_t i = 0; i < more; ++i) h_ints[i] = p.n_past + n + static_cast<int>(i);
+  for (size_t t = 0; t < rows; ++t) {
+    h_ints[more + t] = tokens[t];
+    h_ints[more + rows + t] = p.n_past + static_cast<int>(t);
+  }
+  Staged st;
+  int* d_ints = p.ints.reserve(n_ints, 1, "MTP rows");
+  check_cuda(cudaMemcpyAsync(d_ints, h_ints, n_ints * sizeof(int), cudaMemcpyHostToDevice, m_.stream), "copy MTP rows");
+  st.pos = d_ints, st.tokens = d_ints + more, st.row_pos = d_ints + more + rows;
+  if (n > 0) {
+    float* h_rows = reinterpret_cast<float*>(p.h_stage + int_bytes);
+    std::copy_n(hidden, rows * d, h_rows);
+    float* d_rows = p.rows_h.reserve(rows, d, "MTP hidden rows");
+    check_cuda(cudaMemcpyAsync(d_rows, h_rows, rows * d * sizeof(float), cudaMemcpyHostToDevice, m_.stream),
+               "copy MTP hidden rows");
+    st.hidden = d_rows;
+  }
+  st.h_picks = h_ints + n_ints;
+  st.d_picks = p.picks.reserve(1 + more, 1, "MTP picks");
+  return st;
+}
+
+// The n staged rows, in launches of up to mtp_max_rows().
+void GpuMtpHead::enqueue_rows(const Staged& st, int n, int32_t n_allowed) {
+  auto& p = *m_.mtp;
+  const size_t d = static_cast<size_t>(m_.c.n_embd);
+  const int most = m_.mtp_max_rows();
+  constexpr int K = GpuSession::Impl::kMaxStepTokens;
+  for (int t = 0; t < n; t += most) {
+    const int T = std::min(most, n - t);
+    const size_t T_ints = static_cast<size_t>(T) * sizeof(int);
+    check_cuda(cudaMemcpyAsync(p.io, st.tokens + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.io + K, st.row_pos + t, T_ints, cudaMemcpyDeviceToDevice, m_.stream), "MTP rows");
+    check_cuda(cudaMemcpyAsync(p.h, st.hidden + static_cast<size_t>(t) * d, static_cast<size_t>(T) * d * sizeof(float),
+                               cudaMemcpyDeviceToDevice, m_.stream),
+               "MTP rows");
+    m_.launch_mtp_rows(T, n_allowed);
+  }
+}
+
+// io[0] and h's first row hold the last row's pick and output already: each chained row takes only
+// its position, and leaves its pick at d_picks[i].
+void GpuMtpHead::enqueue_chain(const int* d_pos, int count, int32_t n_allowed, int* d_picks) {
+  auto& p = *m_.mtp;
+  for (int i = 0; i < count; ++i) {
+    check_cuda(cudaMemcpyAsync(p.io + GpuSession::Impl::kMaxStepTokens, d_pos + i, sizeof(int),
+                               cudaMemcpyDeviceToDevice, m_.stream),
+               "MTP row");
+    m_.launch_mtp_rows(1, n_allowed);
+    check_cuda(cudaMemcpyAsync(d_picks + i, p.io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
+  }
+}
+
+void GpuMtpHead::read_picks(const Staged& st, int count, std::vector<int32_t>& picks) {
+  check_cuda(cudaMemcpyAsync(st.h_picks, st.d_picks, static_cast<size_t>(count) * sizeof(int), cudaMemcpyDeviceToHost,
+                             m_.stream),
+             "copy MTP picks");
+  m_.sync();
+  for (int i = 0; i < count; ++i) {
+    if (st.h_picks[i] < 0) fail("GPU MTP head: no token has a finite logit");
+    picks.push_back(st.h_picks[i]);
+  }
+}
+
+void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                       std::vector<int32_t>& picks) {
+  if (n <= 0) fail("MTP forward needs at least one row");
+  check_room(n + count);
+  const Staged st = stage(tokens, hidden, n, count, n_allowed);
+  enqueue_rows(st, n, n_allowed);
+  check_cuda(cudaMemcpyAsync(st.d_picks, m_.mtp->io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
+  enqueue_chain(st.pos, count, n_allowed, st.d_picks + 1);
+  read_picks(st, 1 + count, picks);
+}
+
+int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
+  std::vector<int32_t> pick;
+  draft(tokens, hidden, n, 0, n_allowed, pick);
+  return pick[0];
+}
+
+void GpuMtpHead::chain(int count, int32_t n_allowed, std::vector<int32_t>& picks) {
+  if (count <= 0) return;
+  if (picks.empty()) fail("GPU MTP head: chained rows follow a row");
+  check_room(count);
+  const Staged st = stage(nullptr, nullptr, 0, count, n_allowed);
+  enqueue_chain(st.pos, count, n_allowed, st.d_picks);
+  read_picks(st, count, picks);
+}
+
+std::vector<float> GpuMtpHead::logits() const {
+  std::vector<float> out(static_cast<size_t>(m_.c.n_vocab));
+  check_cuda(cudaMemcpyAsync(out.data(), m_.mtp->r.logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                             m_.stream),
+             "copy MTP logits");
+  m_.sync();
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "strata/engine/model.h"
+#include "strata/engine/mtp.h"
 #include "strata/engine/sequence.h"
 #include "strata/model/kv_type.h"
 #include "strata/moe/expert_cache.h"
@@ -94,9 +95,11 @@ class GpuSession : public Sequence {
   void keep(const int* path, int m) override;
   bool has_pending() const override;
   // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row is copied to the host
-  // (the MTP drafter runs its head on the CPU). Decode steps then go through forward(), which copies
-  // the logits too, rather than the on-device pick.
+  // (the MTP drafter's record, which its GPU head copies back). Decode steps then go through forward(),
+  // which copies the logits too, rather than the on-device pick.
   void set_hidden_record(std::shared_ptr<HiddenRecord> record) override;
+  // Sequence::make_mtp_head: a GpuMtpHead when every expert is on the GPU, else null and why.
+  std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu) override;
   // Every DeltaNet layer's conv window, then its recurrent state, in layer order, copied to the host
   // (tests compare the state keep() leaves with a plain run's).
   std::vector<float> deltanet_state() const;
@@ -141,9 +144,50 @@ class GpuSession : public Sequence {
   void set_routing_replay(RoutingSource* source) override;
 
  private:
+  friend class GpuMtpHead;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   RoutingCounts* route_sink_ = nullptr;
+};
+
+// The model's MTP head (engine/mtp.h, block 0) on the GPU of an all-GPU session: the MTP layer's
+// weights (DeviceModel::mtp) and a KV cache of its own, each row one CUDA graph of the decode step's
+// launches (so the decode step's arithmetic: int8 activations for K-quant weights), chained rows fed
+// their pick and output on the device. It runs on the session's stream, so the session must outlive
+// it; the head's state (cache, n_past) belongs to the session: every head of one session shares it.
+class GpuMtpHead final : public MtpHead {
+ public:
+  // Fails saying why when the session cannot run it (no MTP layer, hybrid experts). max_ctx is capped
+  // at the session's.
+  GpuMtpHead(GpuSession& session, int max_ctx);
+  int n_past() const override;
+  int max_ctx() const override { return max_ctx_; }
+  void restart(int pos) override;
+  void truncate(int pos) override;
+  // One read back of the picks (rows and chained rows run without the host between them).
+  void draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+             std::vector<int32_t>& picks) override;
+  // draft's parts: n rows (returns the last row's pick); `count` chained rows.
+  int32_t rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed);
+  void chain(int count, int32_t n_allowed, std::vector<int32_t>& picks);
+  // The last row's logits ([n_vocab]), copied from the device.
+  std::vector<float> logits() const;
+
+ private:
+  struct Staged {  // a call's inputs on the device, and where its picks land
+    const int *pos = nullptr, *tokens = nullptr, *row_pos = nullptr;  // chained rows', rows', rows'
+    const float* hidden = nullptr;
+    int* d_picks = nullptr;
+    int* h_picks = nullptr;  // pinned
+  };
+  void check_room(int rows) const;
+  Staged stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed);
+  void enqueue_rows(const Staged& st, int n, int32_t n_allowed);
+  void enqueue_chain(const int* d_pos, int count, int32_t n_allowed, int* d_picks);
+  void read_picks(const Staged& st, int count, std::vector<int32_t>& picks);
+
+  GpuSession::Impl& m_;
+  int max_ctx_ = 0;
 };
 
 std::unique_ptr<GpuSession> make_gpu_session(const Model& model, int max_ctx, GpuSessionOptions options = {});

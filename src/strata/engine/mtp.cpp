@@ -2,11 +2,11 @@
 
 #include "strata/base/error.h"
 #include "strata/engine/blocks.h"
+#include "strata/engine/sequence.h"
+#include "strata/engine/session.h"
 
 namespace strata {
-namespace {
 
-// The config of a one-layer model whose layer is the MTP layer: what its cache is shaped by.
 ModelConfig mtp_cache_config(const Model& model) {
   const ModelConfig& c = model.config();
   if (c.n_mtp == 0)
@@ -17,8 +17,6 @@ ModelConfig mtp_cache_config(const Model& model) {
   one.layers = {c.mtp_layer};
   return one;
 }
-
-}  // namespace
 
 MtpState::MtpState(const Model& model, int max_ctx) : state_(mtp_cache_config(model), max_ctx) {}
 
@@ -58,6 +56,32 @@ void mtp_forward(const Model& model, int j, MtpState& s, const int32_t* tokens, 
   rmsnorm_rows(x.data(), w.shared_head_norm.data(), c.rms_eps, n, c.n_embd, out);
   if (logits) project(w.head, out + d * static_cast<size_t>(n - 1), 1, logits);
   st.n_past += n;
+}
+
+std::unique_ptr<MtpHead> Sequence::make_mtp_head(int, std::string&) { return nullptr; }
+
+CpuMtpHead::CpuMtpHead(const Model& model, int max_ctx) : model_(model), state_(model, max_ctx) {}
+
+void CpuMtpHead::restart(int pos) {
+  state_.state().reset();
+  state_.state().n_past = pos;
+}
+
+void CpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                       std::vector<int32_t>& picks) {
+  const size_t d = static_cast<size_t>(model_.config().n_embd);
+  out_.resize(static_cast<size_t>(n) * d);
+  next_.resize(d);
+  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
+  mtp_forward(model_, 0, state_, tokens, hidden, n, out_.data(), logits_.data());
+  picks.push_back(argmax(logits_.data(), n_allowed));
+  // Each chained row takes the previous row's output (out_'s last row, then next_).
+  std::vector<float> h(out_.end() - static_cast<std::ptrdiff_t>(d), out_.end());
+  for (int i = 0; i < count; ++i) {
+    mtp_forward(model_, 0, state_, &picks.back(), h.data(), 1, next_.data(), logits_.data());
+    picks.push_back(argmax(logits_.data(), n_allowed));
+    h.swap(next_);
+  }
 }
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "strata/base/error.h"
@@ -16,6 +17,8 @@
 #include "strata/sample/sampler.h"
 
 namespace strata {
+
+class MtpHead;  // engine/mtp.h
 
 class Sequence {
  public:
@@ -108,6 +111,9 @@ class Sequence {
   virtual void set_hidden_record(std::shared_ptr<HiddenRecord> record) {
     if (record) fail("this backend does not give its hidden states (--spec mtp runs on the CPU only)");
   }
+  // The MTP head computed where this sequence computes, with a cache of max_ctx positions; null when
+  // the CPU's head serves (why_cpu then says why, or stays empty where the CPU is this backend).
+  virtual std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu);
 };
 
 }  // namespace strata

@@ -121,7 +121,8 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, KvCacheTy
   f.expert_bytes.resize(static_cast<size_t>(c.n_layer));
   for (const LayerBytes& l : mb.layers) {
     if (l.layer >= c.n_layer && l.layer < c.n_layer + c.n_mtp) {
-      // MTP blocks: only the CPU drafter runs them; no GPU path uploads them.
+      // MTP blocks: only the MTP drafter runs them; the GPU head uploads them on first use, outside
+      // the plan (one layer of an all-GPU model).
       f.core_weight_bytes -= l.other_bytes;
       f.all_expert_bytes -= l.expert_bytes;
       continue;

@@ -1,6 +1,7 @@
 #include "strata/spec/mtp_drafter.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "strata/base/error.h"
 #include "strata/engine/sequence.h"
@@ -9,7 +10,8 @@
 namespace strata {
 
 MtpDrafter::MtpDrafter(const Model& target, int max_ctx, int32_t n_allowed)
-    : model_(target), state_(target, max_ctx), n_allowed_(n_allowed) {
+    : model_(target), max_ctx_(max_ctx), n_allowed_(n_allowed) {
+  mtp_cache_config(target);  // fails naming the model when it has no MTP layer; the head comes at attach
   const int64_t n_vocab = target.config().n_vocab;
   if (n_allowed_ <= 0 || n_allowed_ > n_vocab) n_allowed_ = static_cast<int32_t>(n_vocab);
 }
@@ -18,6 +20,18 @@ void MtpDrafter::attach(Sequence& target) {
   if (&target.model() != &model_) fail("--spec mtp: the drafter belongs to another model than the sequence's");
   // A sequence already holding the record keeps it; another one restarts it at its position.
   target.set_hidden_record(record_);
+  // Asked at every attach (a GPU session's head state is the session's, so it carries on); a GPU
+  // target that cannot hold the head still drafts, on the CPU, said once: it costs speed, not output.
+  std::string why;
+  std::unique_ptr<MtpHead> near = target.make_mtp_head(max_ctx_, why);
+  if (near) {
+    head_ = std::move(near);
+  } else {
+    if (!why.empty() && why != told_)
+      std::fprintf(stderr, "--spec mtp: the MTP head runs on the CPU: %s\n", why.c_str());
+    told_ = why;
+    if (!dynamic_cast<CpuMtpHead*>(head_.get())) head_ = std::make_unique<CpuMtpHead>(model_, max_ctx_);
+  }
   target_ = &target;
 }
 
@@ -25,15 +39,15 @@ void MtpDrafter::propose(const std::vector<int32_t>& history, int max_tokens, Dr
   out.clear();
   if (!target_) fail("--spec mtp: the drafter was not attached to the sequence it drafts for");
   HiddenRecord& r = *record_;
-  if (r.restarted || r.begin > state_.n_past()) {
+  MtpHead& head = *head_;
+  if (r.restarted || r.begin > head.n_past()) {
     // A new text, or positions the head never saw (restored from a prompt cache): their cache rows
     // stay empty, which costs acceptance only.
-    state_.state().reset();
-    state_.state().n_past = r.begin;
+    head.restart(r.begin);
     r.restarted = false;
   }
   const int kept = r.end();  // the target's kept positions; history.back() is the token at `kept`
-  const int from = state_.n_past();
+  const int from = head.n_past();
   if (history.empty() || from >= kept) return;
   const int n = kept - from;
   const size_t d = static_cast<size_t>(model_.config().n_embd);
@@ -44,20 +58,12 @@ void MtpDrafter::propose(const std::vector<int32_t>& history, int max_tokens, Dr
     tokens_[static_cast<size_t>(t)] = p + 1 < kept ? r.tokens[static_cast<size_t>(p + 1 - r.begin)] : history.back();
     std::copy_n(r.row(p), d, hidden_.data() + static_cast<size_t>(t) * d);
   }
-  out_.resize(static_cast<size_t>(n) * d);
-  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
-  mtp_forward(model_, 0, state_, tokens_.data(), hidden_.data(), n, out_.data(), logits_.data());
+  const int more = std::max(0, std::min(max_tokens - 1, head.max_ctx() - kept));
+  head.draft(tokens_.data(), hidden_.data(), n, more, n_allowed_, out.tokens);
   // The last row ran the token just sampled, which verification may still reject: it is run again
   // next time, so the cache and the record keep only what precedes it.
   r.drop_before(kept - 1);
-  out.tokens.push_back(argmax(logits_.data(), n_allowed_));
-  std::vector<float> h(out_.end() - static_cast<std::ptrdiff_t>(d), out_.end()), next(d);
-  while (static_cast<int>(out.tokens.size()) < max_tokens && state_.n_past() < state_.max_ctx()) {
-    mtp_forward(model_, 0, state_, &out.tokens.back(), h.data(), 1, next.data(), logits_.data());
-    out.tokens.push_back(argmax(logits_.data(), n_allowed_));
-    h.swap(next);
-  }
-  state_.truncate(kept - 1);
+  head.truncate(kept - 1);
 }
 
 }  // namespace strata

@@ -3,10 +3,12 @@
 // attach); each propose first runs the head over the positions kept since the last call (its cache
 // follows the accepted tokens only), the last of them with the token just sampled, which gives the
 // first draft; each further draft chains the head on its own output. Drafts are the head's arg-max
-// (q one-hot), so verification keeps the output exactly the target's under any sampling.
+// (q one-hot), so verification keeps the output exactly the target's under any sampling. The head
+// computes where the target does (Sequence::make_mtp_head: a GPU session's on the GPU), else on the CPU.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "strata/engine/drafter.h"
 #include "strata/engine/hidden_record.h"
@@ -25,12 +27,14 @@ class MtpDrafter final : public Drafter {
 
  private:
   const Model& model_;
-  MtpState state_;
+  int max_ctx_;
+  std::unique_ptr<MtpHead> head_;  // made by attach: the target's, or on the CPU
   int32_t n_allowed_;
   Sequence* target_ = nullptr;
+  std::string told_;  // the last reason given for a CPU head next to a target that computes elsewhere
   std::shared_ptr<HiddenRecord> record_ = std::make_shared<HiddenRecord>();
   std::vector<int32_t> tokens_;
-  std::vector<float> hidden_, out_, logits_;
+  std::vector<float> hidden_;
 };
 
 }  // namespace strata
