@@ -35,6 +35,23 @@ void check_matrix(const WeightMatrix& w) {
   if (w.n_rows > 0 && w.n_cols > 0 && w.data == nullptr) fail("matmul: weight data is null");
 }
 
+// How a matrix's rows meet the activations: the one choice of kernel path, made by matmul and by
+// matvec_rows alike so that a matvec is bitwise the matmul of its one token. int8_ok: the activations
+// may take the int8 path (a PreparedVec holds its int8 form).
+enum class RowPath { I8Fused, I8Unpacked, DirectFloat, FloatRows };
+struct RowChoice {
+  RowPath path;
+  I8Format fmt;  // the int8 paths' format
+};
+RowChoice row_path(const CpuKernels& k, GgmlType type, int64_t n_cols, bool int8_ok) {
+  if (int8_ok && k.i8_format != nullptr && n_cols % 32 == 0) {
+    const I8Format fmt = k.i8_format(type);
+    if (fmt.supported) return {fmt.fused ? RowPath::I8Fused : RowPath::I8Unpacked, fmt};
+  }
+  if (k.direct_float != nullptr && k.direct_float(type) && cpu_fused_path()) return {RowPath::DirectFloat, I8Format{}};
+  return {RowPath::FloatRows, I8Format{}};
+}
+
 // Row tiles of w against every token, unpacking each tile once per chunk of tokens (prefill).
 void matmul_i8_unpacked(const CpuKernels& k, I8Format fmt, const WeightMatrix& w, const int8_t* xq,
                         const float* xd, const float* xs, int64_t n_tok, float* Y) {
@@ -144,16 +161,14 @@ void matmul(const WeightMatrix& w, const float* X, int64_t n_tok, float* Y) {
   if (n_tok <= 0 || w.n_rows == 0) return;
   const int64_t n = w.n_cols;
   const CpuKernels& k = cpu_kernels();
-  if (k.i8_format != nullptr && n % 32 == 0) {
-    const I8Format fmt = k.i8_format(w.type);
-    if (fmt.supported) {
-      matmul_i8(k, fmt, w, X, n_tok, Y);
-      return;
-    }
+  const RowChoice rc = row_path(k, w.type, n, true);
+  if (rc.path == RowPath::I8Fused || rc.path == RowPath::I8Unpacked) {
+    matmul_i8(k, rc.fmt, w, X, n_tok, Y);
+    return;
   }
   const int64_t n_tiles = (w.n_rows + kMaxDotRows - 1) / kMaxDotRows;
   const bool nested = omp_in_parallel();
-  if (k.direct_float != nullptr && n_tok <= kDirectMaxTokens && k.direct_float(w.type) && cpu_fused_path()) {
+  if (rc.path == RowPath::DirectFloat && n_tok <= kDirectMaxTokens) {
     // Decode: dots straight from the quantised rows (the same numbers as decoding first).
 #pragma omp parallel for schedule(static) if (!nested)
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
@@ -205,33 +220,31 @@ void prepare_vec(const float* x, int64_t n, PreparedVec& v) {
   quantize_activations_i8(x, n, v.q.data(), v.d32.data(), v.sum16.data());
 }
 
-// The path matmul takes for one token, rows [r0, r1) in its tiles.
+// matmul's path (row_path) for one token, rows [r0, r1) in its tiles.
 void matvec_rows(const WeightMatrix& w, const PreparedVec& v, int64_t r0, int64_t r1, float* y, MatvecScratch& s) {
   const int64_t n = w.n_cols;
   if (n != v.n) fail("matvec_rows: a vector of ", v.n, " values for ", n, " columns");
   const CpuKernels& k = cpu_kernels();
-  const I8Format fmt = !v.q.empty() ? k.i8_format(w.type) : I8Format{};
+  const RowChoice rc = row_path(k, w.type, n, !v.q.empty());
   const size_t un = static_cast<size_t>(n);
   float out[kMaxDotRows];
   for (int64_t r = r0; r < r1; r += kMaxDotRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, r1 - r));
-    if (fmt.supported) {
-      const I8Act act{v.q.data(), v.d32.data(), v.sum16.data()};
-      if (fmt.fused) {
-        const uint8_t* rows[kMaxDotRows];
-        raw_tile_rows(w, r, nr, rows);
-        k.dot_rows_fused(w.type, rows, nr, act, n, out);
-      } else {
-        if (s.codes.size() < kMaxDotRows * un) {
-          s.codes.resize(kMaxDotRows * un);
-          s.scales8.resize(kMaxDotRows * un / 4);
-          s.bias16.resize(kMaxDotRows * un / 16 + 1);
-        }
-        I8Row rows[kMaxDotRows];
-        i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
-        k.dot_rows_i8(rows, nr, act, n, fmt, out);
+    const I8Act act{v.q.data(), v.d32.data(), v.sum16.data()};
+    if (rc.path == RowPath::I8Fused) {
+      const uint8_t* rows[kMaxDotRows];
+      raw_tile_rows(w, r, nr, rows);
+      k.dot_rows_fused(w.type, rows, nr, act, n, out);
+    } else if (rc.path == RowPath::I8Unpacked) {
+      if (s.codes.size() < kMaxDotRows * un) {
+        s.codes.resize(kMaxDotRows * un);
+        s.scales8.resize(kMaxDotRows * un / 4);
+        s.bias16.resize(kMaxDotRows * un / 16 + 1);
       }
-    } else if (k.direct_float != nullptr && k.direct_float(w.type) && cpu_fused_path()) {
+      I8Row rows[kMaxDotRows];
+      i8_tile_rows(k, w, r, nr, s.codes.data(), s.scales8.data(), s.bias16.data(), rows);
+      k.dot_rows_i8(rows, nr, act, n, rc.fmt, out);
+    } else if (rc.path == RowPath::DirectFloat) {
       const uint8_t* rows[kMaxDotRows];
       raw_tile_rows(w, r, nr, rows);
       k.dot_rows_direct(w.type, rows, nr, v.x, n, out);
