@@ -98,17 +98,12 @@ struct GpuSession::Impl {
   int* d_argmax = nullptr;
   int* d_pick = nullptr;                       // sample_token's draw
   unsigned char* sample_scratch = nullptr;     // sample_token's scratch
-  float *x, *xn, *q, *kk, *vv, *o;
-  float *qkv, *mixed, *z, *b, *alpha, *o2;
-  float *router, *wts, *g, *ye, *sg = nullptr, *gs = nullptr, *ys = nullptr;
-  int* ids;
-  float* logits;
+  float* xn = nullptr;
   float* h_logits = nullptr;                  // pinned staging for logits copies (pageable copies are ~8x slower)
   unsigned long long* argmax_part = nullptr;  // argmax_wide scratch
   unsigned int* argmax_counter = nullptr;
   unsigned long long* route_counts = nullptr;  // [n_layer x n_expert] router selections (decode steps)
   unsigned long long* route_counts_saved = nullptr;  // route_counts before the pending tokens
-  float* ag = nullptr;                         // laguna's attention output gate, before softplus
   float* attn_scratch = nullptr;               // attention_decode_split partials
   size_t attn_scratch_per = 0;                 // floats of a token's partials
   unsigned int* attn_counters = nullptr;
@@ -220,8 +215,8 @@ struct GpuSession::Impl {
   AttnOutGate out_gate() const {
     AttnOutGate g;
     if (c.attn_output_gate) g.kind = AttnOutGate::SigmoidAfterQuery;
-    if (c.attn_gate == AttnGate::SoftplusPerHead) g.kind = AttnOutGate::SoftplusPerHead, g.g = ag;
-    if (c.attn_gate == AttnGate::SoftplusPerElement) g.kind = AttnOutGate::SoftplusPerElement, g.g = ag;
+    if (c.attn_gate == AttnGate::SoftplusPerHead) g.kind = AttnOutGate::SoftplusPerHead, g.g = one.ag;
+    if (c.attn_gate == AttnGate::SoftplusPerElement) g.kind = AttnOutGate::SoftplusPerElement, g.g = one.ag;
     return g;
   }
   int kv_width() const { return c.n_head_kv * c.head_dim; }
@@ -296,10 +291,6 @@ struct GpuSession::Impl {
     rw = row_widths();
     one = alloc_rows(1);
     one.pos = d_io + 1;
-    x = one.x, q = one.q, kk = one.kk, vv = one.vv, o = one.o, ag = one.ag;
-    qkv = one.qkv, mixed = one.mixed, z = one.z, b = one.b, alpha = one.alpha, o2 = one.o2;
-    router = one.router, wts = one.wts, g = one.g, sg = one.sg, gs = one.gs, logits = one.logits, ids = one.ids;
-    ye = one.ye, ys = one.ys;
     xn = dalloc<float>(d);
     multi_fits = multi_step_fits();
     if (c.n_attention_layers() > 0) {  // a token's scratch and counters each (the multi-token step's tokens)
@@ -429,7 +420,7 @@ struct GpuSession::Impl {
     const DevDeltaNet& w = D.deltanet;
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.ssm_head_k));
     if (!fuse_conv) {  // the decode step only (the multi-token step needs fuse_conv)
-      conv_qk_norm(qkv, w.conv, c.ssm_conv_kernel, L.conv, mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
+      conv_qk_norm(r.qkv, w.conv, c.ssm_conv_kernel, L.conv, r.mixed, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k,
                    c.ssm_head_v, q_scale, stream, L.conv_alt);
       prof.mark("dn conv+qknorm", stream);
     }
@@ -619,7 +610,7 @@ struct GpuSession::Impl {
     if (hybrid) {
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
       prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, router, layer_ids(il, one), wts, counts, x, D.ffn_norm, stream, replay_for(il));
+      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, replay_for(il));
       prof.mark("hybrid top-k+ring", stream);
       for (GemvJob& j : m.up)
         if (j.ids) j.slot_of_expert = slot_of;
@@ -642,7 +633,7 @@ struct GpuSession::Impl {
       moe_down_jobs(il, D, slot_of, r, T);
     }
     if (hybrid) {
-      hybrid->cold_add(il, x, layer_ids(il, one), wts, stream);
+      hybrid->cold_add(il, r.x, layer_ids(il, r), r.wts, stream);
       prof.mark("hybrid cold wait+add", stream);
     }
   }
@@ -700,11 +691,11 @@ struct GpuSession::Impl {
   // Every kernel of one decode step, reading the token and position from d_io.
   void enqueue_step() {
     prof.mark(nullptr, stream);  // step start
-    embed_row(dm.token_embd, d_io, x, stream);
+    embed_row(dm.token_embd, d_io, one.x, stream);
     prof.mark("embed", stream);
     enqueue_layers(one, 1);
     // With lookahead the arg-max's last block also publishes the pick: the next step's input, on the device.
-    argmax_wide(logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream, false, lookahead ? &link : nullptr,
+    argmax_wide(one.logits, argmax_n, argmax_part, argmax_counter, d_argmax, stream, false, lookahead ? &link : nullptr,
                 d_io);
     prof.mark("argmax", stream);
   }
@@ -783,8 +774,8 @@ struct GpuSession::Impl {
   // calls this before it touches the state.
   void drop() {
     if (!ahead) return;
-    uncount_routes(ids, c.n_layer, c.n_expert_used, c.n_expert, route_counts, stream);
-    if (hybrid) hybrid->uncount_decode(ids, stream);
+    uncount_routes(one.ids, c.n_layer, c.n_expert_used, c.n_expert, route_counts, stream);
+    if (hybrid) hybrid->uncount_decode(one.ids, stream);
     ahead = false;
   }
 
@@ -883,17 +874,17 @@ struct GpuSession::Impl {
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     for (int t = 0; t < n; ++t) {
       step(tokens[t]);
-      if (hid) rmsnorm_rows(x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
+      if (hid) rmsnorm_rows(one.x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
       if (record) {
         st.record_step(t, stream);
         const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
-        check_cuda(cudaMemcpyAsync(st.route_steps + static_cast<size_t>(t) * picks, ids, picks * sizeof(int),
+        check_cuda(cudaMemcpyAsync(st.route_steps + static_cast<size_t>(t) * picks, one.ids, picks * sizeof(int),
                                    cudaMemcpyDeviceToDevice, stream),
                    "record expert picks");
       }
       const bool copy = logits_out && (all_positions || t == n - 1);
       if (copy)
-        check_cuda(cudaMemcpyAsync(h_logits, logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        check_cuda(cudaMemcpyAsync(h_logits, one.logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
                    "copy logits");
       sync();
       if (copy)
@@ -1362,13 +1353,13 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
   const auto lock = m.hold_hybrid();
   m.step(token);
   // The sampler's reference is the largest finite logit among ids < n_allowed.
-  argmax_wide(m.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, true);
+  argmax_wide(m.one.logits, n_allowed, m.argmax_part, m.argmax_counter, m.d_argmax, m.stream, true);
   GpuSampling gp;
   gp.inv_temperature = 1.0 / static_cast<double>(p.temperature);
   gp.top_k = p.top_k;
   gp.top_p = static_cast<double>(p.top_p);
   gp.min_p = static_cast<double>(p.min_p);
-  sample_token(m.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
+  sample_token(m.one.logits, n_allowed, m.d_argmax, gp, sampler.draw_uniform(), m.sample_scratch, m.d_pick, m.stream);
   const int32_t id = m.read_token(m.d_pick);
   if (id < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
   return id;
