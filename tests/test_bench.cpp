@@ -26,16 +26,13 @@
 #include "strata/engine/bench_runner.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
+#include "process_temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() / ("strata_test_bench_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return process_temp_dir("strata_test_bench_"); }
 
 std::string tiny_model(const std::string& quant) {
   static std::string cached[2];

@@ -13,6 +13,7 @@
 #include "strata/engine/model.h"
 #include "strata/moe/routing_generator.h"
 #include "strata/moe/routing_profile.h"
+#include "process_temp_dir.h"
 
 namespace strata {
 namespace {
@@ -22,11 +23,7 @@ using testing_cli::run_cli;
 
 const fs::path kModel = fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf";
 
-fs::path work_dir() {
-  const fs::path d = fs::path(::testing::TempDir()) / cat("strata_calibrate_", ::getpid());
-  fs::create_directories(d);
-  return d;
-}
+fs::path work_dir() { return process_temp_dir("strata_calibrate_"); }
 
 // Python-like text of a few hundred tokens; `variant` changes the identifiers so documents differ.
 std::string python_doc(int variant, int functions) {

@@ -16,6 +16,7 @@
 #include "strata/moe/model_fingerprint.h"
 #include "strata/moe/profile_store.h"
 #include "strata/moe/routing_profile.h"
+#include "process_temp_dir.h"
 
 namespace strata {
 namespace {
@@ -24,11 +25,7 @@ namespace fs = std::filesystem;
 
 const fs::path kModel = fs::path(STRATA_SOURCE_DIR) / "models" / "strata-tiny.gguf";
 
-fs::path temp_dir() {
-  const fs::path d = fs::path(::testing::TempDir()) / cat("strata_profile_", ::getpid());
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return process_temp_dir("strata_profile_"); }
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -17,17 +17,14 @@
 #include "strata/engine/session.h"
 #include "strata/moe/backend_plan.h"
 #include "strata/moe/routing_generator.h"
+#include "process_temp_dir.h"
 
 namespace fs = std::filesystem;
 using strata::testing_cli::run_cli;
 
 namespace {
 
-fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() / ("strata_test_trace_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return process_temp_dir("strata_test_trace_"); }
 
 std::string tiny_model() {
   static std::string cached;

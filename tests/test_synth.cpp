@@ -24,28 +24,14 @@
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
 #include "strata/text/vocab.h"
+#include "process_temp_dir.h"
 
 namespace fs = std::filesystem;
 using strata::GgmlType;
 
 namespace {
 
-fs::path temp_dir_path() { return fs::temp_directory_path() / ("strata_test_synth_" + std::to_string(::getpid())); }
-
-fs::path temp_dir() {
-  fs::path d = temp_dir_path();
-  fs::create_directories(d);
-  return d;
-}
-
-// The process's synth files (hundreds of MB at real shapes) go when its tests end.
-struct RemoveTempDir : ::testing::Environment {
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(temp_dir_path(), ec);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kRemoveTempDir = ::testing::AddGlobalTestEnvironment(new RemoveTempDir);
+fs::path temp_dir() { return process_temp_dir("strata_test_synth_"); }
 
 std::string synth(const std::string& preset, const std::string& quant, const std::string& skew, uint64_t seed,
                   int threads, const std::string& name, int layers = 0, int mtp = 0) {
