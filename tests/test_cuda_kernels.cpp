@@ -160,6 +160,19 @@ TEST(CudaKernels, RmsNormAndAdd) {
   std::vector<float> ref(n * d);
   for (int t = 0; t < n; ++t) strata::rmsnorm(x.data() + t * d, w.data(), 1e-6f, d, ref.data() + t * d);
   EXPECT_LE(rel_err(dout.get(), ref), 1e-6);
+  {  // the pair form: both halves of each output row as rmsnorm_rows writes them, the padding untouched
+    const std::vector<float> x2 = randn(n * d, rng, 0.5f), w2 = randn(d, rng);
+    Dev<float> dx2(x2), dw2(w2), dout2(n * d), dpair(static_cast<size_t>(n) * (2 * d + 3));
+    sc::rmsnorm_rows(dx2.p, dw2.p, 1e-6f, n, d, dout2.p, nullptr);
+    sc::rmsnorm_rows_pair(dx.p, dw.p, dx2.p, dw2.p, 1e-6f, n, d, dpair.p, 2 * d + 3, nullptr);
+    const std::vector<float> a = dout.get(), b = dout2.get(), pair = dpair.get();
+    for (int t = 0; t < n; ++t) {
+      const float* row = pair.data() + t * (2 * d + 3);
+      EXPECT_EQ(0, std::memcmp(row, a.data() + t * d, d * sizeof(float))) << "row " << t;
+      EXPECT_EQ(0, std::memcmp(row + d, b.data() + t * d, d * sizeof(float))) << "row " << t;
+      for (int i = 2 * d; i < 2 * d + 3; ++i) EXPECT_TRUE(std::isnan(row[i])) << "padding of row " << t;
+    }
+  }
 
   Dev<float> dy(y);
   sc::add_inplace(dx.p, dy.p, n * d, nullptr);
@@ -649,6 +662,33 @@ TEST(CudaKernels, ArgmaxWideAndRouteCounts) {
     EXPECT_EQ(out.get()[0], -1);
   }
 
+  {  // rows: each row its own pick (ties, NaN, a row with nothing finite), twice (counters back at zero)
+    const int rows = 5;
+    const int64_t w = 70000, stride = 70003;
+    Dev<unsigned long long> rpart(static_cast<size_t>(rows) * sc::argmax_wide_blocks(w));
+    Dev<unsigned int> rcounter(std::vector<unsigned int>(rows, 0u));
+    for (int rep = 0; rep < 2; ++rep) {
+      std::vector<float> x = randn(static_cast<size_t>(rows * stride), rng);
+      for (int r = 0; r < rows; ++r) {
+        float* row = x.data() + r * stride;
+        const float top = *std::max_element(row, row + w) + 1.0f;
+        row[(r * 9973 + rep) % w] = top;
+        row[(r * 7919 + 5) % w] = top;
+        row[w + 1] = top + 5.0f;  // past the row: never read
+      }
+      std::fill(x.begin() + 3 * stride, x.begin() + 3 * stride + w, NAN);
+      Dev<float> dx(x);
+      Dev<int> out(rows);
+      sc::argmax_wide(dx.p, w, rpart.p, rcounter.p, out.p, nullptr, false, nullptr, nullptr, rows, stride);
+      const std::vector<int> got = out.get();
+      for (int r = 0; r < rows; ++r) {
+        int want = -1;
+        if (r != 3) want = strata::argmax_logit(x.data() + r * stride, static_cast<int32_t>(w));
+        EXPECT_EQ(got[r], want) << "row " << r << " rep " << rep;
+      }
+    }
+  }
+
   const int n_expert = 64, k = 4;
   std::vector<unsigned long long> counts(n_expert, 0);
   Dev<unsigned long long> dcounts(counts);
@@ -660,6 +700,46 @@ TEST(CudaKernels, ArgmaxWideAndRouteCounts) {
     for (int id : dids.get()) ++counts[id];
   }
   EXPECT_EQ(dcounts.get(), counts);
+}
+
+// copy_batch: packed and strided copies, more of them than one launch takes, against the host's copy;
+// bytes outside the destinations untouched.
+TEST(CudaKernels, CopyBatchMatchesHostCopies) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const size_t words = 1 << 16;
+  std::vector<uint32_t> src(words);
+  for (uint32_t& v : src) v = static_cast<uint32_t>(rng());
+  Dev<uint32_t> dsrc(src);
+  Dev<uint32_t> ddst(std::vector<uint32_t>(words, 0xabcdef01u));
+  std::vector<uint32_t> want(words, 0xabcdef01u);
+  std::vector<sc::DeviceCopy> copies;
+  size_t at = 0;
+  for (int i = 0; i < sc::kMaxDeviceCopies + 9; ++i) {
+    const size_t row = 1 + static_cast<size_t>(rng() % 37), rows = 1 + static_cast<size_t>(rng() % 4);
+    const size_t sp = row + static_cast<size_t>(rng() % 5), dp = row + static_cast<size_t>(rng() % 3);
+    const size_t from = static_cast<size_t>(rng() % (words - sp * rows));
+    sc::DeviceCopy c;
+    c.dst = ddst.p + at;
+    c.src = dsrc.p + from;
+    c.row_bytes = row * 4;
+    c.rows = rows;
+    c.src_pitch = i % 3 == 0 ? 0 : sp * 4;
+    c.dst_pitch = i % 2 == 0 ? 0 : dp * 4;
+    const size_t s_step = c.src_pitch ? sp : row, d_step = c.dst_pitch ? dp : row;
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t j = 0; j < row; ++j) want[at + r * d_step + j] = src[from + r * s_step + j];
+    copies.push_back(c);
+    at += d_step * rows + 1;
+  }
+  ASSERT_LT(at, words);
+  sc::copy_batch(copies, nullptr);
+  EXPECT_EQ(ddst.get(), want);
+  sc::DeviceCopy odd;
+  odd.dst = ddst.p;
+  odd.src = reinterpret_cast<const char*>(dsrc.p) + 2;
+  odd.row_bytes = 8;
+  EXPECT_THROW(sc::copy_batch(&odd, 1, nullptr), strata::Error);
 }
 
 // Split attention at a short context (one chunk), a long one (many chunks merged by the last block)

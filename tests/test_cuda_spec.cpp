@@ -438,6 +438,25 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     a->forward(&next, 1, la.data(), false);
     b->forward(&next, 1, lb.data(), false);
     EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping " << m;
+    // The chain picked on the device (forward_pending_picks): each row's arg-max over the allowed ids,
+    // and keeping m leaves the state of the run with logits.
+    for (const int32_t allowed : {V, V / 2 + 1}) {
+      auto p = session();
+      std::vector<int32_t> picks(static_cast<size_t>(T), -2);
+      p->forward_pending_picks(chain.data(), T, allowed, picks.data());
+      for (int t = 0; t < T; ++t) {
+        std::vector<float> ref(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                               want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+        ban_ids_from(ref.data(), allowed, V);
+        EXPECT_EQ(picks[static_cast<size_t>(t)], argmax_logit(ref.data(), V)) << "token " << t << ", ids < " << allowed;
+      }
+      p->keep_first(m);
+      std::vector<float> lp(vocab);
+      p->forward(&next, 1, lp.data(), false);  // b has run the kept tokens and next
+      EXPECT_TRUE(same_bits(lp, lb)) << "next logits after picks and keeping " << m;
+      EXPECT_TRUE(same_bits(p->deltanet_state(), b->deltanet_state())) << "state after picks and keeping " << m;
+      EXPECT_EQ(p->routing_counts(), b->routing_counts());
+    }
     // A second chain on top (the graph of this token count replayed), kept whole.
     const std::vector<int32_t> more = ids(T, 5);
     std::vector<float> pending2(static_cast<size_t>(T) * vocab);
@@ -587,7 +606,7 @@ TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
     EXPECT_EQ(pick, argmax(lg.data(), V));
     EXPECT_EQ(head.n_past(), n);
   }
-  // draft() (one read back) picks what rows() then chain() pick.
+  // draft() (one graph, one read back) picks what rows() then chain() pick.
   {
     head.truncate(keep);
     std::vector<int32_t> toks(prompt.begin() + keep + 1, prompt.begin() + n + 1);

@@ -1,10 +1,12 @@
 #include "strata/cuda/device_state.h"
 
 #include <utility>
+#include <vector>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_memory.h"
+#include "strata/cuda/kernels.h"
 #include "strata/engine/sequence_state.h"
 
 namespace strata::cuda {
@@ -110,13 +112,21 @@ void DeviceSequenceState::restore_snapshot(cudaStream_t s) {
 }
 
 void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
-  auto copy = [save, s](float* live, float* snap, size_t floats) {
+  std::vector<DeviceCopy> copies;
+  snapshot_copies(save, copies);
+  copy_batch(copies, s);
+}
+
+void DeviceSequenceState::snapshot_copies(bool save, std::vector<DeviceCopy>& copies) const {
+  auto copy = [save, &copies](float* live, float* snap, size_t floats) {
     if (!live) return;
-    check_cuda(cudaMemcpyAsync(save ? snap : live, save ? live : snap, sizeof(float) * floats, cudaMemcpyDeviceToDevice,
-                               s),
-               save ? "save DeltaNet state" : "restore DeltaNet state");
+    DeviceCopy c;
+    c.dst = save ? snap : live;
+    c.src = save ? live : snap;
+    c.row_bytes = sizeof(float) * floats;
+    copies.push_back(c);
   };
-  for (DeviceLayerState& L : layers) {
+  for (const DeviceLayerState& L : layers) {
     copy(L.conv, L.conv_snap, conv_floats(c_));
     copy(L.ssm, L.ssm_snap, ssm_floats(c_));
   }
@@ -165,17 +175,21 @@ void DeviceSequenceState::reserve_steps(int n) {
 
 void DeviceSequenceState::copy_step(int t, bool record, cudaStream_t s) {
   if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
-  auto copy = [record, s](float* live, float* steps, size_t floats, size_t t) {
+  std::vector<DeviceCopy> copies;
+  auto copy = [record, &copies](float* live, float* steps, size_t floats, size_t t) {
     float* rec = steps + t * floats;
-    check_cuda(cudaMemcpyAsync(record ? rec : live, record ? live : rec, sizeof(float) * floats,
-                               cudaMemcpyDeviceToDevice, s),
-               record ? "record DeltaNet state" : "select DeltaNet state");
+    DeviceCopy c;
+    c.dst = record ? rec : live;
+    c.src = record ? live : rec;
+    c.row_bytes = sizeof(float) * floats;
+    copies.push_back(c);
   };
   for (DeviceLayerState& L : layers) {
     if (!L.ssm) continue;
     copy(L.conv, L.conv_steps, conv_floats(c_), static_cast<size_t>(t));
     copy(L.ssm, L.ssm_steps, ssm_floats(c_), static_cast<size_t>(t));
   }
+  copy_batch(copies, s);
 }
 
 void DeviceSequenceState::record_step(int t, cudaStream_t s) { copy_step(t, true, s); }

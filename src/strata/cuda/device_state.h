@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include "strata/cuda/kernels.h"
 #include "strata/model/config.h"
 #include "strata/model/kv_type.h"
 
@@ -64,6 +65,8 @@ class DeviceSequenceState {
   void add_snapshot();
   void save_snapshot(cudaStream_t s);
   void restore_snapshot(cudaStream_t s);
+  // Their copies appended to `copies`, for a caller that adds its own to the same launch (copy_batch).
+  void snapshot_copies(bool save, std::vector<DeviceCopy>& copies) const;
 
   // Step records of pending runs (speculative verification): room for the state after each of n tokens
   // (grown when n exceeds what is there; contents are not kept then), plus each token's expert ids,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "strata/base/error.h"
@@ -163,8 +164,13 @@ struct GpuSession::Impl {
   bool multi_fits = false;  // multi_step_fits() at construction
   StepRows multi;
   int* d_mio = nullptr;  // [kMaxStepTokens tokens, kMaxStepTokens positions]
-  int* h_mio = nullptr;  // pinned
+  int* h_mio = nullptr;  // pinned: [tokens, positions, picks read back] of kMaxStepTokens each
   float* h_mlogits = nullptr;  // pinned [kMaxStepTokens x n_vocab], allocated on first use
+  float* h_mhidden = nullptr;  // pinned [kMaxStepTokens x n_embd], allocated on first use
+  // The multi-token step's per-token arg-max (forward_pending_picks): scratch, counters, picks.
+  unsigned long long* mpick_part = nullptr;
+  unsigned int* mpick_counter = nullptr;
+  int* d_mpicks = nullptr;
   cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1] = {};
   int mgraph_steps = 0;  // st.step_cap() when mgraphs were captured
 
@@ -301,7 +307,8 @@ struct GpuSession::Impl {
       attn_counters = dalloc<unsigned int>(tokens * static_cast<size_t>(H));
     }
     if (c.n_deltanet_layers() > 0) {
-      dn_scratch = dalloc<double>(deltanet_scratch_doubles(c.ssm_v_heads, c.ssm_head_v));
+      // The multi-token step's recurrence keeps every token's sums.
+      dn_scratch = dalloc<double>(deltanet_scratch_doubles(c.ssm_v_heads, c.ssm_head_v) * (multi_fits ? kMaxStepTokens : 1));
       dn_counters = dalloc<unsigned int>(static_cast<size_t>(c.ssm_v_heads));
     }
     argmax_part = dalloc<unsigned long long>(static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
@@ -316,7 +323,10 @@ struct GpuSession::Impl {
       multi = alloc_rows(kMaxStepTokens);
       d_mio = dalloc<int>(2 * kMaxStepTokens);
       multi.pos = d_mio + kMaxStepTokens;
-      check_cuda(cudaMallocHost(&h_mio, 2 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
+      check_cuda(cudaMallocHost(&h_mio, 3 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
+      mpick_part = dalloc<unsigned long long>(kMaxStepTokens * static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
+      mpick_counter = dalloc<unsigned int>(kMaxStepTokens);
+      d_mpicks = dalloc<int>(kMaxStepTokens);
     }
     check_cuda(cudaDeviceSynchronize(), "allocate");
   }
@@ -337,6 +347,8 @@ struct GpuSession::Impl {
     h_mio = nullptr;
     if (h_mlogits) cudaFreeHost(h_mlogits);
     h_mlogits = nullptr;
+    if (h_mhidden) cudaFreeHost(h_mhidden);
+    h_mhidden = nullptr;
     if (h_logits) cudaFreeHost(h_logits);
     h_logits = nullptr;
     prof.release();
@@ -424,18 +436,20 @@ struct GpuSession::Impl {
                    c.ssm_head_v, q_scale, stream, L.conv_alt);
       prof.mark("dn conv+qknorm", stream);
     }
-    for (int t = 0; t < T; ++t) {  // the recurrence: token by token
-      // The multi-token step chains the state through the step records: token t reads step t - 1's
-      // (the live state for token 0) and writes step t's, the last token the live state (a kept prefix
-      // of m < T tokens selects step m - 1). Its steps start after the previous kernel has completed:
-      // a step reads its state before its programmatic wait.
-      float* S_in = T == 1 || t == 0 ? L.ssm : st.ssm_step(L, t - 1);
-      float* S_out = T == 1 ? L.ssm_alt : (t + 1 < T ? st.ssm_step(L, t) : L.ssm);
-      deltanet_step_fast(S_in, r.mixed + t * rw.ch, r.b + t * rw.nv, r.alpha + t * rw.nv, w.a, w.dt_bias, w.norm,
-                         r.z + t * rw.vd, c.rms_eps, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v,
-                         dn_scratch, dn_counters, r.o2 + t * rw.vd, stream, fuse_conv, q_scale, S_out, T > 1);
-      prof.mark("dn step", stream);
+    // The multi-token step runs the recurrence for its T tokens in one launch: token t's state goes to
+    // step record t, the last token's to the live state (a kept prefix of m < T tokens selects step
+    // m - 1).
+    DeltaNetTokens tk;
+    tk.n = T;
+    tk.mixed_stride = rw.ch, tk.gate_stride = rw.nv, tk.out_stride = rw.vd;
+    if (T > 1) {
+      tk.records = st.ssm_step(L, 0);
+      tk.record_stride = static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
     }
+    deltanet_step_fast(L.ssm, r.mixed, r.b, r.alpha, w.a, w.dt_bias, w.norm, r.z, c.rms_eps, c.ssm_k_heads,
+                       c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, r.o2, stream, fuse_conv,
+                       q_scale, T == 1 ? L.ssm_alt : L.ssm, false, tk);
+    prof.mark("dn step", stream);
   }
 
   // The mixer's output projection, added into the residual stream x.
@@ -902,7 +916,9 @@ struct GpuSession::Impl {
   // be null) and hidden row (hid, may be null) are what t + 1 decode steps give, and step record t holds
   // the DeltaNet state and expert picks after token t (the caller reserved n records; the last token's
   // state is the live one, its record holds only the conv window and the picks).
-  void run_multi(const int32_t* tokens, int n, float* logits_out, bool all_positions, float* hid) {
+  // picks: instead of logits, token t's arg-max over ids < n_pick (argmax_wide) to picks[t].
+  void run_multi(const int32_t* tokens, int n, float* logits_out, bool all_positions, float* hid,
+                 int32_t* picks = nullptr, int32_t n_pick = 0) {
     for (int t = 0; t < n; ++t) {
       h_mio[t] = tokens[t];
       h_mio[kMaxStepTokens + t] = n_past + t;
@@ -925,12 +941,17 @@ struct GpuSession::Impl {
     }
     // Step record t's picks: token t's row of every layer's [tokens x k] ids.
     const size_t k = static_cast<size_t>(c.n_expert_used);
-    const size_t picks = static_cast<size_t>(c.n_layer) * k;
-    for (int t = 0; t < n; ++t)
-      check_cuda(cudaMemcpy2DAsync(st.route_steps + static_cast<size_t>(t) * picks, k * sizeof(int),
-                                   multi.ids + static_cast<size_t>(t) * k, static_cast<size_t>(multi.ids_layer) * sizeof(int),
-                                   k * sizeof(int), static_cast<size_t>(c.n_layer), cudaMemcpyDeviceToDevice, stream),
-                 "record expert picks");
+    const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
+    std::vector<DeviceCopy> records(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) {
+      DeviceCopy& r = records[static_cast<size_t>(t)];
+      r.dst = st.route_steps + static_cast<size_t>(t) * step_ids;
+      r.src = multi.ids + static_cast<size_t>(t) * k;
+      r.row_bytes = k * sizeof(int);
+      r.rows = static_cast<size_t>(c.n_layer);
+      r.src_pitch = static_cast<size_t>(multi.ids_layer) * sizeof(int);
+    }
+    copy_batch(records, stream);
     n_past += n;
     if (hid) rmsnorm_rows(multi.x, dm.output_norm, c.rms_eps, n, c.n_embd, hid, stream);
     const size_t vocab = static_cast<size_t>(c.n_vocab);
@@ -943,9 +964,25 @@ struct GpuSession::Impl {
                                  cudaMemcpyDeviceToHost, stream),
                  "copy logits");
     }
+    int* h_picks = h_mio + 2 * kMaxStepTokens;
+    if (picks) {
+      argmax_wide(multi.logits, n_pick, mpick_part, mpick_counter, d_mpicks, stream, false, nullptr, nullptr, n,
+                  static_cast<int64_t>(vocab));
+      check_cuda(cudaMemcpyAsync(h_picks, d_mpicks, static_cast<size_t>(n) * sizeof(int), cudaMemcpyDeviceToHost, stream),
+                 "copy picks");
+    }
+    const size_t hid_floats = hid ? static_cast<size_t>(n) * static_cast<size_t>(c.n_embd) : 0;
+    if (hid) {  // read back with the rest: one synchronisation
+      if (!h_mhidden)
+        check_cuda(cudaMallocHost(&h_mhidden, kMaxStepTokens * static_cast<size_t>(c.n_embd) * sizeof(float)),
+                   "cudaMallocHost(hidden rows)");
+      check_cuda(cudaMemcpyAsync(h_mhidden, hid, hid_floats * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                 "copy hidden rows");
+    }
     sync();
     if (logits_out) std::memcpy(logits_out, h_mlogits, floats * sizeof(float));
-    if (hid) copy_hidden(n);
+    if (picks) std::copy_n(h_picks, n, picks);
+    if (hid) hidden_rows.assign(h_mhidden, h_mhidden + hid_floats);
   }
 
   // The next n tokens' replayed picks on the device for a prefill (null without a replay). The prefill
@@ -983,6 +1020,8 @@ struct GpuSession::Impl {
   // pending tokens; keep() of a path that is no prefix of the last one run runs it again from there.
   bool has_pending = false;
   int pending_base = 0;     // n_past before the pending tokens
+  TokenTree begin_pending(const int32_t* tokens, int n, const int* parents);
+  void abandon_pending();  // after a failed pending run: back to the snapshot, nothing pending
   TokenTree pending;
   std::vector<int> held;    // the pending root path the state holds now
   std::vector<int32_t> pending_tokens;
@@ -1006,16 +1045,23 @@ struct GpuSession::Impl {
   // The DeltaNet state, n_past and the routing counters as they were before the pending tokens: the
   // counters then hold the kept tokens' picks only, each once (as the CPU engine counts them).
   void save_snapshot() {
-    st.save_snapshot(stream);
-    check_cuda(cudaMemcpyAsync(route_counts_saved, route_counts, route_counts_bytes(), cudaMemcpyDeviceToDevice, stream),
-               "save routing counts");
+    copy_snapshot(true);
     pending_base = n_past;
   }
   void restore_snapshot() {
-    st.restore_snapshot(stream);
-    check_cuda(cudaMemcpyAsync(route_counts, route_counts_saved, route_counts_bytes(), cudaMemcpyDeviceToDevice, stream),
-               "restore routing counts");
+    copy_snapshot(false);
     n_past = pending_base;
+  }
+  // The DeltaNet state and the routing counters, aside or back, in one launch.
+  void copy_snapshot(bool save) {
+    std::vector<DeviceCopy> copies;
+    st.snapshot_copies(save, copies);
+    DeviceCopy counts;
+    counts.dst = save ? route_counts_saved : route_counts;
+    counts.src = save ? route_counts : route_counts_saved;
+    counts.row_bytes = route_counts_bytes();
+    copies.push_back(counts);
+    copy_batch(copies, stream);
   }
   size_t route_counts_bytes() const {
     return static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert) * sizeof(unsigned long long);
@@ -1068,8 +1114,6 @@ struct GpuSession::Impl {
     StepRows r;
     int* io = nullptr;      // [kMaxStepTokens tokens, kMaxStepTokens positions]
     float* h = nullptr;     // [kMaxStepTokens x n_embd]
-    float* en = nullptr;    // [kMaxStepTokens x n_embd]: enorm(embed(token))
-    float* hn = nullptr;    // [kMaxStepTokens x n_embd]: hnorm(h)
     float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
     // A call's inputs: staged in pinned host memory (copies from it are asynchronous, so the host
     // never waits for the stream before the last read back), then on the device.
@@ -1079,6 +1123,13 @@ struct GpuSession::Impl {
     GrowingRows<float> rows_h;  // the rows' hidden rows
     GrowingRows<int> picks;     // the picks read back
     cudaGraphExec_t graphs[kMaxStepTokens + 1] = {};  // by row count
+    // A whole draft (draft_fused): T rows and C chained rows in one graph, by (T, C); the chained rows'
+    // positions at io + 2 kMaxStepTokens, the picks in `out`; inputs staged through h_in / h_rows.
+    std::map<std::pair<int, int>, cudaGraphExec_t> drafts;
+    int* out = nullptr;               // [kMaxStepTokens + 1] picks
+    int* h_in = nullptr;              // pinned [3 kMaxStepTokens] ints, then [kMaxStepTokens + 1] picks
+    float* h_rows = nullptr;          // pinned [kMaxStepTokens x n_embd]
+    bool in_flight = false;           // a draft_fused call's copies may still be running
     int64_t n_allowed = 0;  // ids the graphs' arg-max covers
     int n_past = 0;
     MtpPart(const Model& model, int ctx, KvCacheTypes kv) : st(mtp_cache_config(model), ctx, kv) {}
@@ -1087,6 +1138,8 @@ struct GpuSession::Impl {
         if (g) cudaGraphExecDestroy(g);
         g = nullptr;
       }
+      for (auto& [shape, g] : drafts) cudaGraphExecDestroy(g);
+      drafts.clear();
     }
   };
   std::unique_ptr<MtpPart> mtp;
@@ -1116,11 +1169,12 @@ struct GpuSession::Impl {
     mtp = std::make_unique<MtpPart>(model, max_ctx, opt.kv_types);
     const size_t rows = static_cast<size_t>(kMaxStepTokens) * static_cast<size_t>(c.n_embd);
     mtp->r = alloc_rows(kMaxStepTokens);
-    mtp->io = dalloc<int>(2 * kMaxStepTokens);
+    mtp->io = dalloc<int>(3 * kMaxStepTokens);
     mtp->r.pos = mtp->io + kMaxStepTokens;
+    mtp->out = dalloc<int>(kMaxStepTokens + 1);
+    check_cuda(cudaMallocHost(&mtp->h_in, (4 * kMaxStepTokens + 1) * sizeof(int)), "cudaMallocHost(MTP rows)");
+    check_cuda(cudaMallocHost(&mtp->h_rows, rows * sizeof(float)), "cudaMallocHost(MTP rows)");
     mtp->h = dalloc<float>(rows);
-    mtp->en = dalloc<float>(rows);
-    mtp->hn = dalloc<float>(rows);
     mtp->both = dalloc<float>(2 * rows);
     check_cuda(cudaDeviceSynchronize(), "allocate");  // alloc_rows' memsets precede any use on the stream
   }
@@ -1129,6 +1183,8 @@ struct GpuSession::Impl {
     if (!mtp) return;
     mtp->destroy_graphs();
     if (mtp->h_stage) cudaFreeHost(mtp->h_stage);
+    if (mtp->h_in) cudaFreeHost(mtp->h_in);
+    if (mtp->h_rows) cudaFreeHost(mtp->h_rows);
     mtp->ints.release();
     mtp->rows_h.release();
     mtp->picks.release();
@@ -1137,34 +1193,32 @@ struct GpuSession::Impl {
 
   // Every kernel of T MTP rows (engine/mtp.h's formulas), with the decode step's layer launches; the
   // lm_head and arg-max for the last row only.
-  void enqueue_mtp_rows(int T) {
+  // tokens, pos: the rows' token ids and positions (device; the tokens may be an earlier row's pick:
+  // embed_rows starts after the previous kernel has completed); the last row's pick goes to *pick.
+  void enqueue_mtp_rows(int T, const int* tokens, const int* pos, int* pick) {
     MtpPart& m = *mtp;
     const DevMtp& w = dm.mtp[0];
     const int d = c.n_embd;
-    const size_t row = static_cast<size_t>(d) * sizeof(float);
-    prefill::embed_rows(dm.token_embd, m.io, T, m.r.x, stream);
-    rmsnorm_rows(m.r.x, w.enorm, c.rms_eps, T, d, m.en, stream);
-    rmsnorm_rows(m.h, w.hnorm, c.rms_eps, T, d, m.hn, stream);
+    StepRows r = m.r;
+    r.pos = pos;
+    prefill::embed_rows(dm.token_embd, tokens, T, m.r.x, stream);
     // The embedding half first, as eh_proj's columns are ordered.
-    check_cuda(cudaMemcpy2DAsync(m.both, 2 * row, m.en, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
-                                 stream),
-               "MTP rows");
-    check_cuda(cudaMemcpy2DAsync(m.both + d, 2 * row, m.hn, row, row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice,
-                                 stream),
-               "MTP rows");
+    rmsnorm_rows_pair(m.r.x, w.enorm, m.h, w.hnorm, c.rms_eps, T, d, m.both, 2 * static_cast<int64_t>(d), stream);
     GemvJob in = job_to(w.eh_proj, m.r.x, rw.x);
     in.x = m.both, in.x_token_stride = 2 * static_cast<int64_t>(d);
     gemv_batch(&in, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
     const int il = c.n_layer;  // the MTP layer's index (layer_spec, layer_ids)
-    mixer(il, w.layer, m.st.layers[0], m.r, T);
-    ffn(il, w.layer, m.r, T);
+    mixer(il, w.layer, m.st.layers[0], r, T);
+    ffn(il, w.layer, r, T);
     // The last row's output is what a chained row takes: it goes to h's first row.
     rmsnorm_rows(m.r.x + static_cast<int64_t>(T - 1) * rw.x, w.shared_head_norm, c.rms_eps, 1, d, m.h, stream);
     GemvJob head = job_to(dm.output, m.r.logits, rw.vocab);
     head.x = m.h;
     gemv_batch(&head, 1, stream);
-    argmax_wide(m.r.logits, m.n_allowed, argmax_part, argmax_counter, m.io, stream);
+    argmax_wide(m.r.logits, m.n_allowed, argmax_part, argmax_counter, pick, stream);
   }
+  // io's rows: tokens and positions there, the pick to io[0] (where a chained row takes its token).
+  void enqueue_mtp_rows(int T) { enqueue_mtp_rows(T, mtp->io, mtp->io + kMaxStepTokens, mtp->io); }
 
   // Enqueues T MTP rows at positions mtp->n_past.. (io and h already hold their inputs) and advances.
   void launch_mtp_rows(int T, int32_t n_allowed) {
@@ -1185,6 +1239,63 @@ struct GpuSession::Impl {
     }
     m.n_past += T;
   }
+
+  // Whether draft_fused takes n rows and `count` chained rows.
+  bool mtp_fused_fits(int n, int count) const { return n >= 1 && n <= mtp_max_rows() && count >= 0 && count < kMaxStepTokens; }
+
+  // T rows (io, h) then C chained rows: row i of the chain takes the pick out[i] at position io[2K + i]
+  // and leaves its pick in out[i + 1] (what launch_mtp_rows and the copies of GpuMtpHead do, with no
+  // host and no copy in between).
+  void enqueue_mtp_draft(int T, int C) {
+    MtpPart& m = *mtp;
+    constexpr int K = kMaxStepTokens;
+    enqueue_mtp_rows(T, m.io, m.io + K, m.out);
+    for (int i = 0; i < C; ++i) enqueue_mtp_rows(1, m.out + i, m.io + 2 * K + i, m.out + i + 1);
+  }
+
+  // GpuMtpHead::draft in one graph: the inputs in two copies, the picks in one.
+  void draft_fused(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                   std::vector<int32_t>& picks) {
+    MtpPart& m = *mtp;
+    constexpr int K = kMaxStepTokens;
+    if (!mtp_fused_fits(n, count)) fail("GPU MTP head: ", n, " rows and ", count, " chained rows in one graph");
+    if (m.n_past + n + count > max_ctx)
+      fail("GPU MTP head: ", m.n_past + n + count, " positions exceed the context of ", max_ctx);
+    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graphs
+      check_cuda(cudaStreamSynchronize(stream), "MTP rows");
+      m.destroy_graphs();
+      m.n_allowed = n_allowed;
+    }
+    if (m.in_flight) sync();  // a call that failed midway may have left copies reading the pinned inputs
+    m.in_flight = true;
+    for (int t = 0; t < n; ++t) {
+      m.h_in[t] = tokens[t];
+      m.h_in[K + t] = m.n_past + t;
+    }
+    for (int i = 0; i < count; ++i) m.h_in[2 * K + i] = m.n_past + n + i;
+    const size_t d = static_cast<size_t>(c.n_embd);
+    std::copy_n(hidden, static_cast<size_t>(n) * d, m.h_rows);
+    check_cuda(cudaMemcpyAsync(m.io, m.h_in, 3 * K * sizeof(int), cudaMemcpyHostToDevice, stream), "copy MTP rows");
+    check_cuda(cudaMemcpyAsync(m.h, m.h_rows, static_cast<size_t>(n) * d * sizeof(float), cudaMemcpyHostToDevice, stream),
+               "copy MTP hidden rows");
+    if (!opt.use_graph || prof.on) {
+      enqueue_mtp_draft(n, count);
+    } else {
+      cudaGraphExec_t& g = m.drafts[{n, count}];
+      if (!g) g = capture([this, n, count] { enqueue_mtp_draft(n, count); });
+      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+    }
+    int* h_out = m.h_in + 3 * K;
+    check_cuda(cudaMemcpyAsync(h_out, m.out, static_cast<size_t>(count + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream),
+               "copy MTP picks");
+    sync();
+    m.in_flight = false;
+    m.n_past += n + count;
+    for (int i = 0; i <= count; ++i) {
+      if (h_out[i] < 0) fail("GPU MTP head: no token has a finite logit");
+      picks.push_back(h_out[i]);
+    }
+  }
 };
 
 GpuSession::GpuSession(const Model& model, int max_ctx, GpuSessionOptions options)
@@ -1203,22 +1314,57 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
   if (m.hidden) m.hidden->append(tokens, m.hidden_rows.data(), n);
 }
 
-void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
-  Impl& m = *impl_;
-  m.validate(tokens, n);
+// What every pending run does first: checks, room for the step records, the snapshot to return to.
+TokenTree GpuSession::Impl::begin_pending(const int32_t* tokens, int n, const int* parents) {
+  validate(tokens, n);
   // A sliding layer's ring keeps the window behind a limited number of pending tokens (as the CPU's).
-  const int limit = forward_token_limit(m.c, m.max_ctx);
+  const int limit = forward_token_limit(c, max_ctx);
   if (n > limit)
     fail("forward_pending: ", n, " tokens at once; this sequence's sliding-window caches take at most ", limit,
          " per forward");
-  const TokenTree tree = TokenTree::from_parents(parents, n);
-  m.drop();
+  TokenTree tree = TokenTree::from_parents(parents, n);
+  drop();
   int longest = 0;  // a chain's tokens, or the longest root path of a tree: what one run records
   for (int t = 0; t < n; ++t) longest = std::max(longest, tree.depth(t) + 1);
-  m.st.reserve_steps(longest);
-  m.save_snapshot();
-  m.pending_tokens.assign(tokens, tokens + n);
-  m.has_pending = true;  // from here on a failure leaves the snapshot to return to
+  st.reserve_steps(longest);
+  save_snapshot();
+  pending_tokens.assign(tokens, tokens + n);
+  has_pending = true;  // from here on a failure leaves the snapshot to return to
+  return tree;
+}
+
+void GpuSession::Impl::abandon_pending() {
+  has_pending = false;
+  restore_snapshot();
+  sync();
+}
+
+void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) {
+  Impl& m = *impl_;
+  // Pending runs the multi-token step does not take copy their logits and pick on the host.
+  if (!m.multi_applies(n)) return Sequence::forward_pending_picks(tokens, n, n_allowed, picks);
+  if (n_allowed <= 0 || n_allowed > m.c.n_vocab)
+    fail("forward_pending_picks: ", n_allowed, " allowed ids of ", m.c.n_vocab);
+  TokenTree tree = m.begin_pending(tokens, n, nullptr);
+  try {
+    m.held.clear();
+    for (int i = 0; i < n; ++i) m.held.push_back(i);
+    float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
+                          : nullptr;
+    m.run_multi(tokens, n, nullptr, false, hid, picks, n_allowed);
+    if (m.hidden) m.pending_hidden = m.hidden_rows;
+    for (int t = 0; t < n; ++t)
+      if (picks[t] < 0) fail("sampler: no token has a finite logit (all banned or NaN)");
+  } catch (...) {
+    m.abandon_pending();
+    throw;
+  }
+  m.pending = std::move(tree);
+}
+
+void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) {
+  Impl& m = *impl_;
+  const TokenTree tree = m.begin_pending(tokens, n, parents);
   try {
     if (tree.is_chain()) {
       m.held.clear();
@@ -1257,9 +1403,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       }
     }
   } catch (...) {
-    m.has_pending = false;
-    m.restore_snapshot();
-    m.sync();
+    m.abandon_pending();
     throw;
   }
   m.pending = tree;
@@ -1572,6 +1716,20 @@ void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int co
                        std::vector<int32_t>& picks) {
   if (n <= 0) fail("MTP forward needs at least one row");
   check_room(n + count);
+  if (!m_.mtp_fused_fits(n, count)) return draft_staged(tokens, hidden, n, count, n_allowed, picks);
+  const ModelConfig& c = m_.c;
+  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
+  for (int t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+  m_.draft_fused(tokens, hidden, n, count, n_allowed, picks);
+}
+
+// Rows in launches of up to mtp_max_rows() and chained rows one graph each, the last pick left in io[0]
+// and the last output in h for chain().
+void GpuMtpHead::draft_staged(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                              std::vector<int32_t>& picks) {
+  if (n <= 0) fail("MTP forward needs at least one row");
+  check_room(n + count);
   const Staged st = stage(tokens, hidden, n, count, n_allowed);
   enqueue_rows(st, n, n_allowed);
   check_cuda(cudaMemcpyAsync(st.d_picks, m_.mtp->io, sizeof(int), cudaMemcpyDeviceToDevice, m_.stream), "MTP pick");
@@ -1581,7 +1739,7 @@ void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int co
 
 int32_t GpuMtpHead::rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed) {
   std::vector<int32_t> pick;
-  draft(tokens, hidden, n, 0, n_allowed, pick);
+  draft_staged(tokens, hidden, n, 0, n_allowed, pick);
   return pick[0];
 }
 

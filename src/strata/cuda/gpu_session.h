@@ -92,6 +92,9 @@ class GpuSession : public Sequence {
   // decode steps. Hybrid sessions, replayed routing and longer runs go through the batched prefill (or
   // token by token) as before.
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
+  // Sequence::forward_pending_picks: the multi-token step's rows picked on the device (only the picks
+  // are copied back); runs the multi-token step does not take pick on the host.
+  void forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) override;
   void keep(const int* path, int m) override;
   bool has_pending() const override;
   // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row is copied to the host
@@ -164,9 +167,13 @@ class GpuMtpHead final : public MtpHead {
   int max_ctx() const override { return max_ctx_; }
   void restart(int pos) override;
   void truncate(int pos) override;
-  // One read back of the picks (rows and chained rows run without the host between them).
+  // One graph for the rows and chained rows, one read back of the picks (draft_staged where the rows
+  // exceed one token grid).
   void draft(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
              std::vector<int32_t>& picks) override;
+  // The same through rows() and chain()'s launches.
+  void draft_staged(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
+                    std::vector<int32_t>& picks);
   // draft's parts: n rows (returns the last row's pick); `count` chained rows.
   int32_t rows(const int32_t* tokens, const float* hidden, int n, int32_t n_allowed);
   void chain(int count, int32_t n_allowed, std::vector<int32_t>& picks);

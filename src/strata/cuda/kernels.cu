@@ -58,6 +58,21 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int d,
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
+// rmsnorm_rows_pair: block (r, 0) normalises x0's row r, block (r, 1) x1's, rmsnorm_kernel's arithmetic.
+__global__ void rmsnorm_pair_kernel(const float* x0, const float* w0, const float* x1, const float* w1, float eps,
+                                    int d, float* out, int64_t out_stride) {
+  pdl_enter();
+  const bool second = blockIdx.y == 1;
+  const float* xr = (second ? x1 : x0) + static_cast<int64_t>(blockIdx.x) * d;
+  const float* w = second ? w1 : w0;
+  float* o = out + static_cast<int64_t>(blockIdx.x) * out_stride + (second ? d : 0);
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+  ss = block_sum_d(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] += y[i];
@@ -220,12 +235,13 @@ __global__ void deltanet_step_split_kernel(const float* S_all, float* S_out_all,
                                            const float* alpha,
                                            const float* a, const float* dt_bias, const float* norm_w, const float* z,
                                            float eps, int n_k_heads, int dk, int dv, double* ss_part,
-                                           unsigned int* counters, float* out, bool qk_norm, float q_scale) {
+                                           unsigned int* counters, float* out, bool qk_norm, float q_scale,
+                                           const DeltaNetTokens tk) {
   pdl_launch_dependents();
   extern __shared__ float sh[];  // q[dk], k[dk], part[R * 32]
   __shared__ double wss[32];
   __shared__ bool last;
-  const int h = blockIdx.x, slice = blockIdx.y, nsl = gridDim.y;
+  const int h = blockIdx.x, slice = blockIdx.y, nsl = gridDim.y, n_v_heads = gridDim.x;
   const int kh = h % n_k_heads;
   const int rg = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int R = static_cast<int>(blockDim.x >> 5);
@@ -235,76 +251,85 @@ __global__ void deltanet_step_split_kernel(const float* S_all, float* S_out_all,
   float* sk = sh + dk;
   float* part = sh + 2 * dk;
   const int64_t key_dim = static_cast<int64_t>(n_k_heads) * dk;
-  const float* q = mixed + static_cast<int64_t>(kh) * dk;
-  const float* k = mixed + key_dim + static_cast<int64_t>(kh) * dk;
-  const float* v = mixed + 2 * key_dim + static_cast<int64_t>(h) * dv;
+  const int64_t head_state = static_cast<int64_t>(dk) * dv;
   // The state is read before waiting on the previous kernel: only this kernel writes it, and its last
   // writer (this layer's step of the previous token) has completed. With a ping-pong pair (S_out not
   // S), the buffer written was last read by the step before that one, also complete.
   const bool col = j < dv;
-  const float* S = S_all + static_cast<int64_t>(h) * dk * dv;
-  float* S_out = S_out_all + static_cast<int64_t>(h) * dk * dv;  // may be S: each element is read first
+  const float* S = S_all + h * head_state;
   float r[RPW];
   if (col) {
 #pragma unroll
     for (int ii = 0; ii < RPW; ++ii) r[ii] = S[static_cast<int64_t>(i0 + ii) * dv + j];
   }
   pdl_wait();
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    sq[i] = q[i];
-    sk[i] = k[i];
-  }
-  __syncthreads();
-  if (qk_norm) {  // deltanet_qk_norm's L2 norms (eps 1e-6), done here instead of in the conv launch
-    double ssq = 0.0, ssk = 0.0;
+  // Token by token, the state staying in registers: token t's state goes to record t (tk.records), the
+  // last token's to S_out; each token's arithmetic is a single step's.
+  for (int t = 0; t < tk.n; ++t) {
+    const float* mt = mixed + t * tk.mixed_stride;
+    const float* q = mt + static_cast<int64_t>(kh) * dk;
+    const float* k = mt + key_dim + static_cast<int64_t>(kh) * dk;
+    const float* v = mt + 2 * key_dim + static_cast<int64_t>(h) * dv;
+    float* S_out = (t + 1 < tk.n ? tk.records + t * tk.record_stride : S_out_all) + h * head_state;  // may be S
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-      ssq += static_cast<double>(sq[i]) * sq[i];
-      ssk += static_cast<double>(sk[i]) * sk[i];
-    }
-    ssq = block_sum_d(ssq);
-    ssk = block_sum_d(ssk);
-    const float iq = static_cast<float>(1.0 / sqrt(ssq + 1e-6f)), ik = static_cast<float>(1.0 / sqrt(ssk + 1e-6f));
-    __syncthreads();  // every thread has read sq/sk for its sums
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-      sq[i] = sq[i] * iq * q_scale;
-      sk[i] = sk[i] * ik;
+      sq[i] = q[i];
+      sk[i] = k[i];
     }
     __syncthreads();
-  }
-  const float beta = sigmoid_dev(b[h]);
-  const float decay = expf(a[h] * softplus_dev(alpha[h] + dt_bias[h]));
-  float acc = 0.0f;
-  if (col) {
+    if (qk_norm) {  // deltanet_qk_norm's L2 norms (eps 1e-6), done here instead of in the conv launch
+      double ssq = 0.0, ssk = 0.0;
+      for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        ssq += static_cast<double>(sq[i]) * sq[i];
+        ssk += static_cast<double>(sk[i]) * sk[i];
+      }
+      ssq = block_sum_d(ssq);
+      ssk = block_sum_d(ssk);
+      const float iq = static_cast<float>(1.0 / sqrt(ssq + 1e-6f)), ik = static_cast<float>(1.0 / sqrt(ssk + 1e-6f));
+      __syncthreads();  // every thread has read sq/sk for its sums
+      for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        sq[i] = sq[i] * iq * q_scale;
+        sk[i] = sk[i] * ik;
+      }
+      __syncthreads();
+    }
+    const int64_t hb = t * tk.gate_stride + h;
+    const float beta = sigmoid_dev(b[hb]);
+    const float decay = expf(a[h] * softplus_dev(alpha[hb] + dt_bias[h]));
+    float acc = 0.0f;
+    if (col) {
 #pragma unroll
-    for (int ii = 0; ii < RPW; ++ii) {
-      r[ii] *= decay;
-      acc += r[ii] * sk[i0 + ii];
+      for (int ii = 0; ii < RPW; ++ii) {
+        r[ii] *= decay;
+        acc += r[ii] * sk[i0 + ii];
+      }
+    }
+    part[rg * 32 + lane] = acc;
+    __syncthreads();
+    float o = 0.0f;
+    if (col) {
+      float mem = 0.0f;
+      for (int g = 0; g < R; ++g) mem += part[g * 32 + lane];
+      const float delta = beta * (v[j] - mem);
+#pragma unroll
+      for (int ii = 0; ii < RPW; ++ii) {
+        r[ii] += sk[i0 + ii] * delta;
+        S_out[static_cast<int64_t>(i0 + ii) * dv + j] = r[ii];
+        o += r[ii] * sq[i0 + ii];
+      }
+    }
+    __syncthreads();  // every column has read part[]
+    part[rg * 32 + lane] = o;
+    __syncthreads();
+    if (rg == 0) {
+      float ot = 0.0f;
+      for (int g = 0; g < R; ++g) ot += part[g * 32 + lane];
+      double sq2 = col ? static_cast<double>(ot) * ot : 0.0;
+      for (int off = 16; off > 0; off >>= 1) sq2 += __shfl_xor_sync(0xffffffffu, sq2, off);
+      if (col) out[t * tk.out_stride + static_cast<int64_t>(h) * dv + j] = ot;  // raw; normalised below
+      if (lane == 0) ss_part[(static_cast<int64_t>(t) * n_v_heads + h) * nsl + slice] = sq2;
     }
   }
-  part[rg * 32 + lane] = acc;
-  __syncthreads();
-  float o = 0.0f;
-  if (col) {
-    float mem = 0.0f;
-    for (int g = 0; g < R; ++g) mem += part[g * 32 + lane];
-    const float delta = beta * (v[j] - mem);
-#pragma unroll
-    for (int ii = 0; ii < RPW; ++ii) {
-      r[ii] += sk[i0 + ii] * delta;
-      S_out[static_cast<int64_t>(i0 + ii) * dv + j] = r[ii];
-      o += r[ii] * sq[i0 + ii];
-    }
-  }
-  __syncthreads();  // every column has read part[]
-  part[rg * 32 + lane] = o;
-  __syncthreads();
   if (rg == 0) {
-    float ot = 0.0f;
-    for (int g = 0; g < R; ++g) ot += part[g * 32 + lane];
-    double sq2 = col ? static_cast<double>(ot) * ot : 0.0;
-    for (int off = 16; off > 0; off >>= 1) sq2 += __shfl_xor_sync(0xffffffffu, sq2, off);
-    if (col) out[static_cast<int64_t>(h) * dv + j] = ot;  // raw; normalised by the head's last block
-    if (lane == 0) ss_part[static_cast<int64_t>(h) * nsl + slice] = sq2;
     __threadfence();  // every lane's writes are visible device-wide before the block is counted
     __syncwarp();
     if (lane == 0) last = atomicAdd(counters + h, 1u) == static_cast<unsigned>(nsl - 1);
@@ -312,19 +337,23 @@ __global__ void deltanet_step_split_kernel(const float* S_all, float* S_out_all,
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x == 0) {
-    double ss = 0.0;
-    for (int sl = 0; sl < nsl; ++sl) ss += __ldcg(ss_part + static_cast<int64_t>(h) * nsl + sl);
-    wss[0] = ss;
-    counters[h] = 0;
-  }
-  __syncthreads();
-  const float inv = static_cast<float>(1.0 / sqrt(wss[0] / static_cast<double>(dv) + eps));
-  for (int jj = threadIdx.x; jj < dv; jj += blockDim.x) {
-    const int64_t idx = static_cast<int64_t>(h) * dv + jj;
-    float res = __ldcg(out + idx) * inv * norm_w[jj];
-    res *= silu_dev(z[idx]);
-    out[idx] = res;
+  // The head's last block applies the gated RMSNorm to every token's outputs (slices summed in order).
+  for (int t = 0; t < tk.n; ++t) {
+    if (threadIdx.x == 0) {
+      double ss = 0.0;
+      for (int sl = 0; sl < nsl; ++sl) ss += __ldcg(ss_part + (static_cast<int64_t>(t) * n_v_heads + h) * nsl + sl);
+      wss[0] = ss;
+      if (t + 1 == tk.n) counters[h] = 0;
+    }
+    __syncthreads();
+    const float inv = static_cast<float>(1.0 / sqrt(wss[0] / static_cast<double>(dv) + eps));
+    for (int jj = threadIdx.x; jj < dv; jj += blockDim.x) {
+      const int64_t idx = t * tk.out_stride + static_cast<int64_t>(h) * dv + jj;
+      float res = __ldcg(out + idx) * inv * norm_w[jj];
+      res *= silu_dev(z[idx]);
+      out[idx] = res;
+    }
+    __syncthreads();  // wss[0] is read before the next token's sum is written
   }
 }
 
@@ -349,12 +378,41 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i, boo
          static_cast<unsigned long long>(~static_cast<uint32_t>(i));
 }
 
+// copy_batch: copy blockIdx.y, its words spread over the x blocks.
+struct CopyRows {
+  uint32_t* dst;
+  const uint32_t* src;
+  size_t row_words, rows, dst_pitch, src_pitch;
+};
+struct CopyBatch {
+  CopyRows c[kMaxDeviceCopies];
+  int n;
+};
+
+// Launched without programmatic dependence and never releasing its dependents early: like a memcpy, it
+// starts after the previous work of the stream and whatever follows starts after it (kernels that read
+// their state before their programmatic wait rely on that).
+__global__ void copy_batch_kernel(const __grid_constant__ CopyBatch b) {
+  const CopyRows& c = b.c[blockIdx.y];
+  const size_t total = c.row_words * c.rows;
+  for (size_t w = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < total;
+       w += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = w / c.row_words, col = w - r * c.row_words;
+    c.dst[r * c.dst_pitch + col] = c.src[r * c.src_pitch + col];
+  }
+}
+
 __global__ void argmax_wide_kernel(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter,
                                    int* out, bool finite_only, int* pub_io, unsigned long long* pub_count,
-                                   unsigned long long* pub_host) {
+                                   unsigned long long* pub_host, int64_t row_stride) {
   __shared__ unsigned long long best[32];
   pdl_enter();
   __shared__ bool last;
+  // Row blockIdx.y of a rows launch: its own logits, partials, counter and pick.
+  x += static_cast<int64_t>(blockIdx.y) * row_stride;
+  partial += static_cast<size_t>(blockIdx.y) * gridDim.x;
+  counter += blockIdx.y;
+  out += blockIdx.y;
   unsigned long long k = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -619,6 +677,13 @@ void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, 
   launch_pdl("rmsnorm_rows", rmsnorm_kernel, dim3(n_rows), dim3(256), 0, s, x, w, eps, d, out);
 }
 
+void rmsnorm_rows_pair(const float* x0, const float* w0, const float* x1, const float* w1, float eps, int n_rows, int d,
+                       float* out, int64_t out_stride, cudaStream_t s) {
+  check_arg(out_stride >= 2 * static_cast<int64_t>(d), "rmsnorm_rows_pair: an output row holds both halves");
+  launch_pdl("rmsnorm_rows_pair", rmsnorm_pair_kernel, dim3(n_rows, 2), dim3(256), 0, s, x0, w0, x1, w1, eps, d, out,
+             out_stride);
+}
+
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
   add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
   check_launch("add_inplace");
@@ -698,9 +763,12 @@ bool deltanet_step_fuses_qk_norm(int dk) { return split_rows_per_warp(dk) != 0; 
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
-                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out, bool after_previous) {
+                        cudaStream_t s, bool qk_norm, float q_scale, float* S_out, bool after_previous,
+                        const DeltaNetTokens& tokens) {
   const int nsl = (dv + 31) / 32;
   const int rpw = split_rows_per_warp(dk);
+  check_arg(tokens.n >= 1 && (tokens.n == 1 || (rpw != 0 && tokens.records)),
+            "deltanet_step_fast: several tokens need the split kernel's head sizes and step records");
   if (rpw == 0) {  // shapes the split kernel does not cover: the one-thread-per-column kernel (in place)
     if (qk_norm) fail("deltanet_step_fast: the q/k norm is fused only for head sizes the split kernel takes (dk ", dk, ")");
     if (S_out && S_out != S)
@@ -719,17 +787,17 @@ void deltanet_step_fast(float* S, const float* mixed, const float* b, const floa
     case 32:
       launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<32>, grid, block, smem, s,
                           S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
-                          out, qk_norm, q_scale);
+                          out, qk_norm, q_scale, tokens);
       break;
     case 16:
       launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<16>, grid, block, smem, s,
                           S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
-                          out, qk_norm, q_scale);
+                          out, qk_norm, q_scale, tokens);
       break;
     default:
       launch_programmatic("deltanet_step_fast", !after_previous, deltanet_step_split_kernel<8>, grid, block, smem, s,
                           S_in, S_out, mixed, b, alpha, a, dt_bias, norm_w, z, eps, n_k_heads, dk, dv, scratch, counters,
-                          out, qk_norm, q_scale);
+                          out, qk_norm, q_scale, tokens);
       break;
   }
 }
@@ -745,10 +813,34 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
 int argmax_wide_blocks(int64_t n) { return static_cast<int>(std::min<int64_t>(264, std::max<int64_t>(1, (n + 1023) / 1024))); }
 
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s, bool finite_only, const LookaheadLink* publish, int* io) {
-  launch_pdl("argmax_wide", argmax_wide_kernel, dim3(argmax_wide_blocks(n)), dim3(256), 0, s, x, n, partial, counter,
-             out, finite_only, publish ? io : nullptr, publish ? publish->dev_count : nullptr,
-             publish ? publish->dev_pick : nullptr);
+                 cudaStream_t s, bool finite_only, const LookaheadLink* publish, int* io, int rows, int64_t row_stride) {
+  check_arg(rows >= 1 && (rows == 1 || (row_stride >= n && !publish)),
+            "argmax_wide: rows need a stride of at least a row and no publish");
+  launch_pdl("argmax_wide", argmax_wide_kernel, dim3(argmax_wide_blocks(n), rows), dim3(256), 0, s, x, n, partial,
+             counter, out, finite_only, publish ? io : nullptr, publish ? publish->dev_count : nullptr,
+             publish ? publish->dev_pick : nullptr, rows > 1 ? row_stride : int64_t{0});
+}
+
+void copy_batch(const DeviceCopy* copies, int n, cudaStream_t s) {
+  check_arg(n >= 0, "copy_batch: a negative count");
+  for (; n > kMaxDeviceCopies; copies += kMaxDeviceCopies, n -= kMaxDeviceCopies) copy_batch(copies, kMaxDeviceCopies, s);
+  if (n == 0) return;
+  CopyBatch b{};
+  b.n = n;
+  size_t most = 0;
+  for (int i = 0; i < n; ++i) {
+    const DeviceCopy& c = copies[i];
+    const size_t dp = c.dst_pitch ? c.dst_pitch : c.row_bytes, sp = c.src_pitch ? c.src_pitch : c.row_bytes;
+    check_arg(c.dst && c.src && c.rows >= 1 && c.row_bytes % 4 == 0 && dp % 4 == 0 && sp % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(c.dst) % 4 == 0 && reinterpret_cast<uintptr_t>(c.src) % 4 == 0 &&
+                  dp >= c.row_bytes && sp >= c.row_bytes,
+              "copy_batch: a copy needs 4-byte multiples and pitches of at least a row");
+    b.c[i] = CopyRows{static_cast<uint32_t*>(c.dst), static_cast<const uint32_t*>(c.src), c.row_bytes / 4, c.rows,
+                      dp / 4, sp / 4};
+    most = std::max(most, c.row_bytes / 4 * c.rows);
+  }
+  const int blocks = static_cast<int>(std::min<size_t>(132, (most + 1023) / 1024));
+  launch_programmatic("copy_batch", false, copy_batch_kernel, dim3(std::max(1, blocks), n), dim3(256), 0, s, b);
 }
 
 int attention_splits(int max_ctx) {

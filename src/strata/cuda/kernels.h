@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "strata/cuda/decode_lookahead.h"
 #include "strata/cpu/ops.h"  // RopeYarn
@@ -44,6 +45,10 @@ void embed_row(const DevMatrix& table, const int* token, float* x, cudaStream_t 
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for n_rows rows of width d (mean accumulated in double).
 void rmsnorm_rows(const float* x, const float* w, float eps, int n_rows, int d, float* out, cudaStream_t s);
+// Two sets of rows in one launch, side by side: out[r * out_stride + i] = rmsnorm(x0 row r) * w0 and
+// out[r * out_stride + d + i] = rmsnorm(x1 row r) * w1 (rmsnorm_rows' arithmetic).
+void rmsnorm_rows_pair(const float* x0, const float* w0, const float* x1, const float* w1, float eps, int n_rows, int d,
+                       float* out, int64_t out_stride, cudaStream_t s);
 
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
@@ -121,11 +126,21 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv);
 // S_out set: the updated state goes there and S is only read (the decode lookahead's ping-pong state).
 // after_previous: launched without programmatic dependence, so it starts once the previous work on the
 // stream has completed (S may then be what the previous kernel wrote: the multi-token step's chain).
+// tokens.n > 1 (the multi-token step): n consecutive steps in one launch, token t's inputs at mixed + t *
+// mixed_stride, b / alpha + t * gate_stride, z / out + t * out_stride; the state after token t goes to
+// records + t * record_stride ([n_v x dk x dv] each) for t < n - 1 and the last token's to S_out (or S);
+// scratch then holds n times deltanet_scratch_doubles. Each token's arithmetic is a single step's.
+struct DeltaNetTokens {
+  int n = 1;
+  int64_t mixed_stride = 0, gate_stride = 0, out_stride = 0;
+  float* records = nullptr;
+  int64_t record_stride = 0;
+};
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                         int n_v_heads, int dk, int dv, double* scratch, unsigned int* counters, float* out,
                         cudaStream_t s, bool qk_norm = false, float q_scale = 1.0f, float* S_out = nullptr,
-                        bool after_previous = false);
+                        bool after_previous = false, const DeltaNetTokens& tokens = {});
 bool deltanet_step_fuses_qk_norm(int dk);
 
 // x[j] += sum over the k slots in ascending expert id of weights[s] * ye[s*d + j]
@@ -139,15 +154,35 @@ void moe_combine_add_norm(float* x, const float* ye, const int* ids, const float
 // softplus(gate[h * head_dim + d]), for n_head heads (softplusf's arithmetic).
 void attn_gate_mul(float* o, const float* gate, int n_head, int head_dim, bool per_head, cudaStream_t s);
 
+// Strided copies of device memory in one launch (a run of cudaMemcpyAsync calls costs one stream
+// operation each): copy i moves rows rows of row_bytes from src (rows src_pitch bytes apart) to dst
+// (dst_pitch apart; pitch 0: rows packed). Sizes, pitches and addresses are multiples of 4 bytes; the
+// copies must not overlap one another's destinations or read them. One launch per kMaxDeviceCopies.
+struct DeviceCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t row_bytes = 0;
+  size_t rows = 1;
+  size_t dst_pitch = 0;
+  size_t src_pitch = 0;
+};
+constexpr int kMaxDeviceCopies = 64;
+void copy_batch(const DeviceCopy* copies, int n, cudaStream_t s);
+inline void copy_batch(const std::vector<DeviceCopy>& copies, cudaStream_t s) {
+  copy_batch(copies.data(), static_cast<int>(copies.size()), s);
+}
+
 // argmax over many blocks: the largest logit, the lowest index among equals; NaN and -inf never win (as
 // the host's argmax_logit), nor +inf with finite_only (the sampler's maximum); *out = -1 when no element
 // qualifies. partial: argmax_wide_blocks(n) entries of scratch; counter: one unsigned int, zero before
-// the first call (each call leaves it zero again). publish set: the last block also publishes the pick
+// the first call (each call leaves it zero again). rows > 1: rows rows of x, row_stride floats apart,
+// each picked into out[r] (partial and counter hold rows times as many entries). publish set: the last block also publishes the pick
 // for the decode lookahead (publish_pick_dev of decode_lookahead.cuh: the next step's token and position
 // into io, the pick to the host), so a lookahead step ends without a launch of its own.
 int argmax_wide_blocks(int64_t n);
 void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigned int* counter, int* out,
-                 cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr);
+                 cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr,
+                 int rows = 1, int64_t row_stride = 0);
 
 // What multiplies decode attention's output out[h * head_dim + d]: nothing; sigmoid(q[head_dim + d]) of
 // head h's query row (Qwen3.5/3.6: the gate values follow the query values of each head); or softplus of

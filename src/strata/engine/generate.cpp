@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -10,6 +12,32 @@
 #include "strata/text/detokenizer.h"
 
 namespace strata {
+
+namespace {
+// STRATA_SPEC_PROFILE=1: wall time of the speculative loop's phases, summed over the process and printed
+// on stderr at exit (debug output only).
+enum SpecPhase { kPropose, kVerifyForward, kVerifyPick, kKeep, kPlainStep, kSpecPhases };
+struct SpecProfile {
+  bool on = std::getenv("STRATA_SPEC_PROFILE") != nullptr && std::getenv("STRATA_SPEC_PROFILE")[0] == '1';
+  double seconds[kSpecPhases] = {};
+  long calls[kSpecPhases] = {};
+  ~SpecProfile() {
+    if (!on) return;
+    static const char* names[kSpecPhases] = {"propose", "verify forward", "verify pick", "keep", "plain step"};
+    std::fprintf(stderr, "strata spec profile (ms per call):\n");
+    for (int i = 0; i < kSpecPhases; ++i)
+      if (calls[i] > 0)
+        std::fprintf(stderr, "  %-15s %8.4f  (%ld calls)\n", names[i], 1e3 * seconds[i] / static_cast<double>(calls[i]),
+                     calls[i]);
+  }
+  void add(SpecPhase p, std::chrono::steady_clock::time_point since) {
+    if (!on) return;
+    seconds[p] += std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    ++calls[p];
+  }
+};
+SpecProfile g_spec_profile;
+}  // namespace
 
 const char* stop_reason_name(StopReason reason) {
   switch (reason) {
@@ -131,6 +159,7 @@ struct SpecScratch {
   std::vector<int> parents;                // batch order: -1 for the current token
   std::vector<std::vector<int>> children;  // batch index -> its children's batch indices, in draft order
   std::vector<int> path;                   // batch indices of the current token and the accepted drafts
+  std::vector<int32_t> picks;              // a greedy chain's arg-max per batch row
   std::vector<float> logits;
   TokenDistribution p, residual;
 };
@@ -181,8 +210,26 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
     sc.parents.push_back(parent);
     sc.children[static_cast<size_t>(parent)].push_back(t + 1);
   }
+  auto t0 = std::chrono::steady_clock::now();
+  if (!tree && d.q.empty() && sampler.plain_greedy()) {
+    // Greedy: the drafts agreeing with the picks before them are kept, then the first pick that differs
+    // (or the last row's pick): what the distributions below give, without the logits.
+    sc.picks.resize(static_cast<size_t>(k + 1));
+    session.forward_pending_picks(sc.batch.data(), k + 1, n_text, sc.picks.data());
+    g_spec_profile.add(kVerifyForward, t0);
+    sc.path.assign(1, 0);
+    int t = 0;
+    while (t < k && sc.batch[static_cast<size_t>(t + 1)] == sc.picks[static_cast<size_t>(t)]) {
+      out.push_back(sc.batch[static_cast<size_t>(t + 1)]);
+      sc.path.push_back(++t);
+    }
+    out.push_back(sc.picks[static_cast<size_t>(t)]);
+    return;
+  }
   sc.logits.resize(static_cast<size_t>(k + 1) * static_cast<size_t>(n_vocab));
   session.forward_pending(sc.batch.data(), k + 1, tree ? sc.parents.data() : nullptr, sc.logits.data());
+  g_spec_profile.add(kVerifyForward, t0);
+  t0 = std::chrono::steady_clock::now();
   const size_t history_size = history.size();
   sc.path.assign(1, 0);
   for (int node = 0;;) {
@@ -211,6 +258,7 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
     node = kept;
   }
   history.resize(history_size);
+  g_spec_profile.add(kVerifyPick, t0);
 }
 
 }  // namespace
@@ -220,6 +268,7 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
 }  // namespace
 
 GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler& sampler,
@@ -302,7 +351,9 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
       const int room = std::min({params.spec.draft_max, session.max_ctx() - session.n_past() - 1,
                                  params.max_new_tokens - static_cast<int>(r.tokens.size()) - 1});
       if (drafter && room >= std::max(1, params.spec.draft_min)) {
+        const auto t0 = Clock::now();
         drafter->propose(drafter_history, room, spec.draft);
+        g_spec_profile.add(kPropose, t0);
         check_draft(spec.draft, room, n_vocab);
         if (!spec.draft.tokens.empty() && static_cast<int>(spec.draft.tokens.size()) >= params.spec.draft_min) {
           verify_drafts(session, sampler, r.tokens.back(), spec, n_text, history, step);
@@ -313,7 +364,11 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
         }
       }
       // Otherwise decode and pick in one call: a GPU session picks greedy tokens on the device.
-      if (!verified) step.push_back(session.decode_and_pick(r.tokens.back(), sampler, history, n_text, logits));
+      if (!verified) {
+        const auto t0 = Clock::now();
+        step.push_back(session.decode_and_pick(r.tokens.back(), sampler, history, n_text, logits));
+        g_spec_profile.add(kPlainStep, t0);
+      }
       ++r.stats.decode_steps;
     } else {
       ban_ids_from(logits.data(), n_text, n_vocab);
@@ -356,7 +411,11 @@ GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler
       if (verified) session.keep(spec.path.data(), used);
       throw;
     }
-    if (verified) session.keep(spec.path.data(), used);
+    if (verified) {
+      const auto t0 = Clock::now();
+      session.keep(spec.path.data(), used);
+      g_spec_profile.add(kKeep, t0);
+    }
     if (!first) {
       r.tokens_in_session += verified ? used : 1;
       r.stats.decode_tokens += used;  // a verified step's tokens after the stop were never produced
