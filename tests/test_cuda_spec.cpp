@@ -680,6 +680,47 @@ TEST(CudaSpec, RunAndBenchMtpOnTheGpu) {
   EXPECT_EQ(hybrid.err.find("the MTP head runs on the CPU", note + 1), std::string::npos) << "said once";
 }
 
+// A hybrid session's pending chain runs through the batched prefill: forward_pending_picks picks there on
+// the device what the host picks from forward_pending's logits of the same run (a twin session), over all
+// ids and a prefix, and keeping a prefix afterwards goes on as the twin does.
+TEST(CudaSpec, HybridPendingPicksEqualTheHostsArgmax) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  const Model& m = *tiny.model;
+  const int32_t V = static_cast<int32_t>(m.config().n_vocab);
+  const size_t vocab = static_cast<size_t>(V);
+  sc::GpuSessionOptions o;
+  o.expert_slots = third_hot(m);
+  o.cpu_threads = 2;
+  const auto gm = sc::make_gpu_model(m, o);
+  const std::vector<int32_t> prompt = tiny.tokenizer->encode("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):");
+  const std::vector<int32_t> chain = {11, 400, 7, 1234, 90, 3};
+  const int T = static_cast<int>(chain.size());
+  for (const int32_t allowed : {V, V / 3}) {
+    auto a = sc::make_gpu_session(gm, 128, o), b = sc::make_gpu_session(gm, 128, o);
+    ASSERT_TRUE(a->hybrid());
+    std::vector<float> scratch(vocab);
+    a->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
+    b->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
+    std::vector<int32_t> picks(static_cast<size_t>(T), -2);
+    a->forward_pending_picks(chain.data(), T, allowed, picks.data());
+    std::vector<float> rows(static_cast<size_t>(T) * vocab);
+    b->forward_pending(chain.data(), T, nullptr, rows.data());
+    for (int t = 0; t < T; ++t) {
+      float* row = rows.data() + static_cast<size_t>(t) * vocab;
+      ban_ids_from(row, allowed, V);
+      EXPECT_EQ(picks[static_cast<size_t>(t)], argmax_logit(row, V)) << "token " << t << ", ids < " << allowed;
+    }
+    a->keep_first(3);
+    b->keep_first(3);
+    const int32_t next = 42;
+    std::vector<float> la(vocab), lb(vocab);
+    a->forward(&next, 1, la.data(), false);
+    b->forward(&next, 1, lb.data(), false);
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), vocab * sizeof(float))) << "after keeping 3, ids < " << allowed;
+  }
+}
+
 TEST(CudaSpec, MultiTokenStepBitwiseBundledModel) {
   REQUIRE_GPU();
   const Loaded tiny = load(kTiny);

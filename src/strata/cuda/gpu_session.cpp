@@ -865,7 +865,9 @@ struct GpuSession::Impl {
   // Runs n validated tokens (the batched prefill, or the decode step token by token) and advances n_past.
   // record: token t's DeltaNet state and expert picks go to step t of the state's step records (room
   // for n reserved by the caller).
-  void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false) {
+  // picks: the batched prefill's per-token arg-max (GpuPrefill::run) instead of logits.
+  void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false,
+           const PrefillPicks* picks = nullptr) {
     float* hid = hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows")
                         : nullptr;
     if (record && multi_applies(n)) {  // pending tokens: the multi-token step, bitwise the decode steps'
@@ -878,7 +880,7 @@ struct GpuSession::Impl {
         std::lock_guard<std::mutex> lock(gm->exclusive());
         if (hybrid) hybrid->order_after_last(stream);
         gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
-                          record, hid);
+                          record, hid, picks);
         if (hybrid) hybrid->record_last(stream);
       }
       if (hid) copy_hidden(n);
@@ -1341,17 +1343,25 @@ void GpuSession::Impl::abandon_pending() {
 
 void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) {
   Impl& m = *impl_;
-  // Pending runs the multi-token step does not take copy their logits and pick on the host.
-  if (!m.multi_applies(n)) return Sequence::forward_pending_picks(tokens, n, n_allowed, picks);
+  // The multi-token step and the batched prefill pick on the device; a run token by token (no batched
+  // prefill) copies its logits and picks on the host.
+  const bool multi = m.multi_applies(n);
+  if (!multi && !(n > 1 && m.opt.batched_prefill)) return Sequence::forward_pending_picks(tokens, n, n_allowed, picks);
   if (n_allowed <= 0 || n_allowed > m.c.n_vocab)
     fail("forward_pending_picks: ", n_allowed, " allowed ids of ", m.c.n_vocab);
   TokenTree tree = m.begin_pending(tokens, n, nullptr);
   try {
     m.held.clear();
     for (int i = 0; i < n; ++i) m.held.push_back(i);
-    float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
-                          : nullptr;
-    m.run_multi(tokens, n, nullptr, false, hid, picks, n_allowed);
+    if (multi) {
+      float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
+                            : nullptr;
+      m.run_multi(tokens, n, nullptr, false, hid, picks, n_allowed);
+    } else {
+      PrefillPicks pp;
+      pp.out = picks, pp.n_allowed = n_allowed;
+      m.run(tokens, n, nullptr, true, true, &pp);
+    }
     if (m.hidden) m.pending_hidden = m.hidden_rows;
     for (int t = 0; t < n; ++t)
       if (picks[t] < 0) fail("sampler: no token has a finite logit (all banned or NaN)");

@@ -97,6 +97,10 @@ struct GpuPrefill::Impl {
   // logits
   float* logits = nullptr;
   float* logits_all = nullptr;  // chunk x vocab, allocated on the first all-positions run
+  // PrefillPicks: the chunk's per-token arg-max (scratch, zeroed counters, ids), allocated on first use.
+  unsigned long long* pick_part = nullptr;
+  unsigned int* pick_counter = nullptr;
+  int* d_picks = nullptr;
 
   // Profiling: event pairs per piece, summed after the run.
   std::vector<cudaEvent_t> events;
@@ -475,8 +479,10 @@ struct GpuPrefill::Impl {
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps,
-           float* hidden_out) {
+           float* hidden_out, const PrefillPicks* picks) {
     if (record_steps && st.step_cap() < n) fail("prefill: ", n, " tokens to record, room for ", st.step_cap());
+    if (picks && (!picks->out || picks->n_allowed <= 0 || picks->n_allowed > c.n_vocab))
+      fail("prefill: picks need an output and 1..", c.n_vocab, " allowed ids");
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
     marks.clear();
     next_event = 0;
@@ -488,7 +494,14 @@ struct GpuPrefill::Impl {
     }
     const int d = c.n_embd;
     const int64_t vocab = c.n_vocab;
-    if (all_positions && logits_out && !logits_all) logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
+    if (((all_positions && logits_out) || picks) && !logits_all)
+      logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
+    if (picks && !d_picks) {
+      pick_part = dalloc<unsigned long long>(static_cast<int64_t>(chunk) * argmax_wide_blocks(vocab));
+      pick_counter = dalloc<unsigned int>(chunk);
+      check_cuda(cudaMemset(pick_counter, 0, sizeof(unsigned int) * static_cast<size_t>(chunk)), "cudaMemset");
+      d_picks = dalloc<int>(chunk);
+    }
     // A sliding layer's ring holds the window and at most forward_token_limit newer positions: a longer
     // chunk would overwrite rows its own first queries still read.
     const int step = std::min(chunk, forward_token_limit(c, st.max_ctx()));
@@ -534,15 +547,24 @@ struct GpuPrefill::Impl {
         Timed t(*this, kLogits);
         rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, hidden_out + static_cast<int64_t>(c0) * d, s);
       }
-      if (logits_out) {
+      if (logits_out || picks) {
         Timed t(*this, kLogits);
-        if (all_positions) {
+        if ((all_positions && logits_out) || picks) {
           rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, xn, s);
           dense(dm.output, xn, m, logits_all, /*exact_only=*/true);
+        }
+        if (picks) {
+          argmax_wide(logits_all, picks->n_allowed, pick_part, pick_counter, d_picks, s, false, nullptr, nullptr, m,
+                      vocab);
+          check_cuda(cudaMemcpyAsync(picks->out + c0, d_picks, sizeof(int) * static_cast<size_t>(m),
+                                     cudaMemcpyDeviceToHost, s),
+                     "copy picks");
+        }
+        if (logits_out && all_positions) {
           check_cuda(cudaMemcpyAsync(logits_out + static_cast<int64_t>(c0) * vocab, logits_all,
                                      sizeof(float) * static_cast<size_t>(m * vocab), cudaMemcpyDeviceToHost, s),
                      "copy logits");
-        } else if (c0 + m == n) {
+        } else if (logits_out && c0 + m == n) {
           const float* last = x + static_cast<int64_t>(m - 1) * d;
           rmsnorm_rows(last, dm.output_norm, c.rms_eps, 1, d, xn, s);
           matvec(dm.output, xn, logits, s);
@@ -590,11 +612,11 @@ GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
                      cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay,
-                     bool record_steps, float* hidden_out) {
+                     bool record_steps, float* hidden_out, const PrefillPicks* picks) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
-  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out);
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out, picks);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

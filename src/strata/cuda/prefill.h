@@ -57,6 +57,12 @@ struct PrefillProfile {
   std::string summary() const;
 };
 
+// GpuPrefill::run's per-token arg-max: out (host) gets n ids.
+struct PrefillPicks {
+  int32_t* out = nullptr;
+  int32_t n_allowed = 0;
+};
+
 class GpuPrefill {
  public:
   // Allocates the workspaces for chunks of opt.max_chunk tokens of this model and a cuBLAS handle.
@@ -79,9 +85,12 @@ class GpuPrefill {
   // again; the DeltaNet layers take the sequential scan then.
   // hidden_out (device, optional): [n x n_embd], each token's rmsnorm(x) * output_norm (what the lm_head
   // scores; the MTP drafter's input).
+  // picks (optional): each token's arg-max over ids < picks->n_allowed (argmax_wide's rule) to
+  // picks->out[0..n), computed on the device from every position's logits; only the ids are copied back.
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
-           const int* replay = nullptr, bool record_steps = false, float* hidden_out = nullptr);
+           const int* replay = nullptr, bool record_steps = false, float* hidden_out = nullptr,
+           const PrefillPicks* picks = nullptr);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;
