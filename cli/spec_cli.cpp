@@ -6,11 +6,12 @@ namespace strata::cli {
 
 void add_spec_options(CLI::App& sub, SpecOptions& o) {
   sub.add_option("--spec", o.spec,
-                 "speculative decoding: ngram (prompt lookup), mtp (the model's multi-token-prediction layer; CPU), "
+                 "speculative decoding: ngram (prompt lookup), mtp (the model's multi-token-prediction layer, on the "
+                 "GPU beside an all-GPU target), "
                  "draft (with -md) or draft:FILE (a draft model with the same vocabulary); output is what decoding "
                  "without it gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
-  sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 16)");
+  sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 3 with --spec mtp, 16 otherwise)");
   sub.add_option("--draft-min", o.draft_min, "fewer drafted tokens than this run a plain step (default 0)");
   sub.add_option("--spec-ngram-min", o.ngram.min_n, "--spec ngram: shortest n-gram looked up (default 2)");
   sub.add_option("--spec-ngram-max", o.ngram.max_n, "--spec ngram: longest n-gram looked up (default 4)");

@@ -314,6 +314,12 @@ TEST(SpecOptions, CheckedInOnePlace) {
   o.spec = "draft";
   EXPECT_THROW(check_spec_options(o), Error);  // no draft model
   o.spec = "ngram";
+  EXPECT_EQ(check_spec_options(o).params.draft_max, 16);  // not given: the drafter's default
+  o.spec = "mtp";
+  EXPECT_EQ(check_spec_options(o).params.draft_max, 3);
+  o.draft_max = 7;
+  EXPECT_EQ(check_spec_options(o).params.draft_max, 7);
+  o.spec = "ngram";
   o.draft_max = 0;
   EXPECT_THROW(check_spec_options(o), Error);
   o.draft_max = 4;

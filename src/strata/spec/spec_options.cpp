@@ -28,12 +28,14 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   } else {
     fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE)");
   }
-  c.params.draft_max = o.draft_max;
+  c.params.draft_max = o.draft_max == SpecOptions::kDraftMaxUnset ? default_draft_max(c.kind) : o.draft_max;
   c.params.draft_min = o.draft_min;
   validate_speculative_params(c.params);
   if (c.kind == SpecKind::Ngram) validate_ngram_params(o.ngram);
   return c;
 }
+
+int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp ? 3 : 16; }
 
 SamplerParams draft_sampling(const SamplerParams& target) {
   SamplerParams ds;

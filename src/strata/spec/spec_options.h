@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -16,14 +17,19 @@
 namespace strata {
 
 struct SpecOptions {
+  static constexpr int kDraftMaxUnset = std::numeric_limits<int>::min();
   std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft" or "draft:FILE"
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
-  int draft_max = 16;
+  int draft_max = kDraftMaxUnset;  // unset: default_draft_max of the drafter chosen
   int draft_min = 0;
   NgramParams ngram;
 };
 
 enum class SpecKind { None, Ngram, DraftModel, Mtp };
+
+// --draft-max when it is not given: 3 for the MTP head, whose chained rows cost a layer each and whose
+// acceptance falls with depth (the bundled model's best, docs/PERF.md), 16 otherwise (llama.cpp's).
+int default_draft_max(SpecKind kind);
 
 struct SpecChoice {
   SpecKind kind = SpecKind::None;
