@@ -1114,7 +1114,7 @@ struct GpuSession::Impl {
   struct MtpPart {
     DeviceSequenceState st;  // the MTP layer's KV cache
     StepRows r;
-    int* io = nullptr;      // [kMaxStepTokens tokens, kMaxStepTokens positions]
+    int* io = nullptr;      // [kMaxStepTokens each: tokens, positions, the chained rows' positions]
     float* h = nullptr;     // [kMaxStepTokens x n_embd]
     float* both = nullptr;  // [kMaxStepTokens x 2 n_embd]: each row's en then hn, as eh_proj's columns
     // A call's inputs: staged in pinned host memory (copies from it are asynchronous, so the host

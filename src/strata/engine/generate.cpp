@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <utility>
 
 #include "strata/base/error.h"
@@ -19,6 +20,7 @@ namespace {
 enum SpecPhase { kPropose, kVerifyForward, kVerifyPick, kKeep, kPlainStep, kSpecPhases };
 struct SpecProfile {
   bool on = std::getenv("STRATA_SPEC_PROFILE") != nullptr && std::getenv("STRATA_SPEC_PROFILE")[0] == '1';
+  std::mutex mu;  // serve's slots generate on several threads
   double seconds[kSpecPhases] = {};
   long calls[kSpecPhases] = {};
   ~SpecProfile() {
@@ -32,7 +34,9 @@ struct SpecProfile {
   }
   void add(SpecPhase p, std::chrono::steady_clock::time_point since) {
     if (!on) return;
-    seconds[p] += std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    std::lock_guard<std::mutex> lock(mu);
+    seconds[p] += dt;
     ++calls[p];
   }
 };
