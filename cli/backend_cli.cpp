@@ -1,6 +1,7 @@
 #include "cli/backend_cli.h"
 
 #include <cstdio>
+#include <mutex>
 #include <utility>
 
 #include "strata/base/error.h"
@@ -104,6 +105,7 @@ std::string expand_short_alias(const std::string& arg) {
                                     std::pair<std::string, std::string>{"-ctv", "--cache-type-v"},
                                     std::pair<std::string, std::string>{"-ngl", "--n-gpu-layers"},
                                     std::pair<std::string, std::string>{"-np", "--parallel"},
+                                    std::pair<std::string, std::string>{"-ngld", "--n-gpu-layers-draft"},
                                     std::pair<std::string, std::string>{"-md", "--model-draft"}}) {
     if (arg == alias) return name;
     if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
@@ -202,6 +204,27 @@ std::unique_ptr<Sequence> SequenceFactory::make() {
 std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
                                         const ProfileStore* profile) {
   return SequenceFactory(model, max_ctx, 1, o, profile).make();
+}
+
+DraftSequenceMaker draft_sequence_maker(const BackendOptions& target_backend, int slots) {
+  BackendOptions d;
+  d.gpu = true;
+  d.cpu_threads = target_backend.cpu_threads;
+  d.numerics = target_backend.numerics;
+  d.no_lookahead = target_backend.no_lookahead;
+  d.cache_type_k = target_backend.cache_type_k;
+  d.cache_type_v = target_backend.cache_type_v;
+  check_backend_options(d);
+  auto factory = std::make_shared<std::unique_ptr<SequenceFactory>>();
+  auto mu = std::make_shared<std::mutex>();
+  return [d, factory, mu, slots](const Model& draft, int max_ctx) {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (!*factory) {
+      std::fprintf(stderr, "draft model on the GPU:\n");
+      *factory = std::make_unique<SequenceFactory>(draft, max_ctx, slots, d, nullptr);
+    }
+    return (*factory)->make();
+  };
 }
 
 ProfileRecorder::ProfileRecorder(ProfileStore* store, Sequence& sequence) : store_(store), sequence_(sequence) {

@@ -22,6 +22,7 @@
 #include "strata/engine/sequence.h"
 #include "strata/moe/backend_plan.h"
 #include "strata/moe/profile_store.h"
+#include "strata/spec/spec_options.h"
 
 namespace strata::cli {
 
@@ -31,10 +32,10 @@ using strata::check_backend_options;
 
 using strata::kv_cache_types;
 
-// llama.cpp's short spellings -ctk / -ctv / -ngl / -np / -md / -no-cnv, which CLI11 cannot declare
-// (one-character short names only; "-ngl 99" would read as "-n gl"): main() rewrites them to
-// --cache-type-k / --cache-type-v / --n-gpu-layers / --parallel / --model-draft / --no-conversation
-// (also "-ctk=f16") before parsing.
+// llama.cpp's short spellings -ctk / -ctv / -ngl / -np / -ngld / -md / -no-cnv, which CLI11 cannot
+// declare (one-character short names only; "-ngl 99" would read as "-n gl"): main() rewrites them to
+// --cache-type-k / --cache-type-v / --n-gpu-layers / --parallel / --n-gpu-layers-draft / --model-draft /
+// --no-conversation (also "-ctk=f16") before parsing.
 std::string expand_short_alias(const std::string& arg);
 
 // --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --profile, --telemetry,
@@ -90,6 +91,11 @@ class SequenceFactory {
 // does not fit. Throws strata::Error for --gpu in a build without CUDA or on a machine without a GPU.
 std::unique_ptr<Sequence> make_sequence(const Model& model, int max_ctx, const BackendOptions& o,
                                         const ProfileStore* profile = nullptr);
+
+// A draft model's sequences on the GPU for a target run with target_backend: every routed expert on the
+// GPU if it fits what is left (the plan and its receipt as for --gpu, the target's cache types,
+// numerics and lookahead), one GpuModel made on the first call and shared by up to `slots` sequences.
+DraftSequenceMaker draft_sequence_maker(const BackendOptions& target_backend, int slots);
 
 // Counts a sequence's routes for a profile while it lives: attaches a RoutingCounts to the sequence
 // (Sequence::set_routing_counts); save() adds what was counted since the last save to the store and

@@ -99,7 +99,7 @@ void run_spec_bench_command(const BenchArgs& a, const strata::SpecChoice& choice
   const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
   strata::SamplerParams greedy;
   greedy.temperature = 0;
-  const auto drafter = strata::cli::make_cli_drafter(choice, a.spec, *model, max_ctx, greedy, n_text);
+  const auto drafter = strata::cli::make_cli_drafter(choice, a.spec, *model, max_ctx, greedy, n_text, a.backend);
   if (!a.json)
     std::fprintf(stderr, "speculative bench: %zu prompt tokens, %d generated, %d repetitions (+1 warm-up)...\n",
                  prompt.size(), a.params.n_gen, a.params.reps);

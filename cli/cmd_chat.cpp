@@ -144,7 +144,8 @@ void run_chat(const ChatCliOptions& o) {
   auto session_ptr = strata::cli::make_sequence(*model, ctx, o.backend, profile.get());
   strata::Sequence& session = *session_ptr;
   const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
-  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text);
+  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text,
+                                                     o.backend);
   strata::cli::ProfileRecorder recorder(profile.get(), session);  // --profile: saved after every reply
 
   strata::ChatOptions render_options;

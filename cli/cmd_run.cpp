@@ -115,7 +115,8 @@ void run_text(const RunOptions& o) {
   strata::cli::ProfileRecorder recorder(profile.get(), *session);
 
   const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
-  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text);
+  const auto drafter = strata::cli::make_cli_drafter(o.spec_choice, o.spec, *model, ctx, sampler.params(), n_text,
+                                                     o.backend);
 
   strata::cli::install_interrupt_handler();
   strata::GenerationParams params;

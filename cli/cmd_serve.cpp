@@ -142,13 +142,20 @@ void setup_serve(CLI::App& sub) {
       // sampled output's distribution either way).
       auto drafters = std::make_shared<std::unique_ptr<strata::DrafterFactory>>();
       o->spec = spec_choice.params;
-      o->make_drafter = [drafters, spec_choice, spec](const strata::Model& target, int ctx, int32_t n_allowed) {
+      const bool draft_gpu = strata::cli::draft_on_gpu(spec_choice, *spec, *backend);
+      const int slots = o->slots;
+      o->make_drafter = [drafters, spec_choice, spec, backend, draft_gpu, slots](const strata::Model& target, int ctx,
+                                                                                int32_t n_allowed) {
         if (!*drafters) {
-          *drafters = std::make_unique<strata::DrafterFactory>(spec_choice, *spec, target);
+          *drafters = std::make_unique<strata::DrafterFactory>(
+              spec_choice, *spec, target,
+              draft_gpu ? strata::cli::draft_sequence_maker(*backend, slots) : strata::DraftSequenceMaker{});
           std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
                        spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
                        : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
-                                                                  : ("draft model " + spec_choice.draft_path + " (cpu)").c_str(),
+                                                                  : ("draft model " + spec_choice.draft_path +
+                                                                     (draft_gpu ? " (cuda)" : " (cpu)"))
+                                                                        .c_str(),
                        spec_choice.params.draft_max);
         }
         strata::SamplerParams greedy;

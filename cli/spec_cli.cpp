@@ -12,6 +12,10 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
                  "without it gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
   sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 3 with --spec mtp, 16 otherwise)");
+  sub.add_option(
+      "--n-gpu-layers-draft,--gpu-layers-draft", o.n_gpu_layers_draft,
+      "-ngld: where the draft model runs: 0 the CPU, any value > 0 the GPU (the whole model) (default: where the "
+      "target runs)");
   sub.add_option("--draft-min", o.draft_min, "fewer drafted tokens than this run a plain step (default 0)");
   sub.add_option("--spec-ngram-min", o.ngram.min_n, "--spec ngram: shortest n-gram looked up (default 2)");
   sub.add_option("--spec-ngram-max", o.ngram.max_n, "--spec ngram: longest n-gram looked up (default 4)");
@@ -20,10 +24,19 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
                  "the most recent one, a chain)");
 }
 
+bool draft_on_gpu(const SpecChoice& choice, const SpecOptions& o, const BackendOptions& target_backend) {
+  if (choice.kind != SpecKind::DraftModel) return false;
+  return o.n_gpu_layers_draft > 0 || (o.n_gpu_layers_draft == -1 && target_backend.gpu);
+}
+
 std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target,
-                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed) {
-  if (choice.kind == SpecKind::DraftModel) std::fprintf(stderr, "draft model: %s (cpu)\n", choice.draft_path.c_str());
-  return make_drafter(choice, o, target, max_ctx, sampling, n_allowed);
+                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed,
+                                          const BackendOptions& target_backend) {
+  const bool gpu = draft_on_gpu(choice, o, target_backend);
+  if (choice.kind == SpecKind::DraftModel)
+    std::fprintf(stderr, "draft model: %s (%s)\n", choice.draft_path.c_str(), gpu ? "cuda" : "cpu");
+  return make_drafter(choice, o, target, max_ctx, sampling, n_allowed,
+                      gpu ? draft_sequence_maker(target_backend, 1) : DraftSequenceMaker{});
 }
 
 }  // namespace strata::cli

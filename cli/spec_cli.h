@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/backend_cli.h"
 #include "strata/engine/generate.h"
 #include "strata/spec/spec_options.h"
 
@@ -15,9 +16,13 @@ namespace strata::cli {
 
 void add_spec_options(CLI::App& sub, SpecOptions& o);
 
+// Whether a draft model runs on the GPU: -ngld N > 0, or not given and the target runs there.
+bool draft_on_gpu(const SpecChoice& choice, const SpecOptions& o, const BackendOptions& target_backend);
+
 // The drafter `choice` (check_spec_options(o)) names for a command's target (nullptr: none); with a
-// draft model, says on stderr which file drafts. The draft model runs on the CPU.
+// draft model, says on stderr which file drafts and where (draft_on_gpu).
 std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target,
-                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed);
+                                          int max_ctx, const SamplerParams& sampling, int32_t n_allowed,
+                                          const BackendOptions& target_backend);
 
 }  // namespace strata::cli

@@ -339,6 +339,13 @@ TEST(CliFamiliarFlags, NglIsReadAsGpuLayersNotAsN) {
   const RunResult both = run_cli("run -p 'x' -n 1 -ngl 0 --gpu");
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.err.find("-ngl 0"), std::string::npos) << both.err;
+  // -ngld (the draft model's -ngl) is its own flag, not -ngl with a "d"; it needs a draft model.
+  const RunResult d = run_cli("run -p 'x' -n 1 -ngld 0 --spec ngram --no-stats");
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_NE(d.err.find("-ngld"), std::string::npos) << d.err;
+  const RunResult cpu_draft = run_cli("run -p 'def f' -n 4 --temp 0 -md " + bundled_model() + " -ngld 0 --no-stats");
+  EXPECT_EQ(cpu_draft.exit_code, 0) << cpu_draft.err;
+  EXPECT_NE(cpu_draft.err.find("(cpu)"), std::string::npos) << cpu_draft.err;
 }
 
 TEST(CliFamiliarFlags, EveryCommandDefaultsToTheBundledModel) {

@@ -680,6 +680,20 @@ TEST(CudaSpec, RunAndBenchMtpOnTheGpu) {
   EXPECT_EQ(hybrid.err.find("the MTP head runs on the CPU", note + 1), std::string::npos) << "said once";
 }
 
+// A draft model next to a GPU target runs on the GPU too (one line says so), and -ngld 0 keeps it on the
+// CPU; generation is token for token the plain one either way.
+TEST(CudaSpec, DraftModelRunsWhereTheTargetRuns) {
+  REQUIRE_GPU();
+  const std::string prompt = "\"def area(w, h):\\n    return w * h\\n\\n\\ndef perimeter(w, h):\\n    return\"";
+  const std::string draft = std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf";
+  const auto gpu = testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 24 --gpu", "-md " + draft + " --draft-max 4");
+  EXPECT_NE(gpu.err.find("draft model: " + draft + " (cuda)"), std::string::npos) << gpu.err;
+  EXPECT_NE(gpu.err.find("spec draft:"), std::string::npos) << gpu.err;
+  const auto cpu =
+      testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 24 --gpu", "-md " + draft + " -ngld 0 --draft-max 4");
+  EXPECT_NE(cpu.err.find("draft model: " + draft + " (cpu)"), std::string::npos) << cpu.err;
+}
+
 // A hybrid session's pending chain runs through the batched prefill: forward_pending_picks picks there on
 // the device what the host picks from forward_pending's logits of the same run (a twin session), over all
 // ids and a prefix, and keeping a prefix afterwards goes on as the twin does.

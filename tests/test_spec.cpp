@@ -320,6 +320,14 @@ TEST(SpecOptions, CheckedInOnePlace) {
   o.draft_max = 7;
   EXPECT_EQ(check_spec_options(o).params.draft_max, 7);
   o.spec = "ngram";
+  o.n_gpu_layers_draft = 1;  // -ngld places a draft model only
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.spec = "draft:e.gguf";
+  EXPECT_NO_THROW(check_spec_options(o));
+  o.n_gpu_layers_draft = -2;
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.n_gpu_layers_draft = -1;
+  o.spec = "ngram";
   o.draft_max = 0;
   EXPECT_THROW(check_spec_options(o), Error);
   o.draft_max = 4;

@@ -30,6 +30,10 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   }
   c.params.draft_max = o.draft_max == SpecOptions::kDraftMaxUnset ? default_draft_max(c.kind) : o.draft_max;
   c.params.draft_min = o.draft_min;
+  if (o.n_gpu_layers_draft < -1)
+    fail("-ngld/--n-gpu-layers-draft must be >= 0 (or -1: where the target runs), got ", o.n_gpu_layers_draft);
+  if (o.n_gpu_layers_draft != -1 && c.kind != SpecKind::DraftModel)
+    fail("-ngld/--n-gpu-layers-draft places a draft model: give one with -md FILE or --spec draft:FILE");
   validate_speculative_params(c.params);
   if (c.kind == SpecKind::Ngram) validate_ngram_params(o.ngram);
   return c;

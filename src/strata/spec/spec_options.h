@@ -22,6 +22,10 @@ struct SpecOptions {
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
   int draft_max = kDraftMaxUnset;  // unset: default_draft_max of the drafter chosen
   int draft_min = 0;
+  // -ngld/--n-gpu-layers-draft N, llama.cpp's spelling: where a draft model runs. -1 (the default, as
+  // not given): where the target runs; 0: the CPU; N > 0: the GPU (strata places the whole model, not N
+  // layers).
+  int n_gpu_layers_draft = -1;
   NgramParams ngram;
 };
 
