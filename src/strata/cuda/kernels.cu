@@ -47,10 +47,8 @@ void launch_embed_t(const DevMatrix& t, const int* token, float* x, cudaStream_t
 }
 
 // ---- norms, rotary, attention ---------------------------------------------------------------------
-__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int d, float* out) {
-  pdl_enter();
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
-  float* o = out + static_cast<int64_t>(blockIdx.x) * d;
+// One row of d values normalised by the block: o = xr / sqrt(mean(xr^2) + eps) * w (mean in double).
+__device__ __forceinline__ void rmsnorm_block_row(const float* xr, const float* w, float eps, int d, float* o) {
   double ss = 0.0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
   ss = block_sum_d(ss);
@@ -58,19 +56,18 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int d,
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
-// rmsnorm_rows_pair: block (r, 0) normalises x0's row r, block (r, 1) x1's, rmsnorm_kernel's arithmetic.
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int d, float* out) {
+  pdl_enter();
+  rmsnorm_block_row(x + static_cast<int64_t>(blockIdx.x) * d, w, eps, d, out + static_cast<int64_t>(blockIdx.x) * d);
+}
+
+// rmsnorm_rows_pair: block (r, 0) normalises x0's row r, block (r, 1) x1's.
 __global__ void rmsnorm_pair_kernel(const float* x0, const float* w0, const float* x1, const float* w1, float eps,
                                     int d, float* out, int64_t out_stride) {
   pdl_enter();
   const bool second = blockIdx.y == 1;
-  const float* xr = (second ? x1 : x0) + static_cast<int64_t>(blockIdx.x) * d;
-  const float* w = second ? w1 : w0;
-  float* o = out + static_cast<int64_t>(blockIdx.x) * out_stride + (second ? d : 0);
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
-  ss = block_sum_d(ss);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
-  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+  rmsnorm_block_row((second ? x1 : x0) + static_cast<int64_t>(blockIdx.x) * d, second ? w1 : w0, eps, d,
+                    out + static_cast<int64_t>(blockIdx.x) * out_stride + (second ? d : 0));
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
