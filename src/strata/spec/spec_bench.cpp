@@ -38,11 +38,11 @@ SpecBenchResult run_spec_bench(const std::function<std::unique_ptr<Sequence>()>&
   SpeculativeParams with = spec;
   with.drafter = &drafter;
   std::vector<double> plain, fast;
+  std::unique_ptr<Sequence> a = make(), b = make();
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    std::unique_ptr<Sequence> a = make();
+    a->reset();
     const GenerationResult p = greedy_run(*a, tokenizer, prompt, n_gen, {});
-    a.reset();
-    std::unique_ptr<Sequence> b = make();
+    b->reset();
     const GenerationResult s = greedy_run(*b, tokenizer, prompt, n_gen, with);
     if (rep == 0) continue;
     out.same_tokens = out.same_tokens && p.tokens == s.tokens;
@@ -54,6 +54,8 @@ SpecBenchResult run_spec_bench(const std::function<std::unique_ptr<Sequence>()>&
   }
   out.plain_tps = summarize(plain);
   out.spec_tps = summarize(fast);
+  a.reset();
+  b.reset();
 
   // One verification of draft_max drafts against one decode step, after the prompt.
   std::unique_ptr<Sequence> s = make();

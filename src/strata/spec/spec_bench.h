@@ -26,7 +26,9 @@ struct SpecBenchResult {
   bool same_tokens = true;  // every speculative run generated what the plain run did
 };
 
-// reps >= 1 repetitions of n_gen greedy tokens after `prompt`, each on a sequence from make().
+// reps >= 1 repetitions (after a warm-up one) of n_gen greedy tokens after `prompt`, without and with the
+// drafter, on two sequences from make() reset between repetitions: what a server's slots see once
+// their first request has run (a GPU session keeps the graphs it captured).
 SpecBenchResult run_spec_bench(const std::function<std::unique_ptr<Sequence>()>& make, const Tokenizer& tokenizer,
                                const std::vector<int32_t>& prompt, int n_gen, int reps, Drafter& drafter,
                                const SpeculativeParams& spec);
