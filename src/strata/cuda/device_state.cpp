@@ -194,6 +194,9 @@ void DeviceSequenceState::copy_step(int t, bool record, cudaStream_t s) {
 
 void DeviceSequenceState::record_step(int t, cudaStream_t s) { copy_step(t, true, s); }
 
+size_t DeviceSequenceState::conv_window_floats() const { return conv_floats(c_); }
+size_t DeviceSequenceState::ssm_state_floats() const { return ssm_floats(c_); }
+
 float* DeviceSequenceState::conv_step(const DeviceLayerState& L, int t) const {
   if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
   return L.conv_steps + static_cast<size_t>(t) * conv_floats(c_);

@@ -85,6 +85,9 @@ class DeviceSequenceState {
   float* ssm_step(const DeviceLayerState& L, int t) const;
 
   const ModelConfig& config() const { return c_; }
+  // Floats of one DeltaNet layer's conv window and recurrent state (a step record holds one of each).
+  size_t conv_window_floats() const;
+  size_t ssm_state_floats() const;
   int max_ctx() const { return max_ctx_; }
   int kv_width() const { return c_.n_head_kv * c_.head_dim; }
   size_t bytes() const { return bytes_; }

@@ -444,7 +444,7 @@ struct GpuSession::Impl {
     tk.mixed_stride = rw.ch, tk.gate_stride = rw.nv, tk.out_stride = rw.vd;
     if (T > 1) {
       tk.records = st.ssm_step(L, 0);
-      tk.record_stride = static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
+      tk.record_stride = static_cast<int64_t>(st.ssm_state_floats());
     }
     deltanet_step_fast(L.ssm, r.mixed, r.b, r.alpha, w.a, w.dt_bias, w.norm, r.z, c.rms_eps, c.ssm_k_heads,
                        c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, r.o2, stream, fuse_conv,
@@ -741,15 +741,7 @@ struct GpuSession::Impl {
       check_cuda(cudaMemcpyAsync(d_replay_step, h, replay_stride * sizeof(int), cudaMemcpyHostToDevice, stream),
                  "copy replayed picks");
     }
-    if (!opt.use_graph || prof.on) {
-      enqueue_step();
-    } else {
-      cudaGraphExec_t& g = graphs[st.parity()];
-      if (!g) g = capture([this] { enqueue_step(); });
-      prof.mark_graph(nullptr, stream);
-      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
-      prof.mark_graph("decode step (graph)", stream);
-    }
+    run_graph(graphs[st.parity()], "decode step (graph)", [this] { enqueue_step(); });
     if (hybrid) hybrid->record_last(stream);
   }
 
@@ -845,6 +837,20 @@ struct GpuSession::Impl {
     return exec;
   }
 
+  // enqueue() as the graph g (captured on first use; a step of the graph profile named `label` unless
+  // that is null), or launched directly when graphs are off or the per-operation profile is on.
+  template <class F>
+  void run_graph(cudaGraphExec_t& g, const char* label, F enqueue) {
+    if (!opt.use_graph || prof.on) {
+      enqueue();
+      return;
+    }
+    if (!g) g = capture(enqueue);
+    if (label) prof.mark_graph(nullptr, stream);
+    check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
+    if (label) prof.mark_graph(label, stream);
+  }
+
   void sync() {
     check_cuda(cudaStreamSynchronize(stream), "decode step");
     prof.collect();
@@ -932,15 +938,7 @@ struct GpuSession::Impl {
       destroy_multi_graphs();
       mgraph_steps = st.step_cap();
     }
-    if (!opt.use_graph || prof.on) {
-      enqueue_multi(n);
-    } else {
-      cudaGraphExec_t& g = mgraphs[st.parity()][n];
-      if (!g) g = capture([this, n] { enqueue_multi(n); });
-      prof.mark_graph(nullptr, stream);
-      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
-      prof.mark_graph("multi-token step (graph)", stream);
-    }
+    run_graph(mgraphs[st.parity()][n], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
     // Step record t's picks: token t's row of every layer's [tokens x k] ids.
     const size_t k = static_cast<size_t>(c.n_expert_used);
     const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
@@ -1227,19 +1225,18 @@ struct GpuSession::Impl {
     MtpPart& m = *mtp;
     if (T < 1 || T > mtp_max_rows()) fail("GPU MTP head: ", T, " rows in one launch");
     if (m.n_past + T > max_ctx) fail("GPU MTP head: ", m.n_past + T, " positions exceed the context of ", max_ctx);
-    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graphs
-      check_cuda(cudaStreamSynchronize(stream), "MTP rows");
-      m.destroy_graphs();
-      m.n_allowed = n_allowed;
-    }
-    if (!opt.use_graph || prof.on) {
-      enqueue_mtp_rows(T);
-    } else {
-      cudaGraphExec_t& g = m.graphs[T];
-      if (!g) g = capture([this, T] { enqueue_mtp_rows(T); });
-      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
-    }
+    set_mtp_argmax_range(n_allowed);
+    run_graph(m.graphs[T], nullptr, [this, T] { enqueue_mtp_rows(T); });
     m.n_past += T;
+  }
+
+  // The MTP graphs' arg-max covers ids < n_allowed: they are captured again when it changes.
+  void set_mtp_argmax_range(int32_t n_allowed) {
+    MtpPart& m = *mtp;
+    if (n_allowed == m.n_allowed) return;
+    check_cuda(cudaStreamSynchronize(stream), "MTP rows");
+    m.destroy_graphs();
+    m.n_allowed = n_allowed;
   }
 
   // Whether draft_fused takes n rows and `count` chained rows.
@@ -1255,19 +1252,13 @@ struct GpuSession::Impl {
     for (int i = 0; i < C; ++i) enqueue_mtp_rows(1, m.out + i, m.io + 2 * K + i, m.out + i + 1);
   }
 
-  // GpuMtpHead::draft in one graph: the inputs in two copies, the picks in one.
+  // GpuMtpHead::draft in one graph: the inputs in two copies, the picks in one. The caller has checked
+  // the inputs, the room in the head's context and mtp_fused_fits(n, count).
   void draft_fused(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed,
                    std::vector<int32_t>& picks) {
     MtpPart& m = *mtp;
     constexpr int K = kMaxStepTokens;
-    if (!mtp_fused_fits(n, count)) fail("GPU MTP head: ", n, " rows and ", count, " chained rows in one graph");
-    if (m.n_past + n + count > max_ctx)
-      fail("GPU MTP head: ", m.n_past + n + count, " positions exceed the context of ", max_ctx);
-    if (n_allowed != m.n_allowed) {  // the arg-max range is captured into the graphs
-      check_cuda(cudaStreamSynchronize(stream), "MTP rows");
-      m.destroy_graphs();
-      m.n_allowed = n_allowed;
-    }
+    set_mtp_argmax_range(n_allowed);
     if (m.in_flight) sync();  // a call that failed midway may have left copies reading the pinned inputs
     m.in_flight = true;
     for (int t = 0; t < n; ++t) {
@@ -1280,13 +1271,7 @@ struct GpuSession::Impl {
     check_cuda(cudaMemcpyAsync(m.io, m.h_in, 3 * K * sizeof(int), cudaMemcpyHostToDevice, stream), "copy MTP rows");
     check_cuda(cudaMemcpyAsync(m.h, m.h_rows, static_cast<size_t>(n) * d * sizeof(float), cudaMemcpyHostToDevice, stream),
                "copy MTP hidden rows");
-    if (!opt.use_graph || prof.on) {
-      enqueue_mtp_draft(n, count);
-    } else {
-      cudaGraphExec_t& g = m.drafts[{n, count}];
-      if (!g) g = capture([this, n, count] { enqueue_mtp_draft(n, count); });
-      check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
-    }
+    run_graph(m.drafts[{n, count}], nullptr, [this, n, count] { enqueue_mtp_draft(n, count); });
     int* h_out = m.h_in + 3 * K;
     check_cuda(cudaMemcpyAsync(h_out, m.out, static_cast<size_t>(count + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                "copy MTP picks");
@@ -1451,8 +1436,7 @@ bool GpuSession::has_pending() const { return impl_->has_pending; }
 std::vector<float> GpuSession::deltanet_state() const {
   Impl& m = *impl_;
   m.drop();  // a lookahead step in flight is not the state
-  const size_t conv = static_cast<size_t>(m.c.ssm_conv_kernel - 1) * static_cast<size_t>(m.c.ssm_conv_channels());
-  const size_t ssm = static_cast<size_t>(m.c.ssm_v_heads) * m.c.ssm_head_k * m.c.ssm_head_v;
+  const size_t conv = m.st.conv_window_floats(), ssm = m.st.ssm_state_floats();
   std::vector<float> out;
   for (const DeviceLayerState& L : m.st.layers) {
     if (!L.ssm) continue;
@@ -1632,6 +1616,13 @@ void GpuMtpHead::truncate(int pos) {
   m_.mtp->n_past = pos;
 }
 
+void GpuMtpHead::check_inputs(const int32_t* tokens, int n, int32_t n_allowed) const {
+  const ModelConfig& c = m_.c;
+  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
+  for (int t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+}
+
 void GpuMtpHead::check_room(int rows) const {
   const int end = m_.mtp->n_past + rows;
   if (end > max_ctx_) fail("MTP forward: ", end, " positions exceed the context of ", max_ctx_);
@@ -1642,9 +1633,7 @@ void GpuMtpHead::check_room(int rows) const {
 GpuMtpHead::Staged GpuMtpHead::stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed) {
   auto& p = *m_.mtp;
   const ModelConfig& c = m_.c;
-  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
-  for (int t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+  check_inputs(tokens, n, n_allowed);
   const size_t d = static_cast<size_t>(c.n_embd), rows = static_cast<size_t>(n), more = static_cast<size_t>(count);
   const size_t n_ints = more + 2 * rows, int_bytes = (n_ints + 1 + more) * sizeof(int);
   const size_t bytes = int_bytes + rows * d * sizeof(float);
@@ -1727,10 +1716,7 @@ void GpuMtpHead::draft(const int32_t* tokens, const float* hidden, int n, int co
   if (n <= 0) fail("MTP forward needs at least one row");
   check_room(n + count);
   if (!m_.mtp_fused_fits(n, count)) return draft_staged(tokens, hidden, n, count, n_allowed, picks);
-  const ModelConfig& c = m_.c;
-  if (n_allowed <= 0 || n_allowed > c.n_vocab) fail("GPU MTP head: ", n_allowed, " allowed ids of ", c.n_vocab);
-  for (int t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) fail("GPU MTP head: token id ", tokens[t], " is out of range");
+  check_inputs(tokens, n, n_allowed);
   m_.draft_fused(tokens, hidden, n, count, n_allowed, picks);
 }
 

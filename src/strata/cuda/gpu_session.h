@@ -188,6 +188,8 @@ class GpuMtpHead final : public MtpHead {
     int* h_picks = nullptr;  // pinned
   };
   void check_room(int rows) const;
+  // Fails naming the first bad value: n_allowed outside 1..n_vocab, a token id outside the vocabulary.
+  void check_inputs(const int32_t* tokens, int n, int32_t n_allowed) const;
   Staged stage(const int32_t* tokens, const float* hidden, int n, int count, int32_t n_allowed);
   void enqueue_rows(const Staged& st, int n, int32_t n_allowed);
   void enqueue_chain(const int* d_pos, int count, int32_t n_allowed, int* d_picks);
