@@ -1473,8 +1473,7 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
   Impl& m = *impl_;
   const SamplerParams& p = sampler.params();
   // With a hidden record every step runs through forward(), which copies the step's row.
-  const bool plain = !m.hidden && !sampler.constrained() && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-                     p.frequency_penalty == 0.0f && n_allowed > 0 && n_allowed <= m.c.n_vocab;
+  const bool plain = !m.hidden && sampler.plain() && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
   if (device_greedy) {  // the step's own arg-max, over ids < n_allowed

@@ -272,7 +272,6 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 }  // namespace
 
 GenerationResult generate(Sequence& session, const Tokenizer& tokenizer, Sampler& sampler,

@@ -74,12 +74,14 @@ class Sampler {
   // caller owns it. A backend that picks on its device must not do so while constrained().
   void set_constraint(TokenConstraint* constraint) { constraint_ = constraint; }
   bool constrained() const { return constraint_ != nullptr; }
-  // Whether every pick is the plain arg-max of the logits (greedy, no bias, no penalties, no
-  // constraint): a backend may then pick on its device, and a verification compare drafts with picks.
-  bool plain_greedy() const {
-    return params_.temperature <= 0 && params_.logit_bias.empty() && params_.repetition_penalty == 1.0f &&
-           params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f && !constraint_;
+  // Whether the picks read the model's logits as they are (no bias, no penalties, no constraint): a
+  // backend may then pick or draw on its device.
+  bool plain() const {
+    return params_.logit_bias.empty() && params_.repetition_penalty == 1.0f && params_.presence_penalty == 0.0f &&
+           params_.frequency_penalty == 0.0f && !constraint_;
   }
+  // plain() and greedy: every pick is the logits' arg-max, so a verification may compare drafts with picks.
+  bool plain_greedy() const { return plain() && params_.temperature <= 0; }
 
   // The uniform draw in [0, 1) that sample() takes from the seeded stream for a non-greedy pick, for a
   // backend that picks on its own device (cuda/sample_kernels.h) and keeps the stream's order.
