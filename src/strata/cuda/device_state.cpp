@@ -111,6 +111,18 @@ void DeviceSequenceState::restore_snapshot(cudaStream_t s) {
   copy_snapshot(false, s);
 }
 
+namespace {
+// A layer state's copy between its live buffer and another one (a snapshot, a step record): from the
+// live buffer into the other, or back.
+void push_copy(std::vector<DeviceCopy>& copies, bool from_live, float* live, float* other, size_t floats) {
+  DeviceCopy c;
+  c.dst = from_live ? other : live;
+  c.src = from_live ? live : other;
+  c.row_bytes = sizeof(float) * floats;
+  copies.push_back(c);
+}
+}  // namespace
+
 void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
   std::vector<DeviceCopy> copies;
   snapshot_copies(save, copies);
@@ -118,17 +130,9 @@ void DeviceSequenceState::copy_snapshot(bool save, cudaStream_t s) {
 }
 
 void DeviceSequenceState::snapshot_copies(bool save, std::vector<DeviceCopy>& copies) const {
-  auto copy = [save, &copies](float* live, float* snap, size_t floats) {
-    if (!live) return;
-    DeviceCopy c;
-    c.dst = save ? snap : live;
-    c.src = save ? live : snap;
-    c.row_bytes = sizeof(float) * floats;
-    copies.push_back(c);
-  };
   for (const DeviceLayerState& L : layers) {
-    copy(L.conv, L.conv_snap, conv_floats(c_));
-    copy(L.ssm, L.ssm_snap, ssm_floats(c_));
+    if (L.conv) push_copy(copies, save, L.conv, L.conv_snap, conv_floats(c_));
+    if (L.ssm) push_copy(copies, save, L.ssm, L.ssm_snap, ssm_floats(c_));
   }
 }
 
@@ -176,18 +180,10 @@ void DeviceSequenceState::reserve_steps(int n) {
 void DeviceSequenceState::copy_step(int t, bool record, cudaStream_t s) {
   if (t < 0 || t >= step_cap_) fail("sequence state: step ", t, " outside the ", step_cap_, " recorded");
   std::vector<DeviceCopy> copies;
-  auto copy = [record, &copies](float* live, float* steps, size_t floats, size_t t) {
-    float* rec = steps + t * floats;
-    DeviceCopy c;
-    c.dst = record ? rec : live;
-    c.src = record ? live : rec;
-    c.row_bytes = sizeof(float) * floats;
-    copies.push_back(c);
-  };
-  for (DeviceLayerState& L : layers) {
+  for (const DeviceLayerState& L : layers) {
     if (!L.ssm) continue;
-    copy(L.conv, L.conv_steps, conv_floats(c_), static_cast<size_t>(t));
-    copy(L.ssm, L.ssm_steps, ssm_floats(c_), static_cast<size_t>(t));
+    push_copy(copies, record, L.conv, conv_step(L, t), conv_floats(c_));
+    push_copy(copies, record, L.ssm, ssm_step(L, t), ssm_floats(c_));
   }
   copy_batch(copies, s);
 }
