@@ -1332,8 +1332,7 @@ void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_a
   // prefill) copies its logits and picks on the host.
   const bool multi = m.multi_applies(n);
   if (!multi && !(n > 1 && m.opt.batched_prefill)) return Sequence::forward_pending_picks(tokens, n, n_allowed, picks);
-  if (n_allowed <= 0 || n_allowed > m.c.n_vocab)
-    fail("forward_pending_picks: ", n_allowed, " allowed ids of ", m.c.n_vocab);
+  check_pick_range(n_allowed);
   TokenTree tree = m.begin_pending(tokens, n, nullptr);
   try {
     m.held.clear();

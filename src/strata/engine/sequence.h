@@ -55,8 +55,8 @@ class Sequence {
   // of token t's logits over ids < n_allowed (argmax_logit: the lowest id among equals; fails when none
   // is finite). This default picks on the host; a backend may pick on its device (no logits copy).
   virtual void forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) {
+    check_pick_range(n_allowed);
     const int32_t n_vocab = static_cast<int32_t>(model().config().n_vocab);
-    if (n_allowed <= 0 || n_allowed > n_vocab) fail("forward_pending_picks: ", n_allowed, " allowed ids of ", n_vocab);
     std::vector<float> logits(static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(n_vocab));
     forward_pending(tokens, n, nullptr, logits.data());
     for (int t = 0; t < n; ++t) {
@@ -128,6 +128,13 @@ class Sequence {
   // The MTP head computed where this sequence computes, with a cache of max_ctx positions; null when
   // the CPU's head serves (why_cpu then says why, or stays empty where the CPU is this backend).
   virtual std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu);
+
+ protected:
+  // forward_pending_picks' n_allowed: 1..n_vocab, or fails naming it.
+  void check_pick_range(int32_t n_allowed) const {
+    const int64_t n_vocab = model().config().n_vocab;
+    if (n_allowed <= 0 || n_allowed > n_vocab) fail("forward_pending_picks: ", n_allowed, " allowed ids of ", n_vocab);
+  }
 };
 
 }  // namespace strata
