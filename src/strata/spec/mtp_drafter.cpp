@@ -50,16 +50,14 @@ void MtpDrafter::propose(const std::vector<int32_t>& history, int max_tokens, Dr
   const int from = head.n_past();
   if (history.empty() || from >= kept) return;
   const int n = kept - from;
-  const size_t d = static_cast<size_t>(model_.config().n_embd);
   tokens_.resize(static_cast<size_t>(n));
-  hidden_.resize(static_cast<size_t>(n) * d);
   for (int t = 0; t < n; ++t) {
     const int p = from + t;
     tokens_[static_cast<size_t>(t)] = p + 1 < kept ? r.tokens[static_cast<size_t>(p + 1 - r.begin)] : history.back();
-    std::copy_n(r.row(p), d, hidden_.data() + static_cast<size_t>(t) * d);
   }
   const int more = std::max(0, std::min(max_tokens - 1, head.max_ctx() - kept));
-  head.draft(tokens_.data(), hidden_.data(), n, more, n_allowed_, out.tokens);
+  // The record's rows of positions from..kept-1 lie one after another (from >= r.begin: restarted above).
+  head.draft(tokens_.data(), r.row(from), n, more, n_allowed_, out.tokens);
   // The last row ran the token just sampled, which verification may still reject: it is run again
   // next time, so the cache and the record keep only what precedes it.
   r.drop_before(kept - 1);

@@ -34,7 +34,6 @@ class MtpDrafter final : public Drafter {
   std::string told_;  // the last reason given for a CPU head next to a target that computes elsewhere
   std::shared_ptr<HiddenRecord> record_ = std::make_shared<HiddenRecord>();
   std::vector<int32_t> tokens_;
-  std::vector<float> hidden_;
 };
 
 }  // namespace strata
