@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -28,17 +29,25 @@ const std::string kNodeModules = kSource + "/build-data/node/node_modules";
 
 bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
 
+// A port nothing listens on now and that this process has not handed out before: servers started one
+// after another are given their ports before any of them binds, and the kernel may offer a port just
+// released again (two servers on one port: the second fails to listen, and a test waiting for it
+// would talk to the first).
 int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
+  static std::set<int> given;
+  for (;;) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+    close(s);
+    const int port = ntohs(a.sin_port);
+    if (given.insert(port).second) return port;
+  }
 }
 
 int connect_to(int port) {
