@@ -52,6 +52,9 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_option("--expert-cache-policy", o.expert_cache_policy,
                  "with --expert-cache: lfu (default: pick counts halving every 16 steps; it catches more than lru "
                  "at every residency and size routing-stats --cache-sim tries) or lru");
+  sub.add_flag("--no-op-offload", o.no_op_offload,
+               "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
+               "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
   sub.add_option("--cache-type-k", o.cache_type_k,
                  "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
   sub.add_option("--cache-type-v", o.cache_type_v,
@@ -106,6 +109,7 @@ std::string expand_short_alias(const std::string& arg) {
                                     std::pair<std::string, std::string>{"-ngl", "--n-gpu-layers"},
                                     std::pair<std::string, std::string>{"-np", "--parallel"},
                                     std::pair<std::string, std::string>{"-ngld", "--n-gpu-layers-draft"},
+                                    std::pair<std::string, std::string>{"-nopo", "--no-op-offload"},
                                     std::pair<std::string, std::string>{"-md", "--model-draft"}}) {
     if (arg == alias) return name;
     if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
@@ -137,6 +141,7 @@ cuda::GpuSessionOptions gpu_session_options(const BackendPlan& p) {
   so.prefill_math = p.exact_numerics ? cuda::PrefillMath::Exact : cuda::PrefillMath::Fast;
   so.prefill_chunk = p.prefill_chunk;
   so.prefill_f16_cache = p.gpu_plan.prefill_f16_cache;
+  so.prefill_stream = p.gpu_plan.prefill_stream_bytes > 0;
   so.expert_slots = p.gpu_plan.expert_slots;
   so.expert_cache_slots = p.gpu_plan.cache_slots.empty() ? 0 : p.gpu_plan.expert_cache_request;
   so.expert_cache_policy = p.expert_cache_policy;
@@ -212,6 +217,7 @@ DraftSequenceMaker draft_sequence_maker(const BackendOptions& target_backend, in
   d.cpu_threads = target_backend.cpu_threads;
   d.numerics = target_backend.numerics;
   d.no_lookahead = target_backend.no_lookahead;
+  d.no_op_offload = target_backend.no_op_offload;
   d.cache_type_k = target_backend.cache_type_k;
   d.cache_type_v = target_backend.cache_type_v;
   check_backend_options(d);
@@ -264,6 +270,12 @@ std::string telemetry_text(const Sequence& sequence) {
     s += buf;
   }
   s += "\n";
+  if (!t.stream_note.empty()) {
+    s += cat("telemetry: prefill streaming ", t.stream_note, "; ", t.stream_chunks, " prompt chunks streamed ",
+             t.stream_layers, " layer passes, ", t.stream_experts, " experts, ");
+    std::snprintf(buf, sizeof buf, "%.1f MiB\n", static_cast<double>(t.stream_bytes) / 1048576.0);
+    s += buf;
+  }
   if (t.cache_slots > 0) {
     std::snprintf(buf, sizeof buf,
                   "telemetry: expert cache (%s, %d slots): %llu hits, %llu misses, hit rate %.3f of the picks the "
@@ -306,6 +318,9 @@ std::string telemetry_metrics(const Sequence& sequence) {
   counter("cpu_cold_seconds_total", "CPU time computing cold experts.", buf);
   std::snprintf(buf, sizeof buf, "%.6f", t.gpu_wait_ms / 1e3);
   counter("gpu_wait_seconds_total", "GPU time waiting for cold experts.", buf);
+  counter("stream_layers_total", "Prompt-chunk layer passes whose cold experts were copied to the GPU.",
+          cat(t.stream_layers));
+  counter("stream_bytes_total", "Bytes of cold experts copied to the GPU for prompts.", cat(t.stream_bytes));
   if (t.cache_slots > 0) {
     counter("cache_hits_total", "Routed expert picks served from the VRAM expert cache.", cat(t.cache_hits));
     counter("cache_copies_total", "Experts copied into the VRAM expert cache.", cat(t.cache_copies));

@@ -266,6 +266,11 @@ void setup_bench(CLI::App& sub) {
                        {"cold_picks_per_token", dec.cold_picks_per_token},
                        {"cold_hit_rate", dec.cold_hit_rate},
                        {"cold_picks_per_layer", dec.cold_picks_per_layer}}}};
+      hybrid_json["prefill_stream"] = {{"note", t.stream_note},
+                                       {"chunks", t.stream_chunks},
+                                       {"layers", t.stream_layers},
+                                       {"experts", t.stream_experts},
+                                       {"bytes", t.stream_bytes}};
       if (t.cache_slots > 0) {
         const double per_token = t.tokens ? 1.0 / static_cast<double>(t.tokens) : 0.0;
         hybrid_json["expert_cache"] = {{"policy", t.cache_policy},

@@ -80,6 +80,69 @@ TEST(GpuExpertPlan, SmallGpuGoesHybridWithinTheBudget) {
   EXPECT_NE(p.text.find("uniform"), std::string::npos) << p.text;
 }
 
+// The streaming prefill's buffers: kStreamBuffers x the largest layer's cold experts, on the receipt.
+// With the budget left implicit they are set aside before placement (so the experts fill what is left
+// after them); with --expert-budget they fit after the budget or are dropped; --no-op-offload (the
+// request's prefill_stream false) keeps none, and an all-GPU plan needs none.
+uint64_t largest_cold_layer(const strata::GpuExpertPlan& p) {
+  uint64_t most = 0;
+  for (const auto& row : p.expert_slots) {
+    uint64_t n = 0;
+    for (int s : row) n += s < 0 ? 1 : 0;
+    most = std::max(most, n * 256 * MiB);
+  }
+  return most;
+}
+
+TEST(GpuExpertPlan, PrefillStreamBuffers) {
+  strata::GpuPlanRequest req;
+  req.gpu_total = 8 * GiB, req.gpu_free = 8 * GiB;
+  req.workspace_bytes = 100 * MiB;
+  req.prefill_stream = true;
+  // Implicit budget: (8192 - 512 - 2048 - 100) MiB = 5532 MiB; the first pass sets 2 x 8 experts aside
+  // (4 GiB) and places 5 experts, the second sets aside 2 x the largest cold layer of that plan.
+  strata::GpuExpertPlan p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid) << p.text;
+  EXPECT_EQ(p.prefill_stream_bytes, strata::kStreamBuffers * largest_cold_layer(p)) << p.text;
+  EXPECT_EQ(p.receipt.prefill_stream, p.prefill_stream_bytes);
+  EXPECT_EQ(p.prefill_stream_bytes,
+            strata::stream_buffer_bytes(fake_footprint().expert_bytes, p.expert_slots));
+  int hot = 0;
+  for (const auto& row : p.expert_slots)
+    for (int sl : row) hot += sl >= 0 ? 1 : 0;
+  EXPECT_LE(static_cast<uint64_t>(hot) * 256 * MiB + p.prefill_stream_bytes, 5532 * MiB) << p.text;
+  EXPECT_GT(hot, 0) << p.text;
+  EXPECT_NE(p.text.find("prefill streaming"), std::string::npos) << p.text;
+
+  // An explicit budget: the buffers fit after it on a large GPU...
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  req.expert_budget = strata::parse_expert_budget("50%");
+  p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid);
+  EXPECT_EQ(p.prefill_stream_bytes, strata::kStreamBuffers * largest_cold_layer(p)) << p.text;
+  EXPECT_GT(p.prefill_stream_bytes, 0u);
+  // ... and are dropped, with a note, when the budget leaves no room for them.
+  req.gpu_total = 8 * GiB, req.gpu_free = 8 * GiB;
+  req.expert_budget = strata::parse_expert_budget("5G");
+  p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid);
+  EXPECT_EQ(p.prefill_stream_bytes, 0u);
+  EXPECT_NE(p.text.find("dropped"), std::string::npos) << p.text;
+  // --no-op-offload.
+  req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
+  req.expert_budget = strata::parse_expert_budget("50%");
+  req.prefill_stream = false;
+  p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  EXPECT_EQ(p.prefill_stream_bytes, 0u);
+  EXPECT_NE(p.text.find("off"), std::string::npos) << p.text;
+  // All-GPU.
+  req.prefill_stream = true;
+  req.expert_budget.reset();
+  p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  EXPECT_FALSE(p.hybrid);
+  EXPECT_EQ(p.prefill_stream_bytes, 0u);
+}
+
 TEST(GpuExpertPlan, ExplicitPercentBudgetKeepsTheHottestExperts) {
   strata::GpuPlanRequest req;
   req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
@@ -283,6 +346,7 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--telemetry", "--telemetry needs --gpu"},
       {"--numerics exact", "--numerics needs --gpu"},
       {"--no-lookahead", "--no-lookahead needs --gpu"},
+      {"--no-op-offload", "--no-op-offload needs --gpu"},
       {"--cpu-threads 4", "--cpu-threads needs --gpu"},
       {"--expert-cache 2", "--expert-cache needs --gpu"},
       {"--expert-cache-policy lfu", "--expert-cache-policy needs --gpu"},

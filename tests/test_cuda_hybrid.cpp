@@ -27,6 +27,7 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_bench.h"
+#include "strata/cuda/hybrid_stream.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/moe/expert_cache.h"
@@ -327,11 +328,13 @@ struct PrefillRun {
 };
 
 PrefillRun prefill_run(const strata::Model& model, const std::vector<int32_t>& prompt, int n_new,
-                       const SlotMap& slots, bool batched, sc::PrefillMath math, int chunk = 512) {
+                       const SlotMap& slots, bool batched, sc::PrefillMath math, int chunk = 512,
+                       bool stream = false) {
   const int64_t vocab = model.config().n_vocab;
   const int ctx = static_cast<int>(prompt.size()) + n_new + 1;
   sc::GpuSessionOptions o;
   o.expert_slots = slots;
+  o.prefill_stream = stream;
   o.batched_prefill = batched;
   o.prefill_math = math;
   o.prefill_chunk = chunk;
@@ -486,6 +489,90 @@ TEST(CudaHybrid, GroupedPrefillFastMathTinyModel) {
     }
   }
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+}
+
+// ---- streaming prefill (hybrid_stream.h) -------------------------------------------------------------------
+// Chunks with enough tokens per expert copy the cold experts to the GPU and run them through the all-GPU
+// prefill's kernels: with every chunk streaming, the logits are bitwise the all-GPU batched prefill's,
+// in both arithmetics, and no pick reaches the CPU. Chunks below the cost model's threshold compute their
+// cold experts on the CPU as before (within the grouped prefill's tolerance), in the same prompt.
+void streamed_prefill_all_maps(const std::string& gguf, const std::string& label) {
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  auto model = strata::Model::load(gguf);
+  const auto& c = model->config();
+  const size_t vocab = static_cast<size_t>(c.n_vocab);
+  g_layers = c.n_layer;
+  g_experts = c.n_expert;
+  // The smallest chunk that streams, and a prompt of three such chunks and a short last one that does not.
+  const int streams = static_cast<int>(std::ceil(sc::ExpertStreamer::kMinTokensPerExpert * c.n_expert / c.n_expert_used));
+  const int tail = std::max(1, streams / 2 - 1);
+  ASSERT_LT(tail * c.n_expert_used, sc::ExpertStreamer::kMinTokensPerExpert * c.n_expert) << label;
+  const std::vector<int32_t> whole = some_prompt(c.n_vocab, 3 * streams);
+  const std::vector<int32_t> mixed = some_prompt(c.n_vocab, 3 * streams + tail);
+  for (sc::PrefillMath math : {sc::PrefillMath::Exact, sc::PrefillMath::Fast}) {
+    const char* mname = math == sc::PrefillMath::Exact ? "exact" : "fast";
+    const PrefillRun all_gpu = prefill_run(*model, whole, 8, {}, true, math, streams);
+    const PrefillRun all_gpu_mixed = prefill_run(*model, mixed, 8, {}, true, math, streams);
+    for (bool (*hot)(int, int) : {every_other, all_cold, lopsided}) {
+      const SlotMap slots = make_slots(*model, hot);
+      const std::string l = label + " " + mname + (hot == all_cold ? " all cold" : hot == lopsided ? " lopsided" : " half cold");
+      const PrefillRun got = prefill_run(*model, whole, 8, slots, true, math, streams, true);
+      double max_abs = 0.0;
+      for (size_t i = 0; i < got.logits.size(); ++i)
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(got.logits[i] - all_gpu.logits[i])));
+      std::printf("[cuda-hybrid] streamed prefill %s: logits vs all-GPU batched max |diff| %.3g; %llu layer passes "
+                  "streamed, %.2f MiB; greedy %s\n",
+                  l.c_str(), max_abs, static_cast<unsigned long long>(got.tel.stream_layers),
+                  static_cast<double>(got.tel.stream_bytes) / 1048576.0, got.greedy == all_gpu.greedy ? "equal" : "DIFFER");
+      EXPECT_EQ(max_abs, 0.0) << l << ": streamed experts run the all-GPU kernels on the same bytes";
+      EXPECT_EQ(got.greedy, all_gpu.greedy) << l;
+      EXPECT_EQ(got.tel.cold_picks, 0u) << l;
+      EXPECT_EQ(got.tel.stream_chunks, 3u) << l;
+      // Every MoE layer with a cold expert streamed in every chunk, every cold expert each time.
+      uint64_t cold_layers = 0, cold_bytes = 0;
+      for (int il = 0; il < c.n_layer; ++il) {
+        if (c.layer(il).ffn != strata::FfnKind::Moe) continue;
+        const auto& mw = model->weights().layers[static_cast<size_t>(il)].moe;
+        uint64_t n = 0;
+        for (int e = 0; e < c.n_expert; ++e) n += slots[static_cast<size_t>(il)][static_cast<size_t>(e)] < 0 ? 1 : 0;
+        cold_layers += n > 0 ? 1 : 0;
+        cold_bytes += n * (mw.gate.expert_stride + mw.up.expert_stride + mw.down.expert_stride);
+      }
+      EXPECT_EQ(got.tel.stream_layers, 3 * cold_layers) << l;
+      EXPECT_EQ(got.tel.stream_bytes, 3 * cold_bytes) << l;
+      EXPECT_GT(cold_layers, 0u) << l;
+      EXPECT_EQ(got.tel.tokens, whole.size()) << l;
+      EXPECT_EQ(got.tel.expert_picks, all_gpu.route_counts) << l;
+
+      // The short last chunk stays on the CPU.
+      const PrefillRun mix = prefill_run(*model, mixed, 8, slots, true, math, streams, true);
+      const auto rows = rows_against_bound(mix.logits, all_gpu_mixed.logits, vocab,
+                                           math == sc::PrefillMath::Exact ? 1e-5 : 3e-2, "[cuda-hybrid] " + l);
+      std::printf("[cuda-hybrid] streamed prefill %s + a %d-token chunk on the CPU: logits vs all-GPU %.3g (%d rows "
+                  "beyond); greedy %s\n",
+                  l.c_str(), tail, rows.within, rows.beyond, mix.greedy == all_gpu_mixed.greedy ? "equal" : "DIFFER");
+      EXPECT_EQ(rows.beyond, 0) << l;
+      EXPECT_EQ(mix.greedy, all_gpu_mixed.greedy) << l;
+      EXPECT_EQ(mix.tel.stream_layers, 3 * cold_layers) << l;
+      // The last chunk's picks of cold experts went to the CPU, and only those.
+      const PrefillRun mix_cpu = prefill_run(*model, mixed, 8, slots, true, math, streams, false);
+      EXPECT_GT(mix.tel.cold_picks, 0u) << l;
+      EXPECT_LT(mix.tel.cold_picks, mix_cpu.tel.cold_picks) << l;
+      EXPECT_EQ(mix.tel.expert_picks, mix_cpu.tel.expert_picks) << l;
+    }
+  }
+}
+
+TEST(CudaHybrid, StreamedPrefillFixtures) {
+  REQUIRE_GPU();
+  streamed_prefill_all_maps(convert_fixture("qwen3_moe", "q8_0"), "qwen3_moe q8_0");
+  streamed_prefill_all_maps(convert_fixture("qwen3_5_moe", "f32"), "qwen3_5_moe f32");
+  streamed_prefill_all_maps(convert_fixture("laguna_swa", "f32"), "laguna_swa f32");
+}
+
+TEST(CudaHybrid, StreamedPrefillTinyModel) {
+  REQUIRE_GPU();
+  streamed_prefill_all_maps(kTiny, "strata-tiny");
 }
 
 TEST(CudaHybrid, ColdWeightsStayOffTheGpu) {

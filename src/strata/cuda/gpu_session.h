@@ -50,6 +50,9 @@ struct GpuSessionOptions {
   int expert_cache_slots = 0;
   ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;
   uint64_t expert_cache_copy_bytes = 0;
+  // Hybrid mode: prompt chunks with enough tokens per expert copy their cold experts to the GPU and
+  // compute them there (hybrid_stream.h), in ExpertStreamer::buffer_bytes of extra device memory.
+  bool prefill_stream = false;
   // Prompts (forward with n > 1) run through the batched prefill (prefill.h: chunks of prefill_chunk
   // tokens, matrix-matrix products) in the arithmetic prefill_math names (prefill_math.h); false: token
   // by token through the decode step.

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
 #include <utility>
 #include <thread>
 
@@ -80,6 +81,7 @@ class HybridMoeImpl final : public HybridMoe {
       throw;
     }
     prefault_cold_experts();
+    if (opt.prefill_stream) start_streaming();
     listener_ = std::thread([this] { listen(); });
   }
 
@@ -129,6 +131,7 @@ class HybridMoeImpl final : public HybridMoe {
     batch_calls_[uil] += static_cast<uint64_t>(n);
     pending_ = false;
     if (hot_experts(il) == c_.n_expert) return;  // every expert of the layer is resident: no CPU work
+    if (streamer_ && streamer_->streams(il)) return;  // its cold experts are copied to the GPU this chunk
     fit_batch(n, s);
     const size_t k = static_cast<size_t>(c_.n_expert_used), d = static_cast<size_t>(c_.n_embd);
     const size_t un = static_cast<size_t>(n);
@@ -179,9 +182,27 @@ class HybridMoeImpl final : public HybridMoe {
     prefill::scatter_rows(byc_d_, bpairs_d_, pair_row, nc, c_.n_embd, ye, s);
   }
 
+  void stream_chunk(int n, cudaStream_t s) override {
+    if (streamer_) streamer_->begin_chunk(n, s);
+  }
+  StreamedLayer stream_acquire(int il, cudaStream_t s) override {
+    return streamer_ ? streamer_->acquire(il, s) : StreamedLayer{};
+  }
+  void stream_release(int il, cudaStream_t s) override {
+    if (streamer_) streamer_->release(il, s);
+  }
+
   HybridTelemetry telemetry() const override {
     HybridTelemetry t;
     t.cpu_threads = pool_.n_threads();
+    t.stream_note = stream_note_;
+    if (streamer_) {
+      const StreamStats& st = streamer_->stats();
+      t.stream_chunks = st.chunks - stream_base_.chunks;
+      t.stream_layers = st.layers - stream_base_.layers;
+      t.stream_experts = st.experts - stream_base_.experts;
+      t.stream_bytes = st.bytes - stream_base_.bytes;
+    }
     const size_t nl = static_cast<size_t>(c_.n_layer);
     std::vector<unsigned long long> calls(nl), cold(nl);
     HybridDevCounters ctr{};
@@ -246,6 +267,7 @@ class HybridMoeImpl final : public HybridMoe {
     std::fill(batch_hits_.begin(), batch_hits_.end(), 0);
     check_cuda(cudaMemset(ring_.cache_hits, 0, nl * sizeof(unsigned long long)), "telemetry reset");
     if (cache_) cache_base_ = cache_->stats();
+    if (streamer_) stream_base_ = streamer_->stats();
   }
 
  private:
@@ -389,6 +411,20 @@ class HybridMoeImpl final : public HybridMoe {
     snap_h_ = static_cast<unsigned long long*>(p);
     snap_prev_.assign(n, 0);
     snap_delta_.assign(n, 0);
+  }
+
+  // A failure leaves the prompts' cold experts on the CPU, and says so once on stderr and in telemetry.
+  void start_streaming() {
+    try {
+      streamer_ = std::make_unique<ExpertStreamer>(model_, dm_, dm_.expert_slots());
+      stream_note_ = cat("on (", ExpertStreamer::kBuffers, " buffers of ",
+                         streamer_->device_bytes() / ExpertStreamer::kBuffers >> 20, " MiB, ",
+                         streamer_->staging_threads(), " staging threads)");
+    } catch (const Error& e) {
+      stream_note_ = cat("off: ", e.what());
+      std::fprintf(stderr, "prefill streaming %s; prompts compute their cold experts on the CPU\n",
+                   stream_note_.c_str());
+    }
   }
 
   void release_cache() {
@@ -612,6 +648,10 @@ class HybridMoeImpl final : public HybridMoe {
   std::atomic<uint64_t> cpu_ns_{0}, cpu_jobs_{0};  // cpu_jobs_: the batched prefill's
   std::atomic<bool> stop_{false};
   std::thread listener_;
+  // Streaming prefill (null when off, or when it could not start: stream_note_ says why).
+  std::unique_ptr<ExpertStreamer> streamer_;
+  StreamStats stream_base_;
+  std::string stream_note_;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/gpu_session.h"
+#include "strata/cuda/hybrid_stream.h"
 #include "strata/cuda/hybrid_types.h"
 
 namespace strata::cuda {
@@ -53,6 +54,15 @@ class HybridMoe {
   virtual int hot_experts(int il) const = 0;
   virtual void cold_batch_begin(int il, const int* ids, const int* counts, const float* xn, int n, cudaStream_t s) = 0;
   virtual void cold_batch_finish(int il, const int* pair_row, float* ye, int n, cudaStream_t s) = 0;
+  // Streaming prefill (hybrid_stream.h; nothing streams when the session was built without it):
+  //   stream_chunk: a prefill chunk of n tokens starts on s (the cost model decides which layers stream
+  //     and their first copies start);
+  //   stream_acquire(il): after the hot experts are enqueued: s waits for layer il's copies; n == 0 when
+  //     its cold experts run on the CPU this chunk (cold_batch_* then computes them, else it skips them);
+  //   stream_release(il): every read of the layer's buffer is enqueued on s.
+  virtual void stream_chunk(int n, cudaStream_t s) = 0;
+  virtual StreamedLayer stream_acquire(int il, cudaStream_t s) = 0;
+  virtual void stream_release(int il, cudaStream_t s) = 0;
   // Counters since construction or the last reset (reads device counters: call between steps).
   virtual HybridTelemetry telemetry() const = 0;
   virtual void reset_telemetry() = 0;

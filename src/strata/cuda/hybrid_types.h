@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace strata::cuda {
@@ -30,6 +31,11 @@ struct HybridTelemetry {
   uint64_t cache_copies = 0;            // experts copied into cache slots (started)
   uint64_t cache_copy_bytes = 0;        // their bytes, host to GPU
   uint64_t cache_evictions = 0;         // cached experts displaced by a copy
+  // Streaming prefill (hybrid_stream.h): prompt chunks whose cold experts were copied to the GPU, the
+  // (chunk, layer) passes that did, the experts and bytes copied; stream_note: "on: ..." or "off: why"
+  // ("" when not asked for).
+  uint64_t stream_chunks = 0, stream_layers = 0, stream_experts = 0, stream_bytes = 0;
+  std::string stream_note;
   double cold_hit_rate() const { return picks ? static_cast<double>(cold_picks) / static_cast<double>(picks) : 0.0; }
   // Cache hits among the picks the pinned experts did not serve (hits + misses).
   double cache_hit_rate() const {

@@ -92,6 +92,7 @@ struct GpuPrefill::Impl {
   float *router = nullptr, *wts = nullptr, *g = nullptr, *u = nullptr, *ye = nullptr;
   int* ids = nullptr;
   prefill::ExpertGroups groups;
+  prefill::ExpertGroups stream_tiles;  // groups' rows, tiles of the streamed experts (hybrid_stream.h)
   int tiles_bound = 0;
   float *sg = nullptr, *gs = nullptr, *us = nullptr, *ys = nullptr;  // shared expert, and dense FFN layers
   // logits
@@ -230,6 +231,11 @@ struct GpuPrefill::Impl {
     groups.tile_row0 = dalloc<int>(tiles_bound);
     groups.tile_rows = dalloc<int>(tiles_bound);
     groups.n_tiles = dalloc<int>(1);
+    stream_tiles = groups;
+    stream_tiles.tile_expert = dalloc<int>(tiles_bound);
+    stream_tiles.tile_row0 = dalloc<int>(tiles_bound);
+    stream_tiles.tile_rows = dalloc<int>(tiles_bound);
+    stream_tiles.n_tiles = dalloc<int>(1);
     logits = dalloc<float>(c.n_vocab);
   }
 
@@ -432,18 +438,31 @@ struct GpuPrefill::Impl {
     const bool any_hot = !hybrid || hybrid->hot_experts(il) > 0;
     const int bound = prefill::max_tiles(pairs, c.n_expert, prefill::kGroupTileM);
     const __half* h = fast ? xn_half(m) : nullptr;
-    if (any_hot) {
+    // The routed experts of `tiles` from these stacks into their sorted rows of ye.
+    auto experts = [&](const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down,
+                       const prefill::ExpertGroups& tiles) {
       Timed t(*this, kExperts);
       if (fast) {
-        prefill::grouped_gemm_h(w.gate, h, true, k, groups, bound, g, s);
-        prefill::grouped_gemm_h(w.up, h, true, k, groups, bound, u, s);
+        prefill::grouped_gemm_h(gate, h, true, k, tiles, bound, g, s);
+        prefill::grouped_gemm_h(up, h, true, k, tiles, bound, u, s);
         prefill::swiglu_rows_h(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, gh, s);
-        prefill::grouped_gemm_h(w.down, gh, false, k, groups, bound, ye, s);
+        prefill::grouped_gemm_h(down, gh, false, k, tiles, bound, ye, s);
       } else {
-        prefill::grouped_gemm(w.gate, xn, true, k, groups, bound, g, s);
-        prefill::grouped_gemm(w.up, xn, true, k, groups, bound, u, s);
+        prefill::grouped_gemm(gate, xn, true, k, tiles, bound, g, s);
+        prefill::grouped_gemm(up, xn, true, k, tiles, bound, u, s);
         prefill::swiglu_rows(g, u, static_cast<int64_t>(pairs) * c.n_ff_exp, g, s);
-        prefill::grouped_gemm(w.down, g, false, k, groups, bound, ye, s);
+        prefill::grouped_gemm(down, g, false, k, tiles, bound, ye, s);
+      }
+    };
+    if (any_hot) experts(w.gate, w.up, w.down, groups);
+    // Cold experts copied to the GPU for this chunk: the same kernels over their stream buffer (after
+    // the hot ones, which run while the copies finish).
+    if (hybrid) {
+      const StreamedLayer sl = hybrid->stream_acquire(il, s);
+      if (sl.n > 0) {
+        prefill::plan_tiles(groups, c.n_expert, prefill::kGroupTileM, sl.rank, slot_of, sl.n, stream_tiles, s);
+        experts(sl.gate, sl.up, sl.down, stream_tiles);
+        hybrid->stream_release(il, s);
       }
     }
     if (w.has_shared) {
@@ -509,6 +528,7 @@ struct GpuPrefill::Impl {
       const int m = std::min(step, n - c0);
       const int pos0 = st.n_past;
       replay_chunk = replay ? replay + static_cast<size_t>(c0) * static_cast<size_t>(replay_stride) : nullptr;
+      if (hybrid) hybrid->stream_chunk(m, s);
       {
         Timed t(*this, kEmbedNormAdd);
         check_cuda(cudaMemcpyAsync(tokens_d, tokens + c0, sizeof(int) * m, cudaMemcpyHostToDevice, s), "copy tokens");

@@ -124,6 +124,13 @@ int max_tiles(int n_pairs, int n_expert, int tile_m);
 void group_by_expert(const int* ids, int n_pairs, int k, int n_expert, int tile_m, const ExpertGroups& g,
                      cudaStream_t s, const int* slot_of = nullptr);
 
+// More tiles over g's sorted rows (after group_by_expert): tiles.tile_* / n_tiles get the experts e with
+// slot_of[e] in [0, limit) and exclude[e] < 0 (exclude may be null), named by that slot; tiles' other
+// arrays are g's. The streamed experts of a hybrid prefill (hybrid_stream.h): slot_of their place in
+// the stream buffer, exclude the layer's resident slot map.
+void plan_tiles(const ExpertGroups& g, int n_expert, int tile_m, const int* slot_of, const int* exclude, int limit,
+                const ExpertGroups& tiles, cudaStream_t s);
+
 // dst[i] += counts[i] for i < n (routing statistics per expert).
 void add_counts(const int* counts, int n, unsigned long long* dst, cudaStream_t s);
 

@@ -33,16 +33,19 @@ constexpr int kMaxExperts = 2048;
 // One block: exclusive scans of the counts (rows) and of the tiles per expert, then every expert writes
 // its own tiles. The scans run on thread 0 over shared memory (a few hundred additions). With a slot
 // map (hybrid hot/cold experts) only resident experts get tiles, named by their slot in the hot stack;
-// the rows of the others are still laid out (their outputs come from the CPU).
-__global__ void plan_kernel(const int* counts, int n_expert, int tile_m, const int* slot_of, int* cursor,
-                            int* tile_expert, int* tile_row0, int* tile_rows, int* n_tiles) {
+// the rows of the others are still laid out (their outputs come from the CPU). The streamed tiles
+// (plan_tiles) take an expert only when exclude[e] < 0 and its slot is below limit; cursor is null then.
+__global__ void plan_kernel(const int* counts, int n_expert, int tile_m, const int* slot_of, const int* exclude,
+                            int limit, int* cursor, int* tile_expert, int* tile_row0, int* tile_rows, int* n_tiles) {
   __shared__ int cnt[kMaxExperts];
   __shared__ int row_start[kMaxExperts];
   __shared__ int tile_start[kMaxExperts];
   __shared__ int slot[kMaxExperts];
   for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
     cnt[e] = counts[e];
-    slot[e] = slot_of ? slot_of[e] : e;
+    int sl = slot_of ? slot_of[e] : e;
+    if ((exclude && exclude[e] >= 0) || (limit >= 0 && sl >= limit)) sl = -1;
+    slot[e] = sl;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -57,7 +60,7 @@ __global__ void plan_kernel(const int* counts, int n_expert, int tile_m, const i
   }
   __syncthreads();
   for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-    cursor[e] = row_start[e];
+    if (cursor) cursor[e] = row_start[e];
     if (slot[e] < 0) continue;
     int ti = tile_start[e];
     for (int r0 = 0; r0 < cnt[e]; r0 += tile_m, ++ti) {
@@ -330,11 +333,19 @@ void group_by_expert(const int* ids, int n_pairs, int k, int n_expert, int tile_
   check_cuda(cudaMemsetAsync(g.counts, 0, sizeof(int) * static_cast<size_t>(n_expert), s), "group_by_expert memset");
   count_kernel<<<blocks_for(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.counts);
   check_launch("group_by_expert count");
-  plan_kernel<<<1, 256, 0, s>>>(g.counts, n_expert, tile_m, slot_of, g.cursor, g.tile_expert, g.tile_row0, g.tile_rows,
-                                g.n_tiles);
+  plan_kernel<<<1, 256, 0, s>>>(g.counts, n_expert, tile_m, slot_of, nullptr, -1, g.cursor, g.tile_expert, g.tile_row0,
+                                g.tile_rows, g.n_tiles);
   check_launch("group_by_expert plan");
   scatter_kernel<<<blocks_for(n_pairs, 256), 256, 0, s>>>(ids, n_pairs, g.cursor, g.src_pair, g.pair_row);
   check_launch("group_by_expert scatter");
+}
+
+void plan_tiles(const ExpertGroups& g, int n_expert, int tile_m, const int* slot_of, const int* exclude, int limit,
+                const ExpertGroups& tiles, cudaStream_t s) {
+  check_arg(n_expert <= kMaxExperts, "plan_tiles: more than 2048 experts");
+  plan_kernel<<<1, 256, 0, s>>>(g.counts, n_expert, tile_m, slot_of, exclude, limit, nullptr, tiles.tile_expert,
+                                tiles.tile_row0, tiles.tile_rows, tiles.n_tiles);
+  check_launch("plan_tiles");
 }
 
 void add_counts(const int* counts, int n, unsigned long long* dst, cudaStream_t s) {

@@ -30,6 +30,7 @@ void check_backend_options(const BackendOptions& o) {
     if (o.cpu_threads != 0) fail("--cpu-threads needs --gpu (the CPU engine uses --threads)");
     if (!o.numerics.empty()) fail("--numerics needs --gpu");
     if (o.no_lookahead) fail("--no-lookahead needs --gpu");
+    if (o.no_op_offload) fail("--no-op-offload needs --gpu");
     if (o.expert_cache != 0) fail("--expert-cache needs --gpu");
     if (!o.expert_cache_policy.empty()) fail("--expert-cache-policy needs --gpu");
     return;
@@ -73,6 +74,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   req.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, p.prefill_chunk, slots);
   req.prefill_f16_cache = !p.exact_numerics;  // the exact prefill multiplies fp32 weights decoded per chunk
   req.prefill_unsupported = gpu_prefill_unsupported_feature(model.config());
+  req.prefill_stream = !o.no_op_offload && req.prefill_unsupported.empty();
   req.expert_cache_slots = o.expert_cache;
   req.expert_cache_policy = expert_cache_policy_name(p.expert_cache_policy);
   RoutingCounts counts;

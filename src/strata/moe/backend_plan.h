@@ -34,6 +34,9 @@ struct BackendOptions {
   // matvecs and fp32 prefill GEMMs. Router, norms, attention and DeltaNet are fp32 in both.
   std::string numerics;
   bool no_lookahead = false;  // --no-lookahead: greedy GPU decode waits for each pick before the next step
+  // --no-op-offload (llama.cpp's name for the same choice): a hybrid prefill computes every cold expert on
+  // the CPU instead of streaming them to the GPU (GpuPlanRequest::prefill_stream).
+  bool no_op_offload = false;
   // -ctk/--cache-type-k, -ctv/--cache-type-v: how the KV cache stores keys and values on either backend:
   // f16 (default), f32 (exact; what the reference-parity tests use) or q8_0 (CPU only).
   std::string cache_type_k = "f16";

@@ -18,9 +18,15 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   in.workspace_bytes = request.workspace_bytes;
   in.model = footprint;
   GpuExpertPlan out;
-  out.receipt = compute_vram_receipt(in);
-  const bool fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
   if (request.expert_cache_slots < 0) fail("--expert-cache must be >= 0, got ", request.expert_cache_slots);
+  bool fits = false;
+  // The receipt, placement and cache for `in` as it stands (run again when the stream buffers change).
+  auto place_experts = [&] {
+  out = GpuExpertPlan{};
+  in.cache_slot_bytes = 0;
+  in.cache_note.clear();
+  out.receipt = compute_vram_receipt(in);
+  fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
   if (fits) {
     // Bytes of `slots` cache slots per layer: a slot holds the layer's largest expert.
     auto slot_bytes = [&footprint](const std::vector<int>& slots) {
@@ -74,6 +80,55 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
       out.cache_slots.clear();
     }
   }
+  };
+  place_experts();
+  if (fits && out.hybrid) {
+    if (!request.prefill_stream) {
+      in.prefill_stream_note = "off: prompts compute cold experts on the CPU";
+      out.receipt = compute_vram_receipt(in);
+    } else if (!request.expert_budget) {
+      // The budget is what is left: set the buffers aside first (at most every expert of the largest
+      // layer), then once more at what the placement needs, keeping that plan if its buffers still fit.
+      uint64_t most = 0;
+      for (const std::vector<uint64_t>& layer : footprint.expert_bytes) {
+        uint64_t b = 0;
+        for (uint64_t e : layer) b += e;
+        most = std::max(most, b);
+      }
+      most *= kStreamBuffers;
+      if (out.receipt.available_for_experts >= static_cast<int64_t>(most)) {
+        in.prefill_stream_bytes = most;
+        in.prefill_stream_note = cat(kStreamBuffers, " buffers of the largest layer's cold experts");
+        place_experts();
+        const uint64_t need = stream_buffer_bytes(footprint.expert_bytes, out.expert_slots);
+        if (fits && out.hybrid && need < most) {
+          GpuExpertPlan first = out;
+          const VramInputs first_in = in;
+          in.prefill_stream_bytes = need;
+          place_experts();
+          if (!(fits && out.hybrid && stream_buffer_bytes(footprint.expert_bytes, out.expert_slots) <= need)) {
+            out = std::move(first);
+            in = first_in;
+            fits = true;
+          }
+        }
+      } else {
+        in.prefill_stream_note = "dropped: no room (prompts compute cold experts on the CPU)";
+        out.receipt = compute_vram_receipt(in);
+      }
+    } else {
+      const uint64_t need = stream_buffer_bytes(footprint.expert_bytes, out.expert_slots);
+      const int64_t left = out.receipt.available_for_experts - static_cast<int64_t>(out.receipt.expert_budget);
+      if (left >= static_cast<int64_t>(need)) {
+        in.prefill_stream_bytes = need;
+        in.prefill_stream_note = cat(kStreamBuffers, " buffers of the largest layer's cold experts");
+      } else {
+        in.prefill_stream_note = "dropped: no room after the expert budget (prompts compute cold experts on the CPU)";
+      }
+      out.receipt = compute_vram_receipt(in);
+    }
+    out.prefill_stream_bytes = in.prefill_stream_bytes;
+  }
   if (!request.prefill_unsupported.empty()) {
     in.prefill_cache_note = cat("none: prompts run token by token (not in the batched prefill: ",
                                 request.prefill_unsupported, ")");
@@ -112,6 +167,18 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
     out.text += "mode: all-GPU (every routed expert fits the expert budget)\n";
   }
   return out;
+}
+
+uint64_t stream_buffer_bytes(const std::vector<std::vector<uint64_t>>& expert_bytes,
+                             const std::vector<std::vector<int>>& slot_of) {
+  uint64_t largest = 0;
+  for (size_t l = 0; l < expert_bytes.size() && l < slot_of.size(); ++l) {
+    uint64_t b = 0;
+    for (size_t e = 0; e < expert_bytes[l].size() && e < slot_of[l].size(); ++e)
+      if (slot_of[l][e] < 0) b += expert_bytes[l][e];
+    largest = std::max(largest, b);
+  }
+  return largest * kStreamBuffers;
 }
 
 uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill_chunk, int slots) {

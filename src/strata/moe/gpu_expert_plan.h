@@ -39,7 +39,18 @@ struct GpuPlanRequest {
   // the receipt.
   int expert_cache_slots = 0;
   std::string expert_cache_policy = "lfu";
+  // Streaming prefill (cuda/hybrid_stream.h; false: --no-op-offload, or no batched prefill): a hybrid
+  // plan keeps kStreamBuffers buffers of its largest layer's cold experts for prompt chunks. They are
+  // set aside before placement when the expert budget is "what is left", and fit after the budget or
+  // are dropped (receipt note) when --expert-budget is given.
+  bool prefill_stream = false;
 };
+
+constexpr int kStreamBuffers = 2;
+
+// kStreamBuffers x the largest layer's cold expert bytes (expert_bytes [layer][expert], slot_of -1 = cold).
+uint64_t stream_buffer_bytes(const std::vector<std::vector<uint64_t>>& expert_bytes,
+                             const std::vector<std::vector<int>>& slot_of);
 
 struct GpuExpertPlan {
   VramReceipt receipt;
@@ -48,6 +59,7 @@ struct GpuExpertPlan {
   // GpuSessionOptions::expert_slots: [layer][expert] -> slot, -1 = cold; empty when !hybrid.
   std::vector<std::vector<int>> expert_slots;
   bool prefill_f16_cache = false;  // keep the prefill's fp16 weight cache (receipt.prefill_cache bytes)
+  uint64_t prefill_stream_bytes = 0;  // the streaming prefill's buffers (receipt.prefill_stream; 0: off)
   // The expert cache: slots per layer beyond the pinned experts (expert_cache_slots_per_layer of the
   // request's count and this placement; empty without a cache) and their bytes (receipt.cache_slots).
   std::vector<int> cache_slots;

@@ -215,10 +215,12 @@ VramReceipt compute_vram_receipt(const VramInputs& in) {
   r.cache_note = in.cache_note;
   r.prefill_cache = in.prefill_cache_bytes;
   r.prefill_cache_note = in.prefill_cache_note;
+  r.prefill_stream = in.prefill_stream_bytes;
+  r.prefill_stream_note = in.prefill_stream_note;
   r.ctx = in.model.ctx;
   r.slots = in.model.slots;
   r.core_total =
-      r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.prefill_cache;
+      r.reserve + r.core_weights + r.kv_cache + r.recurrent_state + r.workspaces + r.prefill_cache + r.prefill_stream;
   r.available_for_experts = static_cast<int64_t>(r.limit) - static_cast<int64_t>(r.core_total);
   r.all_expert_bytes = in.model.all_expert_bytes;
   r.expert_bytes = in.model.expert_bytes;
@@ -256,6 +258,8 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
   s += line("- workspaces", format_binary_size(r.workspaces));
   if (r.prefill_cache > 0 || !r.prefill_cache_note.empty())
     s += line("- prefill fp16 cache", format_binary_size(r.prefill_cache), r.prefill_cache_note);
+  if (r.prefill_stream > 0 || !r.prefill_stream_note.empty())
+    s += line("- prefill streaming", format_binary_size(r.prefill_stream), r.prefill_stream_note);
   if (r.core_fits) {
     s += line("= available for experts", format_binary_size(static_cast<uint64_t>(r.available_for_experts)));
   } else {

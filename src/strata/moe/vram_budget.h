@@ -80,6 +80,8 @@ struct VramInputs {
   std::string cache_note;                         // the receipt's note on that line (slots, policy)
   uint64_t prefill_cache_bytes = 0;               // the prefill's fp16 weight cache, when kept (0: not kept)
   std::string prefill_cache_note;                 // the receipt's note on that line (why kept or dropped)
+  uint64_t prefill_stream_bytes = 0;              // the streaming prefill's buffers (0: none)
+  std::string prefill_stream_note;
   ModelFootprint model;
 };
 
@@ -101,10 +103,13 @@ struct VramReceipt {
   std::string cache_note;
   uint64_t prefill_cache = 0;           // the prefill's fp16 weight cache (0: dropped or not used)
   std::string prefill_cache_note;
+  uint64_t prefill_stream = 0;          // the streaming prefill's buffers (0: dropped or not used)
+  std::string prefill_stream_note;
   uint64_t kv_bytes_per_token = 0;
   KvCacheTypes kv_types;
   int ctx = 0, slots = 0;
   uint64_t core_total = 0;              // reserve + core weights + KV + state + workspaces + prefill cache
+                                        // + prefill stream buffers
   int64_t available_for_experts = 0;    // limit - core_total (negative: the core does not fit)
   uint64_t all_expert_bytes = 0;
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert], copied from the footprint
