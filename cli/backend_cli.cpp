@@ -55,6 +55,10 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_flag("--no-op-offload", o.no_op_offload,
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
                "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
+  sub.add_option("--ubatch-size", o.ubatch,
+                 "-ub: with --gpu: tokens per batched prefill pass (default 512, 2048 in a hybrid session that streams "
+                 "cold experts to prompts; at most 4096); larger passes take more GPU memory and copy the streamed "
+                 "cold experts once per pass");
   sub.add_option("--cache-type-k", o.cache_type_k,
                  "-ctk: KV cache type for keys: f16 (default), f32 or q8_0 (CPU only)");
   sub.add_option("--cache-type-v", o.cache_type_v,
@@ -110,6 +114,7 @@ std::string expand_short_alias(const std::string& arg) {
                                     std::pair<std::string, std::string>{"-np", "--parallel"},
                                     std::pair<std::string, std::string>{"-ngld", "--n-gpu-layers-draft"},
                                     std::pair<std::string, std::string>{"-nopo", "--no-op-offload"},
+                                    std::pair<std::string, std::string>{"-ub", "--ubatch-size"},
                                     std::pair<std::string, std::string>{"-md", "--model-draft"}}) {
     if (arg == alias) return name;
     if (arg.rfind(alias + "=", 0) == 0) return name + arg.substr(alias.size());
@@ -218,6 +223,7 @@ DraftSequenceMaker draft_sequence_maker(const BackendOptions& target_backend, in
   d.numerics = target_backend.numerics;
   d.no_lookahead = target_backend.no_lookahead;
   d.no_op_offload = target_backend.no_op_offload;
+  d.ubatch = target_backend.ubatch;
   d.cache_type_k = target_backend.cache_type_k;
   d.cache_type_v = target_backend.cache_type_v;
   check_backend_options(d);

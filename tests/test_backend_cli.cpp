@@ -283,6 +283,33 @@ TEST(GpuExpertPlan, PrefillCacheKeptOnlyWhenItFitsAfterEveryExpert) {
 }
 
 // The whole plan for the real model on a made-up GPU: run's flags decide the cache by the limit.
+// -ub sets the prefill pass (capped at the context); without it a hybrid plan that streams cold experts
+// takes kStreamUbatch-token passes, an all-GPU one or a hybrid one without streaming kDefaultUbatch.
+TEST(BackendPlan, UbatchDefaultsByPlan) {
+  auto model = strata::Model::load(kModel);
+  const strata::GpuMemory gpu{80 * GiB, 79 * GiB};
+  strata::BackendOptions o;
+  o.gpu = true;
+  strata::BackendPlan p = strata::plan_backend(*model, 4096, 1, o, nullptr, gpu);
+  EXPECT_FALSE(p.gpu_plan.hybrid);
+  EXPECT_EQ(p.prefill_chunk, strata::kDefaultUbatch);
+  o.expert_budget = "50%";
+  p = strata::plan_backend(*model, 4096, 1, o, nullptr, gpu);
+  ASSERT_TRUE(p.gpu_plan.hybrid) << p.gpu_plan.text;
+  EXPECT_GT(p.gpu_plan.prefill_stream_bytes, 0u) << p.gpu_plan.text;
+  EXPECT_EQ(p.prefill_chunk, strata::kStreamUbatch);
+  EXPECT_GE(p.gpu_plan.receipt.workspaces,
+            strata::estimate_gpu_workspace_bytes(model->config(), 4096, strata::kStreamUbatch, 1));
+  EXPECT_EQ(strata::plan_backend(*model, 1000, 1, o, nullptr, gpu).prefill_chunk, 1000);  // at most the context
+  o.ubatch = 256;
+  EXPECT_EQ(strata::plan_backend(*model, 4096, 1, o, nullptr, gpu).prefill_chunk, 256);
+  o.ubatch = 0;
+  o.no_op_offload = true;
+  p = strata::plan_backend(*model, 4096, 1, o, nullptr, gpu);
+  EXPECT_EQ(p.gpu_plan.prefill_stream_bytes, 0u);
+  EXPECT_EQ(p.prefill_chunk, strata::kDefaultUbatch);
+}
+
 TEST(BackendPlan, GpuMemBoundsThePrefillCache) {
   auto model = strata::Model::load(kModel);
   const int ctx = 256;
@@ -347,6 +374,7 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--numerics exact", "--numerics needs --gpu"},
       {"--no-lookahead", "--no-lookahead needs --gpu"},
       {"--no-op-offload", "--no-op-offload needs --gpu"},
+      {"-ub 1024", "--ubatch-size needs --gpu"},
       {"--cpu-threads 4", "--cpu-threads needs --gpu"},
       {"--expert-cache 2", "--expert-cache needs --gpu"},
       {"--expert-cache-policy lfu", "--expert-cache-policy needs --gpu"},
@@ -363,6 +391,14 @@ TEST(BackendCli, UnknownNumericsModeFails) {
   const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids --gpu --numerics fp8");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--numerics 'fp8': expected fast or exact"), std::string::npos) << r.err;
+}
+
+TEST(BackendCli, UbatchOutOfRangeFails) {
+  for (const char* v : {"5000", "-3"}) {
+    const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids --gpu -ub " + v);
+    EXPECT_NE(r.exit_code, 0) << v;
+    EXPECT_NE(r.err.find("--ubatch-size must be within 1..4096"), std::string::npos) << r.err;
+  }
 }
 
 // KV cache types: llama.cpp's spellings (-ctk/-ctv, --cache-type-k/-v, with "=" too) on the CPU engine;

@@ -1,5 +1,7 @@
 #include "strata/moe/backend_plan.h"
 
+#include <algorithm>
+
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
 #include "strata/moe/gpu_support.h"
@@ -31,11 +33,13 @@ void check_backend_options(const BackendOptions& o) {
     if (!o.numerics.empty()) fail("--numerics needs --gpu");
     if (o.no_lookahead) fail("--no-lookahead needs --gpu");
     if (o.no_op_offload) fail("--no-op-offload needs --gpu");
+    if (o.ubatch != 0) fail("--ubatch-size needs --gpu (the CPU engine runs prompts in its own pieces)");
     if (o.expert_cache != 0) fail("--expert-cache needs --gpu");
     if (!o.expert_cache_policy.empty()) fail("--expert-cache-policy needs --gpu");
     return;
   }
   if (o.expert_cache < 0) fail("--expert-cache must be >= 0, got ", o.expert_cache);
+  if (o.ubatch < 0 || o.ubatch > kMaxUbatch) fail("--ubatch-size must be within 1..", kMaxUbatch, ", got ", o.ubatch);
   if (!o.expert_cache_policy.empty()) {
     parse_expert_cache_policy(o.expert_cache_policy);
     if (o.expert_cache == 0) fail("--expert-cache-policy needs --expert-cache N (cache slots per layer)");
@@ -61,6 +65,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   p.exact_numerics = o.numerics == "exact";
   p.lookahead = !o.no_lookahead;
   p.cpu_threads = o.cpu_threads;
+  if (o.ubatch > 0) p.prefill_chunk = std::min(o.ubatch, std::max(max_ctx, 1));
   p.kv_types = kv_cache_types(o);
   check_kv_types(model.config(), p.kv_types);
   if (!o.gpu) return p;
@@ -84,7 +89,23 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
     req.hotness_source = counts.n_tokens > 0 ? cat("profile ", profile->path(), " (", counts.n_tokens, " tokens)")
                                              : cat("uniform (profile ", profile->path(), " has no tokens yet)");
   }
-  p.gpu_plan = plan_gpu_experts(model_footprint(model, max_ctx, slots, p.kv_types), model.config().n_expert_used, req);
+  const ModelFootprint footprint = model_footprint(model, max_ctx, slots, p.kv_types);
+  p.gpu_plan = plan_gpu_experts(footprint, model.config().n_expert_used, req);
+  // A hybrid plan that streams cold experts to prompts copies them once per pass: without -ub it takes
+  // kStreamUbatch-token passes when their workspace still leaves a streaming hybrid plan.
+  const int longer = std::min(kStreamUbatch, std::max(max_ctx, 1));
+  if (o.ubatch == 0 && p.gpu_plan.hybrid && p.gpu_plan.prefill_stream_bytes > 0 && longer > p.prefill_chunk) {
+    GpuPlanRequest wide = req;
+    wide.workspace_bytes = estimate_gpu_workspace_bytes(model.config(), max_ctx, longer, slots);
+    try {
+      GpuExpertPlan plan = plan_gpu_experts(footprint, model.config().n_expert_used, wide);
+      if (plan.hybrid && plan.prefill_stream_bytes > 0) {
+        p.gpu_plan = std::move(plan);
+        p.prefill_chunk = longer;
+      }
+    } catch (const Error&) {  // the core no longer fits with the larger workspace: keep the first plan
+    }
+  }
   return p;
 }
 

@@ -37,6 +37,10 @@ struct BackendOptions {
   // --no-op-offload (llama.cpp's name for the same choice): a hybrid prefill computes every cold expert on
   // the CPU instead of streaming them to the GPU (GpuPlanRequest::prefill_stream).
   bool no_op_offload = false;
+  // -ub/--ubatch-size N (llama.cpp's name): tokens per batched GPU prefill pass (0: kDefaultUbatch, or
+  // kStreamUbatch for a hybrid plan that streams and has room; never more than the context). Larger
+  // passes take more workspace and, in a hybrid session, copy the streamed cold experts once per pass.
+  int ubatch = 0;
   // -ctk/--cache-type-k, -ctv/--cache-type-v: how the KV cache stores keys and values on either backend:
   // f16 (default), f32 (exact; what the reference-parity tests use) or q8_0 (CPU only).
   std::string cache_type_k = "f16";
@@ -64,6 +68,10 @@ KvCacheTypes kv_cache_types(const BackendOptions& o);
 void check_backend_options(const BackendOptions& o);
 
 // What the options decided for `slots` sequences of max_ctx tokens each.
+constexpr int kDefaultUbatch = 512;
+constexpr int kStreamUbatch = 2048;  // the default of a hybrid plan that streams cold experts to prompts
+constexpr int kMaxUbatch = 4096;
+
 struct BackendPlan {
   bool gpu = false;
   int max_ctx = 0, slots = 1;
@@ -73,7 +81,7 @@ struct BackendPlan {
   bool exact_numerics = false;  // --numerics exact
   bool lookahead = true;        // not --no-lookahead
   int cpu_threads = 0;          // cold-expert workers (0: a default from the core count)
-  int prefill_chunk = 512;      // tokens per batched-prefill pass (sizes its workspaces)
+  int prefill_chunk = kDefaultUbatch;  // tokens per batched-prefill pass (-ub; sizes its workspaces)
   KvCacheTypes kv_types;        // --cache-type-k / --cache-type-v
   ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;  // gpu_plan.cache_slots says whether a cache is used
 };
