@@ -584,6 +584,32 @@ TEST(SequenceRoutingCounts, GpuSessionsCountLikeTheCpuEngine) {
   for (int l = 0; l < c.n_layer; ++l) EXPECT_EQ(h.layer_total(l), ids.size() * static_cast<uint64_t>(c.n_expert_used));
   EXPECT_LE(differing_picks(h, ref), picks / 50) << "hybrid";
 }
+
+// The command line end to end on the GPU machine: a hybrid run streams its prompt's cold experts by
+// default (the receipt lists the buffers, the telemetry the streamed passes) and picks the token the
+// all-GPU run picks (its prompt logits are the all-GPU ones, bitwise); --no-op-offload keeps them on the
+// CPU and says so.
+TEST(BackendCli, HybridRunStreamsThePrompt) {
+  if (!strata::cuda::device_available()) GTEST_SKIP() << "no CUDA device: " << strata::cuda::device_description();
+  auto model = strata::Model::load(kModel);
+  const strata::ModelConfig& c = model->config();
+  std::string prompt;
+  const int n = 8 * c.n_expert / c.n_expert_used;  // 8 expected tokens per expert: the pass streams
+  for (int i = 0; i < n; ++i) prompt += (i ? "," : "") + std::to_string((i * 7919 + 13) % c.n_vocab);
+  const std::string base = "run -m " + kModel + " --prompt-tokens " + prompt + " -n 1 --print-token-ids --gpu -ctk f32 -ctv f32";
+  const auto all_gpu = run_cli(base);
+  ASSERT_EQ(all_gpu.exit_code, 0) << all_gpu.err;
+  const auto hybrid = run_cli(base + " --expert-budget 50% --telemetry");
+  ASSERT_EQ(hybrid.exit_code, 0) << hybrid.err;
+  EXPECT_NE(hybrid.err.find("- prefill streaming"), std::string::npos) << hybrid.err;
+  EXPECT_NE(hybrid.err.find("telemetry: prefill streaming on"), std::string::npos) << hybrid.err;
+  EXPECT_EQ(hybrid.err.find(" 0 prompt chunks streamed"), std::string::npos) << hybrid.err;
+  EXPECT_EQ(hybrid.out, all_gpu.out);
+  const auto off = run_cli(base + " --expert-budget 50% --telemetry --no-op-offload");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(off.err.find("off: prompts compute cold experts on the CPU"), std::string::npos) << off.err;
+  EXPECT_EQ(off.err.find("telemetry: prefill streaming"), std::string::npos) << off.err;
+}
 #endif
 
 // --- serve --profile over HTTP --------------------------------------------------------------------
