@@ -32,6 +32,7 @@ TEST(CudaPrefill, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CU
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
+#include "strata/moe/gpu_expert_plan.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/model.h"
 #include "strata/engine/sequence_state.h"
@@ -603,6 +604,35 @@ TEST(CudaPrefill, TinyModelLogits) {
   REQUIRE_GPU();
   compare_logits(kTiny, "strata-tiny", 100, 2);
   compare_logits(kquant_copy(kTiny), "strata-tiny k-quant copy", 64);
+}
+
+// A pass longer than the logits block (kPrefillLogitRows) computes its all-position logits a block at a
+// time: every row within float rounding of the same prompt in 512-token passes, and the last row within
+// rounding of the last-token-only path.
+TEST(CudaPrefill, LongPassLogitsInBlocks) {
+  REQUIRE_GPU();
+  auto model = strata::Model::load(kTiny);
+  const size_t vocab = static_cast<size_t>(model->config().n_vocab);
+  const int n = 2 * strata::kPrefillLogitRows + 77;
+  const std::vector<int32_t> prompt = some_prompt(static_cast<int64_t>(vocab), n, 3);
+  const int ctx = n + 4;
+  const std::vector<float> one = prefill_logits(*model, prompt, options(sc::PrefillMath::Exact, n), {n}, ctx);
+  const std::vector<float> pieces = prefill_logits(*model, prompt, options(sc::PrefillMath::Exact, 512), {n}, ctx);
+  size_t nan = 0;
+  for (float v : one) nan += std::isnan(v) ? 1 : 0;
+  EXPECT_EQ(nan, 0u) << "every row of every logits block is written";
+  const double e = max_row_rel_err(one, pieces, vocab);
+  std::printf("[cuda-prefill] one %d-token pass vs 512-token passes: all-position logits %.3g\n", n, e);
+  EXPECT_LE(e, 1e-4);
+  // The last row alone (no all-position buffer) through a GpuSession with the same pass.
+  sc::GpuSessionOptions o;
+  o.prefill_math = sc::PrefillMath::Exact;
+  o.prefill_chunk = n;
+  sc::GpuSession g(*model, ctx, o);
+  std::vector<float> last(vocab, NAN);
+  g.forward(prompt.data(), n, last.data(), false);
+  const std::vector<float> want(one.end() - static_cast<std::ptrdiff_t>(vocab), one.end());
+  EXPECT_LE(max_row_rel_err(last, want, vocab), 1e-4);
 }
 
 TEST(CudaPrefill, GreedyEqualsCpuOnFixtures) {

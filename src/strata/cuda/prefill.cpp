@@ -19,6 +19,7 @@
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/hybrid_moe.h"
+#include "strata/moe/gpu_expert_plan.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/engine/sequence_state.h"
@@ -513,8 +514,9 @@ struct GpuPrefill::Impl {
     }
     const int d = c.n_embd;
     const int64_t vocab = c.n_vocab;
+    const int logit_rows = std::min(chunk, kPrefillLogitRows);
     if (((all_positions && logits_out) || picks) && !logits_all)
-      logits_all = dalloc<float>(static_cast<int64_t>(chunk) * vocab);
+      logits_all = dalloc<float>(static_cast<int64_t>(logit_rows) * vocab);
     if (picks && !d_picks) {
       pick_part = dalloc<unsigned long long>(static_cast<int64_t>(chunk) * argmax_wide_blocks(vocab));
       pick_counter = dalloc<unsigned int>(chunk);
@@ -571,20 +573,26 @@ struct GpuPrefill::Impl {
         Timed t(*this, kLogits);
         if ((all_positions && logits_out) || picks) {
           rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, xn, s);
-          dense(dm.output, xn, m, logits_all, /*exact_only=*/true);
+          // logit_rows rows at a time: a long pass needs no chunk x vocab buffer.
+          for (int r0 = 0; r0 < m; r0 += logit_rows) {
+            const int rows = std::min(logit_rows, m - r0);
+            dense(dm.output, xn + static_cast<int64_t>(r0) * d, rows, logits_all, /*exact_only=*/true);
+            if (picks)
+              argmax_wide(logits_all, picks->n_allowed, pick_part, pick_counter, d_picks + r0, s, false, nullptr,
+                          nullptr, rows, vocab);
+            if (logits_out && all_positions)
+              check_cuda(cudaMemcpyAsync(logits_out + static_cast<int64_t>(c0 + r0) * vocab, logits_all,
+                                         sizeof(float) * static_cast<size_t>(rows) * static_cast<size_t>(vocab),
+                                         cudaMemcpyDeviceToHost, s),
+                         "copy logits");
+          }
         }
         if (picks) {
-          argmax_wide(logits_all, picks->n_allowed, pick_part, pick_counter, d_picks, s, false, nullptr, nullptr, m,
-                      vocab);
           check_cuda(cudaMemcpyAsync(picks->out + c0, d_picks, sizeof(int) * static_cast<size_t>(m),
                                      cudaMemcpyDeviceToHost, s),
                      "copy picks");
         }
-        if (logits_out && all_positions) {
-          check_cuda(cudaMemcpyAsync(logits_out + static_cast<int64_t>(c0) * vocab, logits_all,
-                                     sizeof(float) * static_cast<size_t>(m * vocab), cudaMemcpyDeviceToHost, s),
-                     "copy logits");
-        } else if (logits_out && c0 + m == n) {
+        if (logits_out && !all_positions && c0 + m == n) {
           const float* last = x + static_cast<int64_t>(m - 1) * d;
           rmsnorm_rows(last, dm.output_norm, c.rms_eps, 1, d, xn, s);
           matvec(dm.output, xn, logits, s);

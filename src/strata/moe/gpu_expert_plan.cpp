@@ -197,7 +197,10 @@ uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill
   // one keeps the slack).
   constexpr uint64_t kStepTokens = 32;
   const uint64_t decode = (1 + kStepTokens) * per_token * f + 2ull * c.n_head * static_cast<uint64_t>(std::max(ctx, 1)) * f;
-  const uint64_t prefill = static_cast<uint64_t>(std::max(prefill_chunk, 1)) * per_token * f;
+  const uint64_t chunk = static_cast<uint64_t>(std::max(prefill_chunk, 1));
+  const uint64_t prefill = (chunk * (per_token - c.n_vocab) +
+                            std::min<uint64_t>(chunk, kPrefillLogitRows) * static_cast<uint64_t>(c.n_vocab)) *
+                           f;
   const uint64_t fixed = 64ull << 20;
   // The decode lookahead (cuda/decode_lookahead.h) holds every DeltaNet layer's conv window and recurrent
   // state a second time (only all-GPU sessions use it; counted for every plan, a hybrid one keeps the
