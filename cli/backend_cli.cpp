@@ -56,7 +56,7 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
                "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
   sub.add_option("--ubatch-size", o.ubatch,
-                 "-ub: with --gpu: tokens per batched prefill pass (default 512, 2048 in a hybrid session that streams "
+                 "-ub: with --gpu: tokens per batched prefill pass (0 or not given: 512, 2048 in a hybrid session that streams "
                  "cold experts to prompts; at most 4096); larger passes take more GPU memory and copy the streamed "
                  "cold experts once per pass");
   sub.add_option("--cache-type-k", o.cache_type_k,

@@ -114,6 +114,15 @@ TEST(GpuExpertPlan, PrefillStreamBuffers) {
   EXPECT_GT(hot, 0) << p.text;
   EXPECT_NE(p.text.find("prefill streaming"), std::string::npos) << p.text;
 
+  // An expert cache that fits the budget only without the buffers: the cache stays, streaming is dropped.
+  req.expert_cache_slots = 4;  // 4 GiB of the 5532 MiB
+  p = strata::plan_gpu_experts(fake_footprint(), 2, req);
+  ASSERT_TRUE(p.hybrid) << p.text;
+  EXPECT_FALSE(p.cache_slots.empty()) << p.text;
+  EXPECT_EQ(p.prefill_stream_bytes, 0u) << p.text;
+  EXPECT_NE(p.text.find("dropped: no room"), std::string::npos) << p.text;
+  req.expert_cache_slots = 0;
+
   // An explicit budget: the buffers fit after it on a large GPU...
   req.gpu_total = 80 * GiB, req.gpu_free = 79 * GiB;
   req.expert_budget = strata::parse_expert_budget("50%");

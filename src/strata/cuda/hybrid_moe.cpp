@@ -195,7 +195,8 @@ class HybridMoeImpl final : public HybridMoe {
   HybridTelemetry telemetry() const override {
     HybridTelemetry t;
     t.cpu_threads = pool_.n_threads();
-    t.stream_note = stream_note_;
+    t.stream_note = streamer_ && !streamer_->failure().empty() ? cat("off after a staging error: ", streamer_->failure())
+                                                                 : stream_note_;
     if (streamer_) {
       const StreamStats& st = streamer_->stats();
       t.stream_chunks = st.chunks - stream_base_.chunks;
@@ -420,7 +421,7 @@ class HybridMoeImpl final : public HybridMoe {
       stream_note_ = cat("on (", ExpertStreamer::kBuffers, " buffers of ",
                          streamer_->device_bytes() / ExpertStreamer::kBuffers >> 20, " MiB, ",
                          streamer_->staging_threads(), " staging threads)");
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       stream_note_ = cat("off: ", e.what());
       std::fprintf(stderr, "prefill streaming %s; prompts compute their cold experts on the CPU\n",
                    stream_note_.c_str());

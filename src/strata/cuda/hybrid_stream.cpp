@@ -74,17 +74,22 @@ struct ExpertStreamer::Stager {
   int next_piece = 0;
   cudaEvent_t* free_events = nullptr;  // the streamer's free_
 
-  // Copy team: n_copy threads in all (the stager itself and n_copy - 1 workers) share each piece.
+  // Copy team: n_copy threads in all (the stager itself and n_copy - 1 workers). Every worker takes part in every
+  // piece, slice t of n_copy, and the stager starts the next piece only once all of them have reported back.
+  struct Copy {
+    const uint8_t* src = nullptr;
+    uint8_t* dst = nullptr;
+    size_t n = 0;
+  };
   int n_copy = 1;
   std::vector<std::thread> team;
   std::mutex team_mu;
-  std::condition_variable team_cv;
+  std::condition_variable team_cv;    // a new piece (or quit) for the workers
+  std::condition_variable team_done;  // workers_left reached 0
   uint64_t team_gen = 0;
-  const uint8_t* c_src = nullptr;
-  uint8_t* c_dst = nullptr;
-  size_t c_n = 0;
-  std::atomic<size_t> c_next{0};
-  std::atomic<int> c_left{0};
+  Copy piece_copy;
+  int workers_left = 0;
+  bool team_quit = false;
 
   std::thread thread;
   std::mutex mu;
@@ -107,7 +112,7 @@ struct ExpertStreamer::Stager {
         check_cuda(cudaMallocHost(&p, kPiece), "prefill streaming: pinned staging (cudaMallocHost)");
         pieces[i] = static_cast<uint8_t*>(p);
       }
-      for (int t = 1; t < n_copy; ++t) team.emplace_back([this] { copy_worker(); });
+      for (int t = 1; t < n_copy; ++t) team.emplace_back([this, t] { copy_worker(t); });
       thread = std::thread([this] { loop(); });
     } catch (...) {
       shutdown();
@@ -125,8 +130,7 @@ struct ExpertStreamer::Stager {
     if (thread.joinable()) thread.join();
     {
       std::lock_guard<std::mutex> lk(team_mu);
-      ++team_gen;
-      c_n = 0;
+      team_quit = true;
     }
     team_cv.notify_all();
     for (std::thread& t : team)
@@ -205,46 +209,44 @@ struct ExpertStreamer::Stager {
     check_cuda(cudaEventRecord(copied[job.buffer], stream), "prefill streaming: record copies");
   }
 
-  // dst[0, n) = src[0, n) by the team, in 1 MiB blocks.
-  static constexpr size_t kBlock = 1u << 20;
+  // dst[0, n) = src[0, n) by the team, each thread one slice.
   void parallel_copy(uint8_t* dst, const uint8_t* src, size_t n) {
+    const Copy c{src, dst, n};
     if (n_copy == 1) {
-      std::memcpy(dst, src, n);
+      copy_slice(c, 0);
       return;
     }
-    const int blocks = static_cast<int>((n + kBlock - 1) / kBlock);
     {
       std::lock_guard<std::mutex> lk(team_mu);
-      c_src = src;
-      c_dst = dst;
-      c_n = n;
-      c_next.store(0);
-      c_left.store(blocks);
+      piece_copy = c;
+      workers_left = n_copy - 1;
       ++team_gen;
     }
     team_cv.notify_all();
-    copy_blocks();
-    while (c_left.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    copy_slice(c, 0);
+    std::unique_lock<std::mutex> lk(team_mu);
+    team_done.wait(lk, [&] { return workers_left == 0; });
   }
-  void copy_blocks() {
-    for (;;) {
-      const size_t b = c_next.fetch_add(1);
-      const size_t off = b * kBlock;
-      if (off >= c_n) return;
-      std::memcpy(c_dst + off, c_src + off, std::min(kBlock, c_n - off));
-      c_left.fetch_sub(1, std::memory_order_release);
-    }
+  void copy_slice(const Copy& c, int t) const {
+    const size_t per = (c.n + static_cast<size_t>(n_copy) - 1) / static_cast<size_t>(n_copy);
+    const size_t slice = (per + 63) / 64 * 64;  // n_copy slices cover n
+    const size_t off = slice * static_cast<size_t>(t);
+    if (off < c.n) std::memcpy(c.dst + off, c.src + off, std::min(slice, c.n - off));
   }
-  void copy_worker() {
+  void copy_worker(int t) {
     uint64_t seen = 0;
     for (;;) {
+      Copy c;
       {
         std::unique_lock<std::mutex> lk(team_mu);
-        team_cv.wait(lk, [&] { return team_gen != seen; });
+        team_cv.wait(lk, [&] { return team_quit || team_gen != seen; });
+        if (team_quit) return;
         seen = team_gen;
-        if (c_n == 0) return;  // shutdown
+        c = piece_copy;
       }
-      copy_blocks();
+      copy_slice(c, t);
+      std::lock_guard<std::mutex> lk(team_mu);
+      if (--workers_left == 0) team_done.notify_one();
     }
   }
 };
@@ -312,7 +314,7 @@ void ExpertStreamer::release_all() {
 void ExpertStreamer::begin_chunk(int m, cudaStream_t s) {
   (void)s;
   const double per_expert = static_cast<double>(m) * c_.n_expert_used / std::max(c_.n_expert, 1);
-  const bool stream = per_expert >= kMinTokensPerExpert;
+  const bool stream = per_expert >= kMinTokensPerExpert && failure_.empty();
   order_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     chunk_streams_[i] = stream ? 1 : 0;
@@ -368,7 +370,12 @@ StreamedLayer ExpertStreamer::acquire(int il, cudaStream_t s) {
       static_cast<size_t>(std::find(order_.begin(), order_.end(), static_cast<size_t>(li)) - order_.begin());
   if (pos >= next_pos_) fail("prefill streaming: layer ", il, " acquired before the layers ahead of it were released");
   const int b = static_cast<int>((static_cast<size_t>(first_buffer_) + pos) % kBuffers);
-  stager_->wait(job_of_[pos]);
+  try {
+    stager_->wait(job_of_[pos]);
+  } catch (const Error& e) {
+    failure_ = e.what();  // this prompt fails with the error; the later ones compute cold experts on the CPU
+    throw;
+  }
   check_cuda(cudaStreamWaitEvent(s, stager_->copied[b], 0), "prefill streaming: wait for copies");
   return views_[b];
 }

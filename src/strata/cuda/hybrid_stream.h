@@ -59,6 +59,8 @@ class ExpertStreamer {
   bool streams(int il) const;
 
   const StreamStats& stats() const { return stats_; }
+  // The staging error that turned streaming off for the rest of the session ("" while none).
+  const std::string& failure() const { return failure_; }
   uint64_t device_bytes() const { return buffer_bytes_ * kBuffers; }
   int staging_threads() const;
   // The fewest expected tokens per cold expert (chunk tokens x k / n_expert) that stream.
@@ -96,6 +98,7 @@ class ExpertStreamer {
   std::unique_ptr<Stager> stager_;
   uint64_t jobs_ = 0;  // staging jobs handed out
   StreamStats stats_;
+  std::string failure_;
 };
 
 }  // namespace strata::cuda

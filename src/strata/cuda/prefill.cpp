@@ -461,8 +461,13 @@ struct GpuPrefill::Impl {
     if (hybrid) {
       const StreamedLayer sl = hybrid->stream_acquire(il, s);
       if (sl.n > 0) {
-        prefill::plan_tiles(groups, c.n_expert, prefill::kGroupTileM, sl.rank, slot_of, sl.n, stream_tiles, s);
-        experts(sl.gate, sl.up, sl.down, stream_tiles);
+        try {
+          prefill::plan_tiles(groups, c.n_expert, prefill::kGroupTileM, sl.rank, slot_of, sl.n, stream_tiles, s);
+          experts(sl.gate, sl.up, sl.down, stream_tiles);
+        } catch (...) {
+          hybrid->stream_release(il, s);  // what was enqueued reads the buffer: the next copy into it waits
+          throw;
+        }
         hybrid->stream_release(il, s);
       }
     }

@@ -96,23 +96,35 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
         most = std::max(most, b);
       }
       most *= kStreamBuffers;
-      if (out.receipt.available_for_experts >= static_cast<int64_t>(most)) {
-        in.prefill_stream_bytes = most;
+      const GpuExpertPlan without = out;
+      const VramInputs without_in = in;
+      // The placement with the buffers set aside; false when it fails (an --expert-cache that no longer
+      // fits the smaller budget) or no longer leaves the session hybrid.
+      auto place_with = [&](uint64_t bytes) {
+        in.prefill_stream_bytes = bytes;
         in.prefill_stream_note = cat(kStreamBuffers, " buffers of the largest layer's cold experts");
-        place_experts();
+        try {
+          place_experts();
+        } catch (const Error&) {
+          return false;
+        }
+        return fits && out.hybrid;
+      };
+      if (out.receipt.available_for_experts >= static_cast<int64_t>(most) && place_with(most)) {
         const uint64_t need = stream_buffer_bytes(footprint.expert_bytes, out.expert_slots);
         if (fits && out.hybrid && need < most) {
           GpuExpertPlan first = out;
           const VramInputs first_in = in;
-          in.prefill_stream_bytes = need;
-          place_experts();
-          if (!(fits && out.hybrid && stream_buffer_bytes(footprint.expert_bytes, out.expert_slots) <= need)) {
+          if (!(place_with(need) && stream_buffer_bytes(footprint.expert_bytes, out.expert_slots) <= need)) {
             out = std::move(first);
             in = first_in;
             fits = true;
           }
         }
       } else {
+        out = without;
+        in = without_in;
+        fits = true;
         in.prefill_stream_note = "dropped: no room (prompts compute cold experts on the CPU)";
         out.receipt = compute_vram_receipt(in);
       }
