@@ -1,7 +1,6 @@
 #include "strata/cuda/hybrid_stream.h"
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -10,6 +9,7 @@
 #include <thread>
 
 #include "strata/base/error.h"
+#include "strata/cpu/copy_team.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/device_memory.h"
 
@@ -49,8 +49,8 @@ uint64_t ExpertStreamer::buffer_bytes(const Model& model, const std::vector<std:
 }
 
 // The staging side: a thread that takes layer jobs in order and, piece by piece, copies the layer's cold experts into a
-// ring of pinned pieces (with a small team of copy threads) and enqueues each piece's transfer into the layer's device
-// buffer on its own copy stream.
+// ring of pinned pieces (with a CopyTeam) and enqueues each piece's transfer into the layer's device buffer on its own
+// copy stream.
 struct ExpertStreamer::Stager {
   static constexpr size_t kPiece = 16u << 20;  // bytes per pinned piece
   static constexpr int kPieces = 4;            // pieces in the ring
@@ -74,22 +74,7 @@ struct ExpertStreamer::Stager {
   int next_piece = 0;
   cudaEvent_t* free_events = nullptr;  // the streamer's free_
 
-  // Copy team: n_copy threads in all (the stager itself and n_copy - 1 workers). Every worker takes part in every
-  // piece, slice t of n_copy, and the stager starts the next piece only once all of them have reported back.
-  struct Copy {
-    const uint8_t* src = nullptr;
-    uint8_t* dst = nullptr;
-    size_t n = 0;
-  };
-  int n_copy = 1;
-  std::vector<std::thread> team;
-  std::mutex team_mu;
-  std::condition_variable team_cv;    // a new piece (or quit) for the workers
-  std::condition_variable team_done;  // workers_left reached 0
-  uint64_t team_gen = 0;
-  Copy piece_copy;
-  int workers_left = 0;
-  bool team_quit = false;
+  std::unique_ptr<CopyTeam> team;  // host copies into the pinned pieces
 
   std::thread thread;
   std::mutex mu;
@@ -100,7 +85,6 @@ struct ExpertStreamer::Stager {
   bool stop = false;
 
   Stager(int n_threads, cudaEvent_t* free_ev) : free_events(free_ev) {
-    n_copy = std::max(1, n_threads);
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     try {
       check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "prefill streaming: stream");
@@ -112,7 +96,7 @@ struct ExpertStreamer::Stager {
         check_cuda(cudaMallocHost(&p, kPiece), "prefill streaming: pinned staging (cudaMallocHost)");
         pieces[i] = static_cast<uint8_t*>(p);
       }
-      for (int t = 1; t < n_copy; ++t) team.emplace_back([this, t] { copy_worker(t); });
+      team = std::make_unique<CopyTeam>(n_threads);
       thread = std::thread([this] { loop(); });
     } catch (...) {
       shutdown();
@@ -128,14 +112,7 @@ struct ExpertStreamer::Stager {
     }
     cv.notify_all();
     if (thread.joinable()) thread.join();
-    {
-      std::lock_guard<std::mutex> lk(team_mu);
-      team_quit = true;
-    }
-    team_cv.notify_all();
-    for (std::thread& t : team)
-      if (t.joinable()) t.join();
-    team.clear();
+    team.reset();
     if (stream) cudaStreamSynchronize(stream);
     for (int i = 0; i < kPieces; ++i) {
       if (pieces[i]) cudaFreeHost(pieces[i]);
@@ -200,7 +177,7 @@ struct ExpertStreamer::Stager {
         const int k = next_piece;
         next_piece = (next_piece + 1) % kPieces;
         check_cuda(cudaEventSynchronize(piece_done[k]), "prefill streaming: wait for a piece");
-        parallel_copy(pieces[k], r.src + off, n);
+        team->copy(pieces[k], r.src + off, n);
         check_cuda(cudaMemcpyAsync(r.dst + off, pieces[k], n, cudaMemcpyHostToDevice, stream),
                    "prefill streaming: copy experts");
         check_cuda(cudaEventRecord(piece_done[k], stream), "prefill streaming: record a piece");
@@ -209,46 +186,6 @@ struct ExpertStreamer::Stager {
     check_cuda(cudaEventRecord(copied[job.buffer], stream), "prefill streaming: record copies");
   }
 
-  // dst[0, n) = src[0, n) by the team, each thread one slice.
-  void parallel_copy(uint8_t* dst, const uint8_t* src, size_t n) {
-    const Copy c{src, dst, n};
-    if (n_copy == 1) {
-      copy_slice(c, 0);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lk(team_mu);
-      piece_copy = c;
-      workers_left = n_copy - 1;
-      ++team_gen;
-    }
-    team_cv.notify_all();
-    copy_slice(c, 0);
-    std::unique_lock<std::mutex> lk(team_mu);
-    team_done.wait(lk, [&] { return workers_left == 0; });
-  }
-  void copy_slice(const Copy& c, int t) const {
-    const size_t per = (c.n + static_cast<size_t>(n_copy) - 1) / static_cast<size_t>(n_copy);
-    const size_t slice = (per + 63) / 64 * 64;  // n_copy slices cover n
-    const size_t off = slice * static_cast<size_t>(t);
-    if (off < c.n) std::memcpy(c.dst + off, c.src + off, std::min(slice, c.n - off));
-  }
-  void copy_worker(int t) {
-    uint64_t seen = 0;
-    for (;;) {
-      Copy c;
-      {
-        std::unique_lock<std::mutex> lk(team_mu);
-        team_cv.wait(lk, [&] { return team_quit || team_gen != seen; });
-        if (team_quit) return;
-        seen = team_gen;
-        c = piece_copy;
-      }
-      copy_slice(c, t);
-      std::lock_guard<std::mutex> lk(team_mu);
-      if (--workers_left == 0) team_done.notify_one();
-    }
-  }
 };
 
 ExpertStreamer::ExpertStreamer(const Model& model, const DeviceModel& dm,
@@ -295,7 +232,7 @@ ExpertStreamer::ExpertStreamer(const Model& model, const DeviceModel& dm,
   }
 }
 
-int ExpertStreamer::staging_threads() const { return stager_ ? stager_->n_copy : 0; }
+int ExpertStreamer::staging_threads() const { return stager_ ? stager_->team->n_threads() : 0; }
 
 ExpertStreamer::~ExpertStreamer() { release_all(); }
 
