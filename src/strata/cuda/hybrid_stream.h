@@ -78,8 +78,7 @@ class ExpertStreamer {
     DevMatrix dev[3];                                     // the layer's resident stacks (type and row shape)
   };
   struct Stager;
-  void enqueue(size_t pos);  // hands the chunk's pos-th streaming layer to the
-                             // staging thread
+  void enqueue(size_t pos);  // hands the chunk's pos-th streaming layer to the staging thread
   void release_all();
 
   const ModelConfig& c_;
