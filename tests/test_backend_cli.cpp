@@ -604,7 +604,10 @@ TEST(BackendCli, HybridRunStreamsThePrompt) {
   const strata::ModelConfig& c = model->config();
   std::string prompt;
   const int n = 8 * c.n_expert / c.n_expert_used;  // 8 expected tokens per expert: the pass streams
-  for (int i = 0; i < n; ++i) prompt += (i ? "," : "") + std::to_string((i * 7919 + 13) % c.n_vocab);
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) prompt += ',';
+    prompt += std::to_string((i * 7919 + 13) % c.n_vocab);
+  }
   const std::string base = "run -m " + kModel + " --prompt-tokens " + prompt + " -n 1 --print-token-ids --gpu -ctk f32 -ctv f32";
   const auto all_gpu = run_cli(base);
   ASSERT_EQ(all_gpu.exit_code, 0) << all_gpu.err;
