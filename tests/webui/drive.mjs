@@ -19,7 +19,7 @@ const browser = spawn(chromiumPath, [
   "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu", "--no-first-run",
   "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",
   "--user-data-dir=" + profile, "about:blank",
-], { stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"] });
+], { stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"], detached: true });  // its own group: helpers die with it
 let browserLog = "";
 browser.stderr.on("data", (d) => { browserLog = (browserLog + d).slice(-4000); });
 
@@ -146,9 +146,18 @@ async function main() {
                                streamed_updates: reply.seen.length, stats: reply.stats }));
 }
 
+// SIGKILL to the browser's whole process group (it was started detached, as a group leader).
+function killBrowser() {
+  try {
+    process.kill(-browser.pid, "SIGKILL");
+  } catch {
+    // the group is gone already
+  }
+}
+
 const watchdog = setTimeout(() => {
   console.error("drive.mjs: gave up after 240 s\n" + browserLog);
-  browser.kill("SIGKILL");
+  killBrowser();
   process.exit(1);
 }, 240000);
 let code = 0;
@@ -161,9 +170,16 @@ try {
 clearTimeout(watchdog);
 if (browser.exitCode === null && browser.signalCode === null) {
   const exited = new Promise((r) => browser.once("exit", r));
-  browser.kill("SIGKILL");
+  killBrowser();
   await exited;
+} else {
+  killBrowser();  // helper processes may outlive the browser itself
 }
-// The browser's helper processes may still be writing its profile for a moment after it exits.
-rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+// A helper process that was still exiting may write the profile for a moment longer: retry, and never let the
+// clean-up of a temporary directory decide the test.
+try {
+  rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+} catch (e) {
+  console.error("drive.mjs: could not remove " + profile + ": " + e.message);
+}
 process.exit(code);
