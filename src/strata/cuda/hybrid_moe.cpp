@@ -182,8 +182,8 @@ class HybridMoeImpl final : public HybridMoe {
     prefill::scatter_rows(byc_d_, bpairs_d_, pair_row, nc, c_.n_embd, ye, s);
   }
 
-  void stream_chunk(int n, cudaStream_t s) override {
-    if (streamer_) streamer_->begin_chunk(n, s);
+  void stream_chunk(int n) override {
+    if (streamer_) streamer_->begin_chunk(n);
   }
   StreamedLayer stream_acquire(int il, cudaStream_t s) override {
     return streamer_ ? streamer_->acquire(il, s) : StreamedLayer{};

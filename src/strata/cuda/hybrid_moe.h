@@ -55,12 +55,12 @@ class HybridMoe {
   virtual void cold_batch_begin(int il, const int* ids, const int* counts, const float* xn, int n, cudaStream_t s) = 0;
   virtual void cold_batch_finish(int il, const int* pair_row, float* ye, int n, cudaStream_t s) = 0;
   // Streaming prefill (hybrid_stream.h; nothing streams when the session was built without it):
-  //   stream_chunk: a prefill chunk of n tokens starts on s (the cost model decides which layers stream
+  //   stream_chunk: a prefill chunk of n tokens starts (the cost model decides whether its layers stream
   //     and their first copies start);
   //   stream_acquire(il): after the hot experts are enqueued: s waits for layer il's copies; n == 0 when
   //     its cold experts run on the CPU this chunk (cold_batch_* then computes them, else it skips them);
   //   stream_release(il): every read of the layer's buffer is enqueued on s.
-  virtual void stream_chunk(int n, cudaStream_t s) = 0;
+  virtual void stream_chunk(int n) = 0;
   virtual StreamedLayer stream_acquire(int il, cudaStream_t s) = 0;
   virtual void stream_release(int il, cudaStream_t s) = 0;
   // Counters since construction or the last reset (reads device counters: call between steps).

@@ -35,19 +35,6 @@ std::vector<int> cold_experts(const std::vector<int>& slots) {
 
 }  // namespace
 
-uint64_t ExpertStreamer::buffer_bytes(const Model& model, const std::vector<std::vector<int>>& placement) {
-  const ModelWeights& W = model.weights();
-  uint64_t largest = 0;
-  for (size_t l = 0; l < placement.size() && l < W.layers.size(); ++l) {
-    if (model.config().layer(static_cast<int>(l)).ffn != FfnKind::Moe) continue;
-    const std::vector<int> cold = cold_experts(placement[l]);
-    uint64_t per = 0;
-    for (int i = 0; i < 3; ++i) per += expert_bytes(host_stack(W.layers[l].moe, i));
-    largest = std::max<uint64_t>(largest, per * cold.size());
-  }
-  return largest;
-}
-
 // The staging side: a thread that takes layer jobs in order and, piece by piece, copies the layer's cold experts into a
 // ring of pinned pieces (with a CopyTeam) and enqueues each piece's transfer into the layer's device buffer on its own
 // copy stream.
@@ -197,7 +184,6 @@ ExpertStreamer::ExpertStreamer(const Model& model, const DeviceModel& dm,
     for (size_t l = 0; l < placement.size() && l < W.layers.size(); ++l) {
       if (c_.layer(static_cast<int>(l)).ffn != FfnKind::Moe) continue;
       Layer L;
-      L.il = static_cast<int>(l);
       L.cold = cold_experts(placement[l]);
       if (L.cold.empty()) continue;
       for (int i = 0; i < 3; ++i) {
@@ -217,8 +203,9 @@ ExpertStreamer::ExpertStreamer(const Model& model, const DeviceModel& dm,
                  "prefill streaming: ranks");
       layer_index_[l] = static_cast<int>(layers_.size() - 1);
     }
-    chunk_streams_.assign(layers_.size(), 0);
-    buffer_bytes_ = buffer_bytes(model, placement);
+    job_of_.assign(layers_.size(), 0);
+    for (const Layer& L : layers_)
+      buffer_bytes_ = std::max<uint64_t>(buffer_bytes_, L.cold.size() * (L.stride[0] + L.stride[1] + L.stride[2]));
     for (int b = 0; b < kBuffers; ++b) {
       buffers_[b] =
           static_cast<uint8_t*>(device_alloc(std::max<uint64_t>(buffer_bytes_, 1), "prefill streaming buffers"));
@@ -248,26 +235,19 @@ void ExpertStreamer::release_all() {
   layers_.clear();
 }
 
-void ExpertStreamer::begin_chunk(int m, cudaStream_t s) {
-  (void)s;
+void ExpertStreamer::begin_chunk(int m) {
   const double per_expert = static_cast<double>(m) * c_.n_expert_used / std::max(c_.n_expert, 1);
-  const bool stream = per_expert >= kMinTokensPerExpert && failure_.empty();
-  order_.clear();
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    chunk_streams_[i] = stream ? 1 : 0;
-    if (stream) order_.push_back(i);
-  }
-  job_of_.assign(order_.size(), 0);
+  chunk_streams_ = per_expert >= kMinTokensPerExpert && failure_.empty() && !layers_.empty();
   next_pos_ = 0;
   first_buffer_ = next_buffer_;
-  next_buffer_ = static_cast<int>((static_cast<size_t>(first_buffer_) + order_.size()) % kBuffers);
-  if (order_.empty()) return;
+  if (!chunk_streams_) return;
+  next_buffer_ = static_cast<int>((static_cast<size_t>(first_buffer_) + layers_.size()) % kBuffers);
   ++stats_.chunks;
-  for (int b = 0; b < kBuffers && next_pos_ < order_.size(); ++b) enqueue(next_pos_++);
+  for (int b = 0; b < kBuffers && next_pos_ < layers_.size(); ++b) enqueue(next_pos_++);
 }
 
 void ExpertStreamer::enqueue(size_t pos) {
-  const Layer& L = layers_[order_[pos]];
+  const Layer& L = layers_[pos];
   const int b = static_cast<int>((static_cast<size_t>(first_buffer_) + pos) % kBuffers);
   const size_t n = L.cold.size();
   Stager::Job job;
@@ -301,10 +281,8 @@ void ExpertStreamer::enqueue(size_t pos) {
 }
 
 StreamedLayer ExpertStreamer::acquire(int il, cudaStream_t s) {
-  const int li = il >= 0 && il < c_.n_layer ? layer_index_[static_cast<size_t>(il)] : -1;
-  if (li < 0 || !chunk_streams_[static_cast<size_t>(li)]) return StreamedLayer{};
-  const size_t pos =
-      static_cast<size_t>(std::find(order_.begin(), order_.end(), static_cast<size_t>(li)) - order_.begin());
+  if (!streams(il)) return StreamedLayer{};
+  const size_t pos = static_cast<size_t>(layer_index_[static_cast<size_t>(il)]);
   if (pos >= next_pos_) fail("prefill streaming: layer ", il, " acquired before the layers ahead of it were released");
   const int b = static_cast<int>((static_cast<size_t>(first_buffer_) + pos) % kBuffers);
   try {
@@ -318,17 +296,14 @@ StreamedLayer ExpertStreamer::acquire(int il, cudaStream_t s) {
 }
 
 void ExpertStreamer::release(int il, cudaStream_t s) {
-  const int li = layer_index_[static_cast<size_t>(il)];
-  const size_t pos =
-      static_cast<size_t>(std::find(order_.begin(), order_.end(), static_cast<size_t>(li)) - order_.begin());
+  const size_t pos = static_cast<size_t>(layer_index_[static_cast<size_t>(il)]);
   const int b = static_cast<int>((static_cast<size_t>(first_buffer_) + pos) % kBuffers);
   check_cuda(cudaEventRecord(free_[b], s), "prefill streaming: record buffer use");
-  if (next_pos_ < order_.size()) enqueue(next_pos_++);
+  if (next_pos_ < layers_.size()) enqueue(next_pos_++);
 }
 
 bool ExpertStreamer::streams(int il) const {
-  const int li = layer_index_[static_cast<size_t>(il)];
-  return li >= 0 && chunk_streams_[static_cast<size_t>(li)];
+  return chunk_streams_ && il >= 0 && il < c_.n_layer && layer_index_[static_cast<size_t>(il)] >= 0;
 }
 
 }  // namespace strata::cuda

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/cuda/device_model.h"
+#include "strata/moe/gpu_expert_plan.h"
 
 namespace strata::cuda {
 
@@ -45,12 +46,9 @@ class ExpertStreamer {
   ExpertStreamer(const ExpertStreamer&) = delete;
   ExpertStreamer& operator=(const ExpertStreamer&) = delete;
 
-  // Device bytes of the buffers a placement needs (the plan's receipt counts them before any upload).
-  static uint64_t buffer_bytes(const Model& model, const std::vector<std::vector<int>>& placement);
-
-  // A chunk of m tokens starts on stream s: decides which layers stream (the cost model: enough expected tokens per
-  // cold expert that a copy beats the CPU's pass over the expert) and enqueues the first layers' copies.
-  void begin_chunk(int m, cudaStream_t s);
+  // A chunk of m tokens starts: decides whether its layers stream (the cost model: enough expected tokens per cold
+  // expert that a copy beats the CPU's pass over the expert) and enqueues the first layers' copies.
+  void begin_chunk(int m);
   // Layer il of the current chunk: s waits for its copies; n == 0 when the layer does not stream.
   StreamedLayer acquire(int il, cudaStream_t s);
   // Every read of layer il's buffer is enqueued on s: the buffer goes to the layer kBuffers further on.
@@ -65,12 +63,11 @@ class ExpertStreamer {
   int staging_threads() const;
   // The fewest expected tokens per cold expert (chunk tokens x k / n_expert) that stream.
   static constexpr double kMinTokensPerExpert = 4.0;
-  static constexpr int kBuffers = 2;
+  static constexpr int kBuffers = kStreamBuffers;  // what the plan reserved
   static constexpr int kMaxStagingThreads = 8;
 
  private:
   struct Layer {
-    int il = -1;
     std::vector<int> cold;                                // cold expert ids, ascending (rank order)
     int* rank_d = nullptr;                                // device [n_expert]
     const uint8_t* src[3] = {nullptr, nullptr, nullptr};  // host gate/up/down stacks (expert 0)
@@ -78,17 +75,16 @@ class ExpertStreamer {
     DevMatrix dev[3];                                     // the layer's resident stacks (type and row shape)
   };
   struct Stager;
-  void enqueue(size_t pos);  // hands the chunk's pos-th streaming layer to the staging thread
+  void enqueue(size_t pos);  // hands layers_[pos] of this chunk to the staging thread
   void release_all();
 
   const ModelConfig& c_;
   std::vector<Layer> layers_;        // MoE layers with cold experts, in layer order
   std::vector<int> layer_index_;     // [n_layer] -> index in layers_ or -1
-  std::vector<char> chunk_streams_;  // [layers_] this chunk
-  std::vector<size_t> order_;        // this chunk's streaming layers (indices into layers_)
-  std::vector<uint64_t> job_of_;     // [order_] the staging job of each, once enqueued
-  size_t next_pos_ = 0;              // next position of order_ to enqueue
-  int first_buffer_ = 0;             // buffer of order_[0]
+  bool chunk_streams_ = false;       // this chunk's layers stream (every one of layers_ in turn)
+  std::vector<uint64_t> job_of_;     // [layers_] the staging job of each in this chunk, once enqueued
+  size_t next_pos_ = 0;              // next index of layers_ to enqueue
+  int first_buffer_ = 0;             // buffer of layers_[0] in this chunk
   int next_buffer_ = 0;              // buffer the next chunk's first layer takes
   uint8_t* buffers_[kBuffers] = {};
   uint64_t buffer_bytes_ = 0;

@@ -535,7 +535,7 @@ struct GpuPrefill::Impl {
       const int m = std::min(step, n - c0);
       const int pos0 = st.n_past;
       replay_chunk = replay ? replay + static_cast<size_t>(c0) * static_cast<size_t>(replay_stride) : nullptr;
-      if (hybrid) hybrid->stream_chunk(m, s);
+      if (hybrid) hybrid->stream_chunk(m);
       {
         Timed t(*this, kEmbedNormAdd);
         check_cuda(cudaMemcpyAsync(tokens_d, tokens + c0, sizeof(int) * m, cudaMemcpyHostToDevice, s), "copy tokens");

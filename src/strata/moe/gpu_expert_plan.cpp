@@ -22,64 +22,65 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
   bool fits = false;
   // The receipt, placement and cache for `in` as it stands (run again when the stream buffers change).
   auto place_experts = [&] {
-  out = GpuExpertPlan{};
-  in.cache_slot_bytes = 0;
-  in.cache_note.clear();
-  out.receipt = compute_vram_receipt(in);
-  fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
-  if (fits) {
-    // Bytes of `slots` cache slots per layer: a slot holds the layer's largest expert.
-    auto slot_bytes = [&footprint](const std::vector<int>& slots) {
-      uint64_t b = 0;
-      for (size_t l = 0; l < slots.size(); ++l)
-        if (!footprint.expert_bytes[l].empty())
-          b += static_cast<uint64_t>(slots[l]) *
-               *std::max_element(footprint.expert_bytes[l].begin(), footprint.expert_bytes[l].end());
-      return b;
-    };
-    // The cache's slots come out of the budget first; a budget that holds every expert needs no cache.
-    uint64_t cache_bytes = 0;
-    const bool cache = request.expert_cache_slots > 0 && out.receipt.expert_budget < out.receipt.all_expert_bytes;
-    if (cache) {
-      cache_bytes = slot_bytes(std::vector<int>(footprint.expert_bytes.size(), request.expert_cache_slots));
-      if (cache_bytes > out.receipt.expert_budget)
-        fail("--expert-cache ", request.expert_cache_slots, " needs ", format_binary_size(cache_bytes),
-             " of the expert budget, which has ", format_binary_size(out.receipt.expert_budget),
-             "\nhint: lower --expert-cache or raise --expert-budget / --gpu-mem");
-    }
-    // A layer gets no more slots than it has cold experts (a placement may keep whole layers hot): the
-    // bytes such layers leave unused go back to the pinned experts, pass by pass, keeping only plans
-    // whose slots fit what was set aside for them.
-    auto place = [&](uint64_t reserved) {
-      return plan_placement(
-          placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget - reserved));
-    };
-    out.plan = place(cache_bytes);
-    if (cache) {
-      out.cache_slots = expert_cache_slots_per_layer(out.plan.slot_of, request.expert_cache_slots);
-      for (int pass = 0; pass < 8; ++pass) {
-        const uint64_t used = slot_bytes(out.cache_slots);
-        if (used >= cache_bytes) break;
-        cache_bytes = used;
-        ExpertPlan more = place(cache_bytes);
-        std::vector<int> slots = expert_cache_slots_per_layer(more.slot_of, request.expert_cache_slots);
-        if (slot_bytes(slots) > cache_bytes) break;  // keep the last plan that fits
-        out.plan = std::move(more);
-        out.cache_slots = std::move(slots);
+    out = GpuExpertPlan{};
+    in.cache_slot_bytes = 0;
+    in.cache_note.clear();
+    out.receipt = compute_vram_receipt(in);
+    fits = out.receipt.core_fits && out.receipt.budget_fits && out.receipt.limit_available;
+    if (fits) {
+      // Bytes of `slots` cache slots per layer: a slot holds the layer's largest expert.
+      auto slot_bytes = [&footprint](const std::vector<int>& slots) {
+        uint64_t b = 0;
+        for (size_t l = 0; l < slots.size(); ++l)
+          if (!footprint.expert_bytes[l].empty())
+            b += static_cast<uint64_t>(slots[l]) *
+                 *std::max_element(footprint.expert_bytes[l].begin(), footprint.expert_bytes[l].end());
+        return b;
+      };
+      // The cache's slots come out of the budget first; a budget that holds every expert needs no cache.
+      uint64_t cache_bytes = 0;
+      const bool cache = request.expert_cache_slots > 0 && out.receipt.expert_budget < out.receipt.all_expert_bytes;
+      if (cache) {
+        cache_bytes = slot_bytes(std::vector<int>(footprint.expert_bytes.size(), request.expert_cache_slots));
+        if (cache_bytes > out.receipt.expert_budget)
+          fail("--expert-cache ", request.expert_cache_slots, " needs ", format_binary_size(cache_bytes),
+               " of the expert budget, which has ", format_binary_size(out.receipt.expert_budget),
+               "\nhint: lower --expert-cache or raise --expert-budget / --gpu-mem");
+      }
+      // A layer gets no more slots than it has cold experts (a placement may keep whole layers hot): the
+      // bytes such layers leave unused go back to the pinned experts, pass by pass, keeping only plans
+      // whose slots fit what was set aside for them.
+      auto place = [&](uint64_t reserved) {
+        return plan_placement(
+            placement_input(footprint, request.hotness, n_expert_used, out.receipt.expert_budget - reserved));
+      };
+      out.plan = place(cache_bytes);
+      if (cache) {
+        out.cache_slots = expert_cache_slots_per_layer(out.plan.slot_of, request.expert_cache_slots);
+        for (int pass = 0; pass < 8; ++pass) {
+          const uint64_t used = slot_bytes(out.cache_slots);
+          if (used >= cache_bytes) break;
+          cache_bytes = used;
+          ExpertPlan more = place(cache_bytes);
+          std::vector<int> slots = expert_cache_slots_per_layer(more.slot_of, request.expert_cache_slots);
+          if (slot_bytes(slots) > cache_bytes) break;  // keep the last plan that fits
+          out.plan = std::move(more);
+          out.cache_slots = std::move(slots);
+        }
+      }
+      // Hybrid only when some expert stays on the CPU: a budget that holds every expert is the all-GPU session.
+      out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
+      if (out.hybrid) out.expert_slots = out.plan.slot_of;
+      if (out.hybrid && cache) {
+        out.expert_cache_request = request.expert_cache_slots;
+        in.cache_slot_bytes = slot_bytes(out.cache_slots);
+        in.cache_note =
+            cat("--expert-cache ", request.expert_cache_slots, " slots/layer, ", request.expert_cache_policy);
+        out.receipt = compute_vram_receipt(in);
+      } else {
+        out.cache_slots.clear();
       }
     }
-    // Hybrid only when some expert stays on the CPU: a budget that holds every expert is the all-GPU session.
-    out.hybrid = out.plan.n_hot_total() < out.plan.n_expert_total();
-    if (out.hybrid) out.expert_slots = out.plan.slot_of;
-    if (out.hybrid && cache) {
-      out.expert_cache_request = request.expert_cache_slots;
-      in.cache_slot_bytes = slot_bytes(out.cache_slots);
-      in.cache_note = cat("--expert-cache ", request.expert_cache_slots, " slots/layer, ", request.expert_cache_policy);
-      out.receipt = compute_vram_receipt(in);
-    } else {
-      out.cache_slots.clear();
-    }
-  }
   };
   place_experts();
   if (fits && out.hybrid) {
@@ -112,7 +113,7 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
       };
       if (out.receipt.available_for_experts >= static_cast<int64_t>(most) && place_with(most)) {
         const uint64_t need = stream_buffer_bytes(footprint.expert_bytes, out.expert_slots);
-        if (fits && out.hybrid && need < most) {
+        if (need < most) {
           GpuExpertPlan first = out;
           const VramInputs first_in = in;
           if (!(place_with(need) && stream_buffer_bytes(footprint.expert_bytes, out.expert_slots) <= need)) {
