@@ -1,7 +1,6 @@
-// CopyTeam (cpu/copy_team.h): every byte of every copy lands, for sizes that do not divide among the
-// threads, sizes below a cache line and zero, over thousands of back-to-back copies into one reused
-// destination (the streaming prefill's pattern), and the destination is never written after copy()
-// returns.
+// CopyTeam (cpu/copy_team.h): every byte of every copy lands, for sizes that do not divide into blocks,
+// sizes below one block and zero, over thousands of back-to-back copies into one reused destination (the
+// streaming prefill's pattern), and the destination is never written after copy() returns.
 #include <gtest/gtest.h>
 
 #include <chrono>

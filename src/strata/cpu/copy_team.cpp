@@ -7,7 +7,7 @@ namespace strata {
 
 CopyTeam::CopyTeam(int n_threads) : n_threads_(std::max(1, n_threads)) {
   try {
-    for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
+    for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this] { worker(); });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -30,31 +30,40 @@ CopyTeam::~CopyTeam() {
 
 void CopyTeam::copy(void* dst, const void* src, size_t n) {
   const Piece p{static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n};
-  if (workers_.empty()) {
-    copy_slice(p, 0);
+  if (workers_.empty() || n <= kBlock) {
+    std::memcpy(p.dst, p.src, n);
     return;
   }
+  uint32_t gen = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     piece_ = p;
-    left_ = static_cast<int>(workers_.size());
-    ++gen_;
+    gen = ++gen_;
+    copied_.store(0);
+    claim_.store(uint64_t{gen} << 32);
   }
   start_.notify_all();
-  copy_slice(p, 0);
-  std::unique_lock<std::mutex> lk(mu_);
-  done_.wait(lk, [&] { return left_ == 0; });
+  copy_blocks(p, gen);
+  // The other threads hold at most one block each by now.
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  while (copied_.load() < blocks) std::this_thread::yield();
 }
 
-void CopyTeam::copy_slice(const Piece& p, int t) const {
-  const size_t per = (p.n + static_cast<size_t>(n_threads_) - 1) / static_cast<size_t>(n_threads_);
-  const size_t slice = (per + 63) / 64 * 64;  // n_threads_ slices cover n, each starting on a cache line
-  const size_t off = slice * static_cast<size_t>(t);
-  if (off < p.n) std::memcpy(p.dst + off, p.src + off, std::min(slice, p.n - off));
+void CopyTeam::copy_blocks(const Piece& p, uint32_t gen) {
+  const size_t blocks = (p.n + kBlock - 1) / kBlock;
+  for (;;) {
+    uint64_t c = claim_.load();
+    do {
+      if (static_cast<uint32_t>(c >> 32) != gen || (c & 0xffffffffu) >= blocks) return;
+    } while (!claim_.compare_exchange_weak(c, c + 1));
+    const size_t off = static_cast<size_t>(c & 0xffffffffu) * kBlock;
+    std::memcpy(p.dst + off, p.src + off, std::min(kBlock, p.n - off));
+    copied_.fetch_add(1);
+  }
 }
 
-void CopyTeam::worker(int t) {
-  uint64_t seen = 0;
+void CopyTeam::worker() {
+  uint32_t seen = 0;
   for (;;) {
     Piece p;
     {
@@ -64,9 +73,7 @@ void CopyTeam::worker(int t) {
       seen = gen_;
       p = piece_;
     }
-    copy_slice(p, t);
-    std::lock_guard<std::mutex> lk(mu_);
-    if (--left_ == 0) done_.notify_one();
+    copy_blocks(p, seen);
   }
 }
 

@@ -1,9 +1,12 @@
 // A small team of threads that copies one host buffer at a time at memory speed (the streaming prefill's
-// staging copies, cuda/hybrid_stream.h): the caller and n_threads - 1 workers each copy one slice of every
-// buffer, and copy() returns once all of them are done, so no thread can still be writing when the caller
-// reuses the destination. Workers sleep between copies. One caller at a time.
+// staging copies, cuda/hybrid_stream.h): the caller and n_threads - 1 workers claim blocks of the buffer
+// until none are left, so a thread slowed by the scheduler costs its share, not the whole copy. copy()
+// returns once every block is copied; a claim carries the copy's generation, so a late worker can never
+// claim a block of the next copy and nothing writes after copy() returns. Workers sleep between copies.
+// One caller at a time.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -25,23 +28,24 @@ class CopyTeam {
   void copy(void* dst, const void* src, size_t n);
 
  private:
+  static constexpr size_t kBlock = size_t{256} << 10;
   struct Piece {
     const uint8_t* src = nullptr;
     uint8_t* dst = nullptr;
     size_t n = 0;
   };
-  void copy_slice(const Piece& p, int t) const;
-  void worker(int t);
+  void copy_blocks(const Piece& p, uint32_t gen);
+  void worker();
 
   int n_threads_ = 1;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_;  // a new piece (or quit) for the workers
-  std::condition_variable done_;   // left_ reached 0
-  uint64_t gen_ = 0;
+  uint32_t gen_ = 0;  // the current copy's generation
   Piece piece_;
-  int left_ = 0;  // workers still copying the current piece
   bool quit_ = false;
+  std::atomic<uint64_t> claim_{0};  // gen_ << 32 | next block to claim
+  std::atomic<size_t> copied_{0};   // blocks of the current copy finished
 };
 
 }  // namespace strata
