@@ -1407,6 +1407,116 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
   EXPECT_THROW(sc::gemv_batch(&j, 1, nullptr, &nm, nullptr, nullptr, nullptr, 2), strata::Error);
 }
 
+// The token-shared launch (a token grid of unrouted K-quant jobs on the int8 path: each block stages
+// several tokens and reads each weight once for all of them) is T single-token launches, bit for bit:
+// normed jobs sharing one input (one of many tiles), gate/up pairs of one type and of two, an Accumulate
+// job beside a narrower one, a row too wide for eight tokens' staging, at token counts that split
+// unevenly (the size threshold lowered so that small matrices take it); launches it cannot take go to the
+// token grid.
+TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(51);
+  const int d = 2048, wide = 4096, huge = 16384;
+  struct W {
+    GgmlType type;
+    int64_t rows, cols;
+  };
+  const std::vector<W> shapes = {{GgmlType::Q4_K, 3000, d}, {GgmlType::Q5_K, 512, d}, {GgmlType::Q6_K, 256, d},
+                                 {GgmlType::Q4_K, 768, d},  {GgmlType::Q4_K, 768, d}, {GgmlType::Q4_K, 256, d},
+                                 {GgmlType::Q6_K, 256, d},  {GgmlType::Q6_K, d, wide}, {GgmlType::Q5_K, 320, huge},
+                                 {GgmlType::Q8_0, 256, d}};
+  std::vector<std::unique_ptr<Dev<uint8_t>>> bufs;
+  std::vector<sc::DevMatrix> m;
+  for (const W& w : shapes) {
+    bufs.push_back(std::make_unique<Dev<uint8_t>>(make_weights(w.type, w.rows, w.cols, rng)));
+    m.push_back(dev_matrix(w.type, *bufs.back(), w.rows, w.cols));
+  }
+  const int kMaxT = sc::kMaxGemvTokens;
+  const std::vector<float> x = randn(static_cast<size_t>(kMaxT) * huge, rng, 3.0f), nw = randn(d, rng);
+  const std::vector<float> res = randn(static_cast<size_t>(kMaxT) * d, rng);
+  Dev<float> dx(x), dn(nw);
+  Int8Gemv int8;
+  struct AnySize {  // the token-shared form for matrices of any size
+    AnySize() { sc::set_gemv_tokens_min_bytes(0); }
+    ~AnySize() { sc::set_gemv_tokens_min_bytes(sc::kGemvTokensMinBytes); }
+  } any_size;
+  // The launches' jobs, writing into outputs o, for tokens from `at` on (token stride = the row's width).
+  using Outs = std::vector<std::unique_ptr<Dev<float>>>;
+  auto jobs_of = [&](int launch, Outs& o, int at) {
+    std::vector<sc::GemvJob> j;
+    auto job = [&](int wi, int out, int64_t cols) {
+      sc::GemvJob g;
+      g.w = &m[static_cast<size_t>(wi)], g.x = dx.p + at * cols, g.x_token_stride = cols;
+      g.y = o[static_cast<size_t>(out)]->p + at * m[static_cast<size_t>(wi)].n_rows;
+      g.y_token_stride = m[static_cast<size_t>(wi)].n_rows;
+      return g;
+    };
+    if (launch == 0) {  // q/k/v-like: three normed jobs on one input
+      for (int i = 0; i < 3; ++i) {
+        j.push_back(job(i, i, d));
+        j.back().norm_w = dn.p, j.back().norm_eps = 1e-6f;
+      }
+    } else if (launch == 1) {  // gate/up pairs: one type, and two types
+      j.push_back(job(3, 3, d));
+      j.back().w2 = &m[4], j.back().mode = sc::GemvMode::SwigluPair, j.back().norm_w = dn.p, j.back().norm_eps = 1e-5f;
+      j.push_back(job(5, 5, d));
+      j.back().w2 = &m[6], j.back().mode = sc::GemvMode::SwigluPair;
+    } else if (launch == 2) {  // an Accumulate job on a wider input beside a narrower job
+      j.push_back(job(7, 7, wide));
+      j.back().mode = sc::GemvMode::Accumulate;
+      j.push_back(job(2, 2, d));
+    } else {  // a 16384-column row
+      j.push_back(job(8, 8, huge));
+    }
+    return j;
+  };
+  auto outputs = [&]() {
+    Outs o;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      o.push_back(i == 7 ? std::make_unique<Dev<float>>(res)
+                         : std::make_unique<Dev<float>>(static_cast<size_t>(kMaxT) * shapes[i].rows));
+    return o;
+  };
+  for (const int T : {2, 5, 9, 16, 32}) {
+    for (int launch = 0; launch < 4; ++launch) {
+      Outs shared = outputs(), one = outputs();
+      std::vector<sc::GemvJob> js = jobs_of(launch, shared, 0);
+      const int per = sc::gemv_tokens_per_block(js.data(), static_cast<int>(js.size()), T);
+      EXPECT_GE(per, 1) << "T " << T << " launch " << launch << ": not token-shared";
+      EXPECT_LE(per, 8);
+      sc::gemv_batch(js.data(), static_cast<int>(js.size()), nullptr, nullptr, nullptr, nullptr, nullptr, T);
+      for (int t = 0; t < T; ++t) {
+        std::vector<sc::GemvJob> jt = jobs_of(launch, one, t);
+        sc::gemv_batch(jt.data(), static_cast<int>(jt.size()), nullptr);
+      }
+      for (const sc::GemvJob& j : js) {
+        const size_t oi = static_cast<size_t>(&*j.w - m.data());
+        const size_t rows = static_cast<size_t>(j.w->n_rows);
+        const std::vector<float> a = shared[oi]->get(), b = one[oi]->get();
+        const std::vector<float> a_t(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(T * rows));
+        const std::vector<float> b_t(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(T * rows));
+        EXPECT_TRUE(bitwise_equal(a_t, b_t)) << "T " << T << " launch " << launch << " job " << oi;
+        // Every token was computed: token T - 1's rows differ from token 0's.
+        EXPECT_NE(std::memcmp(a.data(), a.data() + (T - 1) * rows, rows * sizeof(float)), 0) << "T " << T;
+      }
+    }
+  }
+  // Launches the token-shared form does not take.
+  Outs o = outputs();
+  std::vector<sc::GemvJob> q8 = {jobs_of(0, o, 0)[0]};
+  q8[0].w = &m[9], q8[0].y_token_stride = m[9].n_rows;
+  EXPECT_EQ(sc::gemv_tokens_per_block(q8.data(), 1, 4), 0) << "Q8_0 has no int8 form";
+  std::vector<sc::GemvJob> plain = jobs_of(0, o, 0);
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 1), 0) << "one token";
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 4, true), 0) << "a routing launch";
+  sc::set_gemv_math(sc::GemvMath::Float);
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 4), 0) << "float arithmetic";
+  sc::set_gemv_math(sc::GemvMath::Int8);
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 5) << "nine tokens in two blocks of five and four";
+  sc::set_gemv_tokens_min_bytes(sc::kGemvTokensMinBytes);
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 0) << "a launch of a few MB keeps the token grid";
+}
+
 // The multi-token step's DeltaNet input: the projection over a token grid without the conv, then
 // conv_silu_tokens walking the tokens, is bit for bit the decode step's projection with the conv fused
 // in (GemvJob::conv_w) run token by token: the conv outputs, the state each token leaves (the records)

@@ -496,4 +496,69 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
   }
 }
 
+// The token-shared launch (gemv_batch's choice for a token grid whose jobs are all unrouted K-quant rows
+// on the int8 path): block (x, y) runs the tiles blockIdx.x, + gridDim.x, ... for its tokens t0 .. t0 +
+// nt - 1 (t0 = blockIdx.y * per), stages each token's int8 input once per job input (through the
+// scratch xs at smem[0], into token t's area at smem + tok_base + t * token_floats(n)) and reads each
+// weight unit once for all of them. Each token's staging (stage_input's, whole block) and row sums
+// (row_dot_tokens_t) are the single-token launch's, so every token's outputs are bitwise those of a
+// single-token launch on its rows.
+template <int NT>
+__device__ __forceinline__ void run_tiles_tokens(const DJob* jobs, int n_jobs, int n_tiles, int n_tokens, int per,
+                                                 int tok_base, BlockStage& st, const BlockScratch& S) {
+  const int t0 = static_cast<int>(blockIdx.y) * per;
+  const int nt = min(per, n_tokens - t0);
+  for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    int ji = 0;
+    while (ji + 1 < n_jobs && tile >= jobs[ji + 1].tile_begin) ++ji;
+    const DJob& J = jobs[ji];
+    const int n = J.n_cols;
+    const int ts = rows::token_floats(n);
+    const float* tok0 = S.smem + tok_base;
+    if (J.x != st.x || n != st.n || J.norm_w != st.norm) {  // block-uniform
+      for (int t = 0; t < nt; ++t) {
+        __syncthreads();  // the scratch (and, for t = 0, every token's area) is free
+        stage_x<2>(J.x + (t0 + t) * J.x_ts, n, S.smem, S.smem, J.norm_w, J.norm_eps, false, whole_block());
+        __syncthreads();
+        float* a = S.smem + tok_base + t * ts;
+        stage_i8(S.smem, n, reinterpret_cast<int8_t*>(a), a + n / 4, a + n / 4 + n / 32,
+                 reinterpret_cast<int*>(a + n / 4 + n / 32 + n / 16), whole_block());
+      }
+      __syncthreads();
+      st.x = J.x, st.n = n, st.norm = J.norm_w;
+    }
+    const int G = 1 << J.g_log2;
+    const int sub = threadIdx.x & (G - 1);
+    const int row = (tile - J.tile_begin) * J.tile_rows + (threadIdx.x >> J.g_log2);
+    const bool live = row < J.n_rows;
+    const int row_c = live ? row : J.n_rows - 1;  // threads past the last row work on it and store nothing
+    const uint8_t* ra = J.w + static_cast<size_t>(row_c) * J.row_bytes;
+    float a[NT], a2[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) a2[t] = 0.0f;
+    if (J.mode != GemvMode::SwigluPair) {
+      rows::with_int8_type(J.type, [&](auto type) {
+        rows::row_dot_tokens_t<decltype(type)::value, NT>(ra, n, tok0, ts, nt, sub, G, a);
+      });
+    } else {
+      const uint8_t* rb = J.w2 + static_cast<size_t>(row_c) * J.row_bytes2;
+      if (J.type == J.type2) {
+        rows::with_int8_type(J.type, [&](auto type) {
+          rows::row_dot2_tokens_t<decltype(type)::value, NT>(ra, rb, n, tok0, ts, nt, sub, G, a, a2);
+        });
+      } else {
+        rows::with_int8_type(J.type, [&](auto type) {
+          rows::row_dot_tokens_t<decltype(type)::value, NT>(ra, n, tok0, ts, nt, sub, G, a);
+        });
+        rows::with_int8_type(J.type2, [&](auto type) {
+          rows::row_dot_tokens_t<decltype(type)::value, NT>(rb, n, tok0, ts, nt, sub, G, a2);
+        });
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      if (t < nt) finish_row(J, J.y + (t0 + t) * J.y_ts, row, live, sub, G, false, a[t], a2[t], S.red, S.red2);
+  }
+}
+
 }  // namespace strata::cuda::mv

@@ -26,6 +26,11 @@ struct DBatch {
   GemvCombine combine;  // combine.counter == nullptr: none
   GemvRoute route_in;   // route_in.logits == nullptr: none (see gemv_batch)
   bool i8;              // GemvMath::Int8: K-quant jobs read the int8 form of x
+  // The token-shared launch (gemv_tokens_kernel): the tokens, tokens per block, and where the tokens'
+  // staged inputs start in shared memory (after the scratch xs of the widest row).
+  int n_tokens;
+  int per;
+  int tok_base;
 };
 
 // Tokens: the token-grid instantiation (gridDim.y tokens); false compiles to the single-token kernel.
@@ -45,6 +50,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const _
     if (b.route.counter) route_epilogue(b.route);
     if (b.combine.counter) combine_epilogue(b.combine);
   }
+}
+
+// The token-shared launch of a token grid (gemv_batch): up to NT tokens per block, each weight unit read once
+// for all of them. Two resident blocks' registers: NT partial sums (two per token for a gate/up pair).
+constexpr int kSharedTokens = 8;
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) gemv_tokens_kernel(const __grid_constant__ DBatch b) {
+  pdl_launch_dependents();
+  pdl_wait();
+  extern __shared__ float smem[];
+  __shared__ float red[kWarps], red2[kWarps];
+  BlockStage st;
+  const BlockScratch S{smem, red, red2, nullptr};
+  run_tiles_tokens<NT>(b.j, b.n_jobs, b.n_tiles, b.n_tokens, b.per, b.tok_base, st, S);
 }
 
 // conv_silu_tokens: a thread per channel walks the tokens, each step's window read from the record
@@ -190,19 +209,64 @@ void check_combine(const GemvCombine& c, bool needs_counter) {
             "gemv_batch: incomplete GemvCombine (k must be 1..64)");
 }
 
+// The shared memory a token-shared block needs for per tokens of rows up to max_cols wide.
+size_t tokens_smem(int max_cols, int per) {
+  const int base = (rows::xpad_size(max_cols) + 3) & ~3;
+  return static_cast<size_t>(base + per * rows::token_floats(max_cols)) * sizeof(float);
+}
+constexpr size_t kTokensSmemLimit = size_t{160} << 10;
+
+// The weight bytes below which a launch keeps the token grid (set_gemv_tokens_min_bytes).
+size_t g_tokens_min_bytes = kGemvTokensMinBytes;
+
+// Tokens per block of the token-shared launch for n_tokens tokens of jobs (described), or 0 when the
+// launch takes the token grid: some job is routed, reads float-path weights or has no int8 form of x,
+// the launch reads fewer than g_tokens_min_bytes of weights, or two tokens of its widest row do not fit
+// the shared-memory limit. The tokens are spread evenly over the fewest blocks of at most kSharedTokens.
+int tokens_per_block(const DJob* jobs, int n_jobs, int n_tokens, bool i8, int max_cols) {
+  if (n_tokens < 2 || !i8) return 0;
+  size_t bytes = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    const DJob& d = jobs[i];
+    if (d.ids || !rows::int8_path_type(d.type) || (d.w2 && !rows::int8_path_type(d.type2))) return 0;
+    bytes += static_cast<size_t>(d.n_rows) * (d.row_bytes + (d.w2 ? d.row_bytes2 : 0));
+  }
+  if (bytes < g_tokens_min_bytes) return 0;
+  for (int chunks = (n_tokens + kSharedTokens - 1) / kSharedTokens; chunks < n_tokens; ++chunks) {
+    const int per = (n_tokens + chunks - 1) / chunks;
+    if (tokens_smem(max_cols, per) <= kTokensSmemLimit) return per;
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace mv
 
 int64_t max_gemv_cols() { return mv::kMaxCols; }
 
 size_t gemv_local_bytes() {
-  cudaFuncAttributes a{}, t{};
+  cudaFuncAttributes a{}, t{}, s{};
   check_cuda(cudaFuncGetAttributes(&a, mv::gemv_kernel<false>), "cudaFuncGetAttributes(gemv)");
   check_cuda(cudaFuncGetAttributes(&t, mv::gemv_kernel<true>), "cudaFuncGetAttributes(gemv)");
-  return std::max(a.localSizeBytes, t.localSizeBytes);
+  check_cuda(cudaFuncGetAttributes(&s, mv::gemv_tokens_kernel<mv::kSharedTokens>), "cudaFuncGetAttributes(gemv)");
+  return std::max({a.localSizeBytes, t.localSizeBytes, s.localSizeBytes});
+}
+
+int gemv_tokens_per_block(const GemvJob* jobs, int n_jobs, int n_tokens, bool route_in) {
+  using namespace mv;
+  check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_tokens_per_block: 1..kMaxGemvJobs jobs");
+  if (route_in) return 0;
+  DJob d[kMaxGemvJobs];
+  int max_cols = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    d[i] = describe_job(jobs[i]);
+    max_cols = std::max(max_cols, d[i].n_cols);
+  }
+  return tokens_per_block(d, n_jobs, n_tokens, int8_math(), max_cols);
 }
 
 void set_gemv_math(GemvMath m) { mv::g_math = m; }
+void set_gemv_tokens_min_bytes(size_t bytes) { mv::g_tokens_min_bytes = bytes; }
 GemvMath gemv_math() { return mv::g_math; }
 
 void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
@@ -266,6 +330,27 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   if (route_in) {
     check_route(*route_in, false, "gemv_batch: incomplete route_in");
     b.route_in = *route_in;
+  }
+  const int per = route_in ? 0 : tokens_per_block(b.j, n_jobs, n_tokens, b.i8, max_cols);
+  if (per > 0) {
+    static const bool smem_set = [] {
+      allow_dynamic_smem(gemv_tokens_kernel<kSharedTokens>, kTokensSmemLimit, "cudaFuncSetAttribute(gemv tokens)");
+      return true;
+    }();
+    (void)smem_set;
+    const int chunks = (n_tokens + per - 1) / per;
+    const size_t smem = tokens_smem(max_cols, per);
+    int resident = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gemv_tokens_kernel<kSharedTokens>, kThreads,
+                                                             smem),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int slots = sm_count() * std::max(1, resident);
+    b.n_tokens = n_tokens;
+    b.per = per;
+    b.tok_base = (rows::xpad_size(max_cols) + 3) & ~3;
+    const int grid = std::max(1, std::min(tiles, (slots + chunks - 1) / chunks));
+    launch_pdl("gemv_batch", gemv_tokens_kernel<kSharedTokens>, dim3(grid, chunks), dim3(kThreads), smem, s, b);
+    return;
   }
   const int grid = std::max(1, std::min(tiles, capacity));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);

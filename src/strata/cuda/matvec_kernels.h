@@ -131,11 +131,23 @@ struct GemvCombine {
 // n_tokens > 1 (<= kMaxGemvTokens): a token grid, the launch repeated for every token t with the jobs'
 // token strides (GemvJob, GemvRoute::logits_token_stride); each token's blocks tile and compute exactly
 // as the single-token launch of the same jobs does, so token t's outputs are bitwise those of a
-// single-token launch on token t's rows. No epilogue, conv job or replayed route_in then.
+// single-token launch on token t's rows. No epilogue, conv job or replayed route_in then. A token grid
+// whose jobs are all unrouted K-quant rows under GemvMath::Int8, reading enough bytes
+// (set_gemv_tokens_min_bytes), runs token-shared: each block stages up to eight tokens' inputs and reads
+// each weight once for all of them (same results, bit for bit).
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
                 const GemvRoute* route_in = nullptr, int n_tokens = 1);
 int64_t max_gemv_cols();
+// A token grid goes token-shared only when its jobs read at least this many weight bytes: a token-shared
+// block stages its tokens one after another before its first row, which costs more than the grid's
+// re-reads of a small launch's rows (L2 catches part of them); lm_head-sized launches gain
+// (docs/PERF.md). Process-wide; tests lower it to reach the token-shared kernel with small matrices.
+constexpr size_t kGemvTokensMinBytes = size_t{64} << 20;
+void set_gemv_tokens_min_bytes(size_t bytes);
+// The tokens per block of gemv_batch's token-shared launch for these jobs (route_in: whether the launch
+// routes), or 0 when it takes the token grid.
+int gemv_tokens_per_block(const GemvJob* jobs, int n_jobs, int n_tokens, bool route_in = false);
 
 // The MoE down projection and the combine in one launch, with no per-expert outputs and no last-block
 // step: output row r (one warp) is

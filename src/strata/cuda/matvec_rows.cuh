@@ -417,6 +417,18 @@ __device__ __forceinline__ float unit_value(const typename Unit<T>::Raw& r, int 
   }
 }
 
+// Units u, u + G, ... u + (K - 1) * G of a row into r (past the row's U units: unit u again, unused by the
+// caller; the loads stay unconditional, which keeps r[] in registers).
+template <GgmlType T, int K>
+__device__ __forceinline__ void load_units(const uint8_t* row, int u, int U, int G, int n_cols,
+                                           typename Unit<T>::Raw (&r)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const int ui = u + i * G;
+    r[i] = Unit<T>::load(row, ui < U ? ui : u, n_cols);
+  }
+}
+
 // A lane's share (units sub, sub + G, ...) of dot(row, x): K units per loop step (all K loads issued
 // before the first use), the loop itself not unrolled. Measured on the H100 (docs/PERF.md): fully
 // unrolled forms, inlined for every type and mode, made the matvec kernel 1.1 MB of machine code, and
@@ -432,11 +444,7 @@ __device__ __forceinline__ float row_dot_rolled_t(const uint8_t* row, int n_cols
 #pragma unroll 1
   for (int u = sub; u < U; u += K * G) {
     typename Op::Raw r[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      const int ui = u + i * G;
-      r[i] = Op::load(row, ui < U ? ui : u, n_cols);  // unconditional: keeps r[] in registers
-    }
+    load_units<T, K>(row, u, U, G, n_cols, r);
 #pragma unroll
     for (int i = 0; i < K; ++i) {
       const int ui = u + i * G;
@@ -513,6 +521,74 @@ __device__ __forceinline__ bool with_row_type(GgmlType t, bool i8, F&& f) {
     case GgmlType::F32: f(TypeTag<GgmlType::F32>{}, MathTag<false>{}); return true;
     case GgmlType::F16: f(TypeTag<GgmlType::F16>{}, MathTag<false>{}); return true;
     case GgmlType::BF16: f(TypeTag<GgmlType::BF16>{}, MathTag<false>{}); return true;
+    default: return false;
+  }
+}
+
+// The token-shared forms of the row dots (gemv_batch's token-shared launch): the int8 path of one
+// K-quant row against nt <= NT staged inputs (token t's int8 form at tok0 + t * tok_stride floats, in
+// token_view's layout), each unit's weights loaded once for all of them. Token t's sum takes the
+// same units in the same order as row_dot_rolled_t's, so it is that function's result bit for bit.
+__host__ __device__ constexpr int token_floats(int n) { return (n / 4 + n / 32 + n / 16 + n / 16 + 3) & ~3; }
+__device__ __forceinline__ XStage token_view(const float* base, int n) {
+  return XStage{nullptr, nullptr, reinterpret_cast<const int8_t*>(base), base + n / 4, base + n / 4 + n / 32,
+                reinterpret_cast<const int*>(base + n / 4 + n / 32 + n / 16)};
+}
+
+template <GgmlType T, int NT>
+__device__ __forceinline__ void row_dot_tokens_t(const uint8_t* row, int n_cols, const float* tok0, int tok_stride,
+                                                 int nt, int sub, int G, float (&acc)[NT]) {
+  using Op = Unit<T>;
+  constexpr int K = 2;
+  const int U = units_per_row(T, n_cols);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+#pragma unroll 1
+  for (int u = sub; u < U; u += K * G) {
+    typename Op::Raw r[K];
+    load_units<T, K>(row, u, U, G, n_cols, r);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      if (ui >= U) continue;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (t < nt) acc[t] += Op::compute_i8(r[i], ui, token_view(tok0 + t * tok_stride, n_cols));
+    }
+  }
+}
+
+// Gate and up rows of the same type (row_dot2_rolled_t's order), for nt tokens.
+template <GgmlType T, int NT>
+__device__ __forceinline__ void row_dot2_tokens_t(const uint8_t* ra, const uint8_t* rb, int n_cols, const float* tok0,
+                                                  int tok_stride, int nt, int sub, int G, float (&a)[NT],
+                                                  float (&b)[NT]) {
+  using Op = Unit<T>;
+  const int U = units_per_row(T, n_cols);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) a[t] = b[t] = 0.0f;
+#pragma unroll 1
+  for (int u = sub; u < U; u += G) {
+    const typename Op::Raw x = Op::load(ra, u, n_cols);
+    const typename Op::Raw y = Op::load(rb, u, n_cols);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < nt) {
+        const XStage X = token_view(tok0 + t * tok_stride, n_cols);
+        a[t] += Op::compute_i8(x, u, X);
+        b[t] += Op::compute_i8(y, u, X);
+      }
+    }
+  }
+}
+
+// The type switch of the token-shared dots (the int8-path types only; false for any other).
+template <class F>
+__device__ __forceinline__ bool with_int8_type(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q4_K: f(TypeTag<GgmlType::Q4_K>{}); return true;
+    case GgmlType::Q5_K: f(TypeTag<GgmlType::Q5_K>{}); return true;
+    case GgmlType::Q6_K: f(TypeTag<GgmlType::Q6_K>{}); return true;
     default: return false;
   }
 }
