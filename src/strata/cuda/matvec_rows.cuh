@@ -417,15 +417,25 @@ __device__ __forceinline__ float unit_value(const typename Unit<T>::Raw& r, int 
   }
 }
 
-// Units u, u + G, ... u + (K - 1) * G of a row into r (past the row's U units: unit u again, unused by the
-// caller; the loads stay unconditional, which keeps r[] in registers).
-template <GgmlType T, int K>
-__device__ __forceinline__ void load_units(const uint8_t* row, int u, int U, int G, int n_cols,
-                                           typename Unit<T>::Raw (&r)[K]) {
+// Calls f(raw, u) for a lane's units u = sub, sub + G, ... of a row, K loads issued per loop step before
+// the first use (past the row's U units a step loads unit u again and skips it: unconditional loads keep
+// the raw units in registers). The loop itself is not unrolled (below).
+template <GgmlType T, int K, class F>
+__device__ __forceinline__ void for_each_unit(const uint8_t* row, int n_cols, int sub, int G, F&& f) {
+  const int U = units_per_row(T, n_cols);
+#pragma unroll 1
+  for (int u = sub; u < U; u += K * G) {
+    typename Unit<T>::Raw r[K];
 #pragma unroll
-  for (int i = 0; i < K; ++i) {
-    const int ui = u + i * G;
-    r[i] = Unit<T>::load(row, ui < U ? ui : u, n_cols);
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      r[i] = Unit<T>::load(row, ui < U ? ui : u, n_cols);
+    }
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int ui = u + i * G;
+      if (ui < U) f(r[i], ui);
+    }
   }
 }
 
@@ -438,19 +448,9 @@ __device__ __forceinline__ void load_units(const uint8_t* row, int u, int U, int
 // more resident warps instead (fewer registers per thread).
 template <GgmlType T, int K, bool I8>
 __device__ __forceinline__ float row_dot_rolled_t(const uint8_t* row, int n_cols, const XStage& X, int sub, int G) {
-  using Op = Unit<T>;
-  const int U = units_per_row(T, n_cols);
   float acc = 0.0f;
-#pragma unroll 1
-  for (int u = sub; u < U; u += K * G) {
-    typename Op::Raw r[K];
-    load_units<T, K>(row, u, U, G, n_cols, r);
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      const int ui = u + i * G;
-      if (ui < U) acc += unit_value<T, I8>(r[i], ui, X, n_cols);
-    }
-  }
+  for_each_unit<T, K>(row, n_cols, sub, G,
+                      [&](const typename Unit<T>::Raw& r, int u) { acc += unit_value<T, I8>(r, u, X, n_cols); });
   return acc;
 }
 
@@ -538,24 +538,13 @@ __device__ __forceinline__ XStage token_view(const float* base, int n) {
 template <GgmlType T, int NT>
 __device__ __forceinline__ void row_dot_tokens_t(const uint8_t* row, int n_cols, const float* tok0, int tok_stride,
                                                  int nt, int sub, int G, float (&acc)[NT]) {
-  using Op = Unit<T>;
-  constexpr int K = 2;
-  const int U = units_per_row(T, n_cols);
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-#pragma unroll 1
-  for (int u = sub; u < U; u += K * G) {
-    typename Op::Raw r[K];
-    load_units<T, K>(row, u, U, G, n_cols, r);
+  for_each_unit<T, 2>(row, n_cols, sub, G, [&](const typename Unit<T>::Raw& r, int u) {
 #pragma unroll
-    for (int i = 0; i < K; ++i) {
-      const int ui = u + i * G;
-      if (ui >= U) continue;
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-        if (t < nt) acc[t] += Op::compute_i8(r[i], ui, token_view(tok0 + t * tok_stride, n_cols));
-    }
-  }
+    for (int t = 0; t < NT; ++t)
+      if (t < nt) acc[t] += Unit<T>::compute_i8(r, u, token_view(tok0 + t * tok_stride, n_cols));
+  });
 }
 
 // Gate and up rows of the same type (row_dot2_rolled_t's order), for nt tokens.
