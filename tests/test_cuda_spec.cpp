@@ -495,6 +495,44 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   a->forward(&next, 1, la.data(), false);
   b->forward(&next, 1, lb.data(), false);
   EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping the second branch";
+  // A deeper tree whose paths share prefixes of one and two tokens (all-GPU, a later path runs from the
+  // step record of the prefix it shares with the path before it): every token's row is its root path's
+  // single steps, and keeping a prefix of the last path, a path that shares two tokens with it, or one
+  // that shares only the root leaves what a session that only ran the kept tokens leaves.
+  const std::vector<int> parents2 = {-1, 0, 1, 1, 0, 4, 2, 6};
+  const int n2 = static_cast<int>(parents2.size());
+  if (n2 > limit) return;
+  SCOPED_TRACE(label + ", deeper tree");
+  const std::vector<int32_t> tree2(drafts.begin(), drafts.begin() + n2);
+  auto root_path = [&](int t) {
+    std::vector<int> p;
+    for (int i = t; i >= 0; i = parents2[static_cast<size_t>(i)]) p.insert(p.begin(), i);
+    return p;
+  };
+  const std::vector<std::vector<int>> kept = {{0, 1, 2}, {0, 1, 3}, {0, 4}, {0, 1, 2, 6, 7}};
+  for (size_t k = 0; k < kept.size(); ++k) {
+    auto c = session();
+    std::vector<float> rows2(static_cast<size_t>(n2) * vocab, NAN);
+    c->forward_pending(tree2.data(), n2, parents2.data(), rows2.data());
+    if (k == 0) {
+      for (int t = 0; t < n2; ++t) {
+        const std::vector<int> p = root_path(t);
+        std::vector<int32_t> toks;
+        for (int i : p) toks.push_back(tree2[static_cast<size_t>(i)]);
+        EXPECT_TRUE(same_bits(row(rows2, static_cast<size_t>(t)), row(single_steps(toks), p.size() - 1)))
+            << "token " << t;
+      }
+    }
+    c->keep(kept[k].data(), static_cast<int>(kept[k].size()));
+    auto d = session();
+    for (int i : kept[k]) d->forward(&tree2[static_cast<size_t>(i)], 1, scratch.data(), false);
+    std::vector<float> lc(vocab), ld(vocab);
+    c->forward(&next, 1, lc.data(), false);
+    d->forward(&next, 1, ld.data(), false);
+    EXPECT_TRUE(same_bits(lc, ld)) << "next logits after keeping path " << k;
+    EXPECT_TRUE(same_bits(c->deltanet_state(), d->deltanet_state())) << "state after keeping path " << k;
+    EXPECT_EQ(c->routing_counts(), d->routing_counts()) << "routing counts after keeping path " << k;
+  }
 }
 
 // The largest sliding window of the model's layers (0: none).

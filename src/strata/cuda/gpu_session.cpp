@@ -171,8 +171,10 @@ struct GpuSession::Impl {
   unsigned long long* mpick_part = nullptr;
   unsigned int* mpick_counter = nullptr;
   int* d_mpicks = nullptr;
-  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1] = {};
+  // By parity, token count and step_off (the graphs write into the step records from step_off on).
+  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1][kMaxStepTokens] = {};
   int mgraph_steps = 0;  // st.step_cap() when mgraphs were captured
+  int step_off = 0;      // the step record of the multi-token step's first token (run_path_from_held)
 
   Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
       : gm(std::move(g)),
@@ -443,7 +445,7 @@ struct GpuSession::Impl {
     tk.n = T;
     tk.mixed_stride = rw.ch, tk.gate_stride = rw.nv, tk.out_stride = rw.vd;
     if (T > 1) {
-      tk.records = st.ssm_step(L, 0);
+      tk.records = st.ssm_step(L, step_off);
       tk.record_stride = static_cast<int64_t>(st.ssm_state_floats());
     }
     deltanet_step_fast(L.ssm, r.mixed, r.b, r.alpha, w.a, w.dt_bias, w.norm, r.z, c.rms_eps, c.ssm_k_heads,
@@ -471,7 +473,7 @@ struct GpuSession::Impl {
     gemv_batch(in, n, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv && T == 1 ? "dn in gemv+conv" : "dn in gemv"), stream);
     if (T > 1 && !attn) {  // the conv is sequential in the tokens: one launch walks them
-      conv_silu_tokens(r.qkv, T, D.deltanet.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, st.conv_step(L, 0),
+      conv_silu_tokens(r.qkv, T, D.deltanet.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, st.conv_step(L, step_off),
                        r.mixed, stream);
       prof.mark("dn conv", stream);
     }
@@ -754,10 +756,11 @@ struct GpuSession::Impl {
   }
   void destroy_multi_graphs() {
     for (auto& by_parity : mgraphs)
-      for (cudaGraphExec_t& g : by_parity) {
-        if (g) cudaGraphExecDestroy(g);
-        g = nullptr;
-      }
+      for (auto& by_count : by_parity)
+        for (cudaGraphExec_t& g : by_count) {
+          if (g) cudaGraphExecDestroy(g);
+          g = nullptr;
+        }
   }
 
   // Lookahead: the step at n_past from the last pick (on the device), launched before the pick is read.
@@ -938,14 +941,14 @@ struct GpuSession::Impl {
       destroy_multi_graphs();
       mgraph_steps = st.step_cap();
     }
-    run_graph(mgraphs[st.parity()][n], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
+    run_graph(mgraphs[st.parity()][n][step_off], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
     // Step record t's picks: token t's row of every layer's [tokens x k] ids.
     const size_t k = static_cast<size_t>(c.n_expert_used);
     const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
     std::vector<DeviceCopy> records(static_cast<size_t>(n));
     for (int t = 0; t < n; ++t) {
       DeviceCopy& r = records[static_cast<size_t>(t)];
-      r.dst = st.route_steps + static_cast<size_t>(t) * step_ids;
+      r.dst = st.route_steps + static_cast<size_t>(step_off + t) * step_ids;
       r.src = multi.ids + static_cast<size_t>(t) * k;
       r.row_bytes = k * sizeof(int);
       r.rows = static_cast<size_t>(c.n_layer);
@@ -1016,8 +1019,10 @@ struct GpuSession::Impl {
   // Pending tokens (Sequence::forward_pending): a chain runs once, recording the DeltaNet state and
   // expert picks after each token (DeviceSequenceState step records); keep() of m of them copies step
   // m-1's state back, uncounts the later tokens' picks and moves n_past (the KV rows beyond are written
-  // again before they are read). A tree runs path by path from a snapshot of the state taken before the
-  // pending tokens; keep() of a path that is no prefix of the last one run runs it again from there.
+  // again before they are read). A tree runs path by path: from a snapshot of the state taken before the
+  // pending tokens, or, where the multi-token step runs (segments_apply), from the step record of the
+  // prefix a path shares with the path run before it; keep() of a path that is no prefix of the last one
+  // run runs the rest of it the same way.
   bool has_pending = false;
   int pending_base = 0;     // n_past before the pending tokens
   TokenTree begin_pending(const int32_t* tokens, int n, const int* parents);
@@ -1076,6 +1081,40 @@ struct GpuSession::Impl {
     for (int i : path) tokens.push_back(pending_tokens[static_cast<size_t>(i)]);
     run(tokens.data(), static_cast<int>(tokens.size()), logits_out, logits_out != nullptr, true);
     held = path;
+  }
+
+  // Whether pending paths run from the held path's records (run_path_from_held): the multi-token step
+  // takes this session's runs, and every record index fits its graphs.
+  bool segments_apply() const {
+    return multi_applies(2) && pending_tokens.size() <= static_cast<size_t>(kMaxStepTokens);
+  }
+
+  // Runs pending path `path` from the longest prefix it shares with the held path whose DeltaNet state a
+  // step record holds (the held path's last token leaves none: its state is the live one), so that only
+  // the rest runs: the prefix's state comes back from its record, the rest runs as one multi-token step
+  // at n_past = pending_base + prefix, recording each token at its depth. A run takes two tokens or
+  // more (one token at the snapshot). Returns the prefix length: the run's logits / hidden rows are
+  // path[prefix..]'s. Needs segments_apply().
+  int run_path_from_held(const std::vector<int>& path, float* logits_out) {
+    const int len = static_cast<int>(path.size()), held_len = static_cast<int>(held.size());
+    int j = 0;
+    while (j < len && j < held_len && held[static_cast<size_t>(j)] == path[static_cast<size_t>(j)]) ++j;
+    j = std::max(0, std::min({j, held_len - 1, len - 2}));
+    keep_held_prefix(j);  // j == 0: the snapshot
+    held.clear();         // until the path has run, the state holds no pending path
+    if (len == 0) return 0;
+    std::vector<int32_t> tokens;
+    for (int k = j; k < len; ++k) tokens.push_back(pending_tokens[static_cast<size_t>(path[static_cast<size_t>(k)])]);
+    step_off = j;
+    try {
+      run(tokens.data(), len - j, logits_out, logits_out != nullptr, true);
+    } catch (...) {
+      step_off = 0;
+      throw;
+    }
+    step_off = 0;
+    held = path;
+    return j;
   }
 
   // Keeps the first m tokens of the path the state holds (m <= held.size()): the state of step m-1, the
@@ -1315,6 +1354,7 @@ TokenTree GpuSession::Impl::begin_pending(const int32_t* tokens, int n, const in
   for (int t = 0; t < n; ++t) longest = std::max(longest, tree.depth(t) + 1);
   st.reserve_steps(longest);
   save_snapshot();
+  held.clear();  // no pending path has run yet (held may still name the last round's kept path)
   pending_tokens.assign(tokens, tokens + n);
   has_pending = true;  // from here on a failure leaves the snapshot to return to
   return tree;
@@ -1366,9 +1406,10 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       m.run(tokens, n, logits_out, true, true);
       if (m.hidden) m.pending_hidden = m.hidden_rows;
     } else {
-      // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot. The path of
-      // first children from the first root (the drafter's likeliest line, verified first) runs last, so
-      // that keeping a prefix of it needs no second run.
+      // Every token lies on some root-to-leaf path: run each leaf's path, from the snapshot or (all-GPU)
+      // from the prefix it shares with the path run before it. The path of first children from the first
+      // root (the drafter's likeliest line, verified first) runs last, so that keeping a prefix of it
+      // needs no second run.
       std::vector<int> first_child(static_cast<size_t>(n), -1);
       std::vector<char> done(static_cast<size_t>(n), 0);
       for (int i = n - 1; i >= 0; --i)
@@ -1383,15 +1424,22 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       const size_t d = static_cast<size_t>(m.c.n_embd);
       if (m.hidden) m.pending_hidden.resize(static_cast<size_t>(n) * d);
       std::vector<float> rows;
+      const bool segments = m.segments_apply();
       for (const int leaf : leaves) {
         const std::vector<int> path = tree.path_to(leaf);
         rows.resize(path.size() * vocab);
-        m.run_path(path, rows.data());
-        for (size_t j = 0; j < path.size(); ++j) {
+        size_t from = 0;  // path[from..] ran: rows j - from
+        if (segments) {
+          from = static_cast<size_t>(m.run_path_from_held(path, rows.data()));
+        } else {
+          m.run_path(path, rows.data());
+        }
+        for (size_t j = from; j < path.size(); ++j) {
           const size_t t = static_cast<size_t>(path[j]);
           if (done[t]) continue;
-          std::memcpy(logits_out + t * vocab, rows.data() + j * vocab, vocab * sizeof(float));
-          if (m.hidden) std::memcpy(m.pending_hidden.data() + t * d, m.hidden_rows.data() + j * d, d * sizeof(float));
+          std::memcpy(logits_out + t * vocab, rows.data() + (j - from) * vocab, vocab * sizeof(float));
+          if (m.hidden)
+            std::memcpy(m.pending_hidden.data() + t * d, m.hidden_rows.data() + (j - from) * d, d * sizeof(float));
           done[t] = 1;
         }
       }
@@ -1409,7 +1457,11 @@ void GpuSession::keep(const int* path, int n) {
   m.pending.check_path(path, n);
   const std::vector<int> want(path, path + n);
   const bool prefix = want.size() <= m.held.size() && std::equal(want.begin(), want.end(), m.held.begin());
-  if (!prefix) m.run_path(want, nullptr);
+  if (!prefix && m.segments_apply()) {
+    m.run_path_from_held(want, nullptr);
+  } else if (!prefix) {
+    m.run_path(want, nullptr);
+  }
   m.keep_held_prefix(n);
   m.sync();
   m.has_pending = false;
