@@ -1,8 +1,10 @@
 #include "cli/backend_cli.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
@@ -10,6 +12,7 @@
 #include "strata/moe/model_fingerprint.h"
 #include "strata/moe/routing_generator.h"
 #include "strata/moe/vram_budget.h"
+#include "strata/sample/sampler.h"
 
 #ifdef STRATA_HAVE_CUDA
 #include "strata/cuda/device_state.h"
@@ -55,6 +58,9 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_flag("--no-op-offload", o.no_op_offload,
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
                "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
+  sub.add_flag("--no-warmup", o.no_warmup,
+               "with --gpu: skip the warm-up at load (one prompt pass of the ubatch size and two decode steps on a "
+               "scratch sequence, so that the first request does not pay for loading kernels)");
   sub.add_option("--ubatch-size", o.ubatch,
                  "-ub: with --gpu: tokens per batched prefill pass (0 or not given: 512, 2048 in a hybrid session that streams "
                  "cold experts to prompts; at most 4096); larger passes take more GPU memory and copy the streamed "
@@ -190,9 +196,36 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
     // --gpu-mem bounds every device allocation strata makes from here on, not only the plan's estimate.
     if (!o.gpu_mem.empty()) cuda::set_device_memory_limit(parse_size(o.gpu_mem, "--gpu-mem"));
     gpu_->model = cuda::make_gpu_model(model, gpu_->options);
+    if (!o.no_warmup) warm_up();
   } catch (const Error& e) {
     fail("--gpu: ", e.what());
   }
+#endif
+}
+
+// The first prompt and the first decode steps of a process load their kernels and choose their GEMM
+// algorithms: done here, on a scratch sequence, for a short prompt and one of the plan's pass size, so
+// that the first request runs at the speed of the rest. A hybrid session's telemetry starts again
+// afterwards (an expert cache keeps what the warm-up's picks taught it until live traffic moves it).
+void SequenceFactory::warm_up() {
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<Sequence> s = make();
+  const int32_t n_vocab = static_cast<int32_t>(model_.config().n_vocab);
+  const int n = std::max(1, std::min(plan_.prefill_chunk, plan_.max_ctx - 3));
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i % n_vocab);
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  // A short prompt first (its GEMM shapes take other kernels than a full pass's), then a full pass.
+  s->forward(prompt.data(), std::min(n, 16), logits.data(), false);
+  s->reset();
+  s->forward(prompt.data(), n, logits.data(), false);
+  SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy);
+  int32_t tok = 0;
+  for (int i = 0; i < 2 && s->n_past() < plan_.max_ctx; ++i)
+    tok = s->decode_and_pick(tok, sampler, prompt, n_vocab, logits);
+  if (auto* g = dynamic_cast<cuda::GpuSession*>(s.get())) g->reset_hybrid_telemetry();
 #endif
 }
 

@@ -80,6 +80,7 @@ class SequenceFactory {
 
  private:
   struct Gpu;
+  void warm_up();
   const Model& model_;
   BackendPlan plan_;
   std::unique_ptr<Gpu> gpu_;

@@ -33,6 +33,7 @@ void check_backend_options(const BackendOptions& o) {
     if (!o.numerics.empty()) fail("--numerics needs --gpu");
     if (o.no_lookahead) fail("--no-lookahead needs --gpu");
     if (o.no_op_offload) fail("--no-op-offload needs --gpu");
+    if (o.no_warmup) fail("--no-warmup needs --gpu (the CPU engine has no warm-up)");
     if (o.ubatch != 0) fail("--ubatch-size needs --gpu (the CPU engine runs prompts in its own pieces)");
     if (o.expert_cache != 0) fail("--expert-cache needs --gpu");
     if (!o.expert_cache_policy.empty()) fail("--expert-cache-policy needs --gpu");

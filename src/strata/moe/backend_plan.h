@@ -37,6 +37,10 @@ struct BackendOptions {
   // --no-op-offload (llama.cpp's name for the same choice): a hybrid prefill computes every cold expert on
   // the CPU instead of streaming them to the GPU (GpuPlanRequest::prefill_stream).
   bool no_op_offload = false;
+  // --no-warmup (llama.cpp's name): skip the GPU warm-up at load (SequenceFactory: one prompt pass of the
+  // plan's ubatch and two decode steps on a scratch sequence, so that the first request does not pay for
+  // loading kernels and choosing GEMM algorithms).
+  bool no_warmup = false;
   // -ub/--ubatch-size N (llama.cpp's name): tokens per batched GPU prefill pass (0: kDefaultUbatch, or
   // kStreamUbatch for a hybrid plan that streams and has room; never more than the context). Larger
   // passes take more workspace and, in a hybrid session, copy the streamed cold experts once per pass.
