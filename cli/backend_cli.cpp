@@ -209,7 +209,7 @@ SequenceFactory::SequenceFactory(const Model& model, int max_ctx, int slots, con
 // afterwards (an expert cache keeps what the warm-up's picks taught it until live traffic moves it).
 void SequenceFactory::warm_up() {
 #ifdef STRATA_HAVE_CUDA
-  std::unique_ptr<Sequence> s = make();
+  std::unique_ptr<cuda::GpuSession> s = cuda::make_gpu_session(gpu_->model, plan_.max_ctx, gpu_->options);
   const int32_t n_vocab = static_cast<int32_t>(model_.config().n_vocab);
   const int n = std::max(1, std::min(plan_.prefill_chunk, plan_.max_ctx - 3));
   std::vector<int32_t> prompt(static_cast<size_t>(n));
@@ -225,7 +225,8 @@ void SequenceFactory::warm_up() {
   int32_t tok = 0;
   for (int i = 0; i < 2 && s->n_past() < plan_.max_ctx; ++i)
     tok = s->decode_and_pick(tok, sampler, prompt, n_vocab, logits);
-  if (auto* g = dynamic_cast<cuda::GpuSession*>(s.get())) g->reset_hybrid_telemetry();
+  s->reset();  // drops a lookahead step still in flight, which would otherwise count after the reset below
+  s->reset_hybrid_telemetry();
 #endif
 }
 
@@ -256,6 +257,8 @@ DraftSequenceMaker draft_sequence_maker(const BackendOptions& target_backend, in
   d.numerics = target_backend.numerics;
   d.no_lookahead = target_backend.no_lookahead;
   d.no_op_offload = target_backend.no_op_offload;
+  // The draft factory is made on the first request that drafts: a warm-up then would land on that request.
+  d.no_warmup = true;
   d.ubatch = target_backend.ubatch;
   d.cache_type_k = target_backend.cache_type_k;
   d.cache_type_v = target_backend.cache_type_v;

@@ -36,6 +36,21 @@ TEST(CopyTeam, EveryByteOfEveryCopy) {
   }
 }
 
+// Sizes at the block boundaries: one block, one byte either side of it, whole multiples and one past.
+TEST(CopyTeam, BlockBoundaries) {
+  constexpr size_t kBlock = size_t{256} << 10;
+  std::vector<uint8_t> src(5 * kBlock + 1);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  strata::CopyTeam team(3);
+  for (const size_t n : {size_t{0}, kBlock - 1, kBlock, kBlock + 1, 2 * kBlock, 4 * kBlock + 1, 5 * kBlock,
+                         5 * kBlock + 1}) {
+    std::vector<uint8_t> dst(src.size() + 1, 0xee);
+    team.copy(dst.data(), src.data(), n);
+    EXPECT_TRUE(std::equal(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(n), dst.begin())) << n << " bytes";
+    EXPECT_EQ(dst[n], 0xee) << "a copy of " << n << " bytes wrote past its end";
+  }
+}
+
 TEST(CopyTeam, NothingWritesAfterCopyReturns) {
   strata::CopyTeam team(4);
   std::vector<uint8_t> a(1u << 20, 1), b(1u << 20, 2), dst(1u << 20);

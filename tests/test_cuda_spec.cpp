@@ -495,11 +495,11 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   a->forward(&next, 1, la.data(), false);
   b->forward(&next, 1, lb.data(), false);
   EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping the second branch";
-  // A deeper tree whose paths share prefixes of one and two tokens (all-GPU, a later path runs from the
-  // step record of the prefix it shares with the path before it): every token's row is its root path's
-  // single steps, and keeping a prefix of the last path, a path that shares two tokens with it, or one
-  // that shares only the root leaves what a session that only ran the kept tokens leaves.
-  const std::vector<int> parents2 = {-1, 0, 1, 1, 0, 4, 2, 6};
+  // A deeper tree whose paths share prefixes of three and five tokens (all-GPU, a later path runs from
+  // the step record of the prefix it shares with the path before it, from depths 2 to 4): every token's
+  // row is its root path's single steps, and keeping a prefix of the last path, or a path that leaves it
+  // after three tokens, leaves what a session that only ran the kept tokens leaves.
+  const std::vector<int> parents2 = {-1, 0, 1, 2, 3, 2, 5, 6, 6};
   const int n2 = static_cast<int>(parents2.size());
   if (n2 > limit) return;
   SCOPED_TRACE(label + ", deeper tree");
@@ -509,7 +509,7 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     for (int i = t; i >= 0; i = parents2[static_cast<size_t>(i)]) p.insert(p.begin(), i);
     return p;
   };
-  const std::vector<std::vector<int>> kept = {{0, 1, 2}, {0, 1, 3}, {0, 4}, {0, 1, 2, 6, 7}};
+  const std::vector<std::vector<int>> kept = {{0, 1, 2, 3}, {0, 1, 2, 5}, {0, 1, 2, 5, 6, 8}, {0, 1, 2, 3, 4}, {0}};
   for (size_t k = 0; k < kept.size(); ++k) {
     auto c = session();
     std::vector<float> rows2(static_cast<size_t>(n2) * vocab, NAN);

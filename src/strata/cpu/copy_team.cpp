@@ -29,6 +29,7 @@ CopyTeam::~CopyTeam() {
 }
 
 void CopyTeam::copy(void* dst, const void* src, size_t n) {
+  if (n == 0) return;
   const Piece p{static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n};
   if (workers_.empty() || n <= kBlock) {
     std::memcpy(p.dst, p.src, n);

@@ -535,7 +535,10 @@ __device__ __forceinline__ void run_tiles_tokens(const DJob* jobs, int n_jobs, i
     const uint8_t* ra = J.w + static_cast<size_t>(row_c) * J.row_bytes;
     float a[NT], a2[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) a2[t] = 0.0f;
+    for (int t = 0; t < NT; ++t) {
+      a[t] = __int_as_float(0x7fc00000);  // NaN for a type the kernels do not take (the host refuses it)
+      a2[t] = 0.0f;
+    }
     if (J.mode != GemvMode::SwigluPair) {
       rows::with_int8_type(J.type, [&](auto type) {
         rows::row_dot_tokens_t<decltype(type)::value, NT>(ra, n, tok0, ts, nt, sub, G, a);

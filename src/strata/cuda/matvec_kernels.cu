@@ -214,7 +214,24 @@ size_t tokens_smem(int max_cols, int per) {
   const int base = (rows::xpad_size(max_cols) + 3) & ~3;
   return static_cast<size_t>(base + per * rows::token_floats(max_cols)) * sizeof(float);
 }
-constexpr size_t kTokensSmemLimit = size_t{160} << 10;
+
+// The dynamic shared memory a token-shared block may take: 160 KiB, or less where the device's opt-in
+// limit per block (less the kernel's static shared memory) is lower. The kernel is allowed that much once.
+size_t tokens_smem_limit() {
+  static const size_t limit = [] {
+    int dev = 0, optin = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    cudaFuncAttributes a{};
+    check_cuda(cudaFuncGetAttributes(&a, gemv_tokens_kernel<kSharedTokens>), "cudaFuncGetAttributes(gemv tokens)");
+    const size_t opt = static_cast<size_t>(optin);
+    const size_t room = opt > a.sharedSizeBytes ? opt - a.sharedSizeBytes : 0;
+    const size_t l = std::min(size_t{160} << 10, room);
+    allow_dynamic_smem(gemv_tokens_kernel<kSharedTokens>, l, "cudaFuncSetAttribute(gemv tokens)");
+    return l;
+  }();
+  return limit;
+}
 
 // The weight bytes below which a launch keeps the token grid (set_gemv_tokens_min_bytes).
 size_t g_tokens_min_bytes = kGemvTokensMinBytes;
@@ -234,7 +251,7 @@ int tokens_per_block(const DJob* jobs, int n_jobs, int n_tokens, bool i8, int ma
   if (bytes < g_tokens_min_bytes) return 0;
   for (int chunks = (n_tokens + kSharedTokens - 1) / kSharedTokens; chunks < n_tokens; ++chunks) {
     const int per = (n_tokens + chunks - 1) / chunks;
-    if (tokens_smem(max_cols, per) <= kTokensSmemLimit) return per;
+    if (tokens_smem(max_cols, per) <= tokens_smem_limit()) return per;
   }
   return 0;
 }
@@ -333,24 +350,20 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   }
   const int per = route_in ? 0 : tokens_per_block(b.j, n_jobs, n_tokens, b.i8, max_cols);
   if (per > 0) {
-    static const bool smem_set = [] {
-      allow_dynamic_smem(gemv_tokens_kernel<kSharedTokens>, kTokensSmemLimit, "cudaFuncSetAttribute(gemv tokens)");
-      return true;
-    }();
-    (void)smem_set;
     const int chunks = (n_tokens + per - 1) / per;
     const size_t smem = tokens_smem(max_cols, per);
     int resident = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gemv_tokens_kernel<kSharedTokens>, kThreads,
                                                              smem),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    const int slots = sm_count() * std::max(1, resident);
-    b.n_tokens = n_tokens;
-    b.per = per;
-    b.tok_base = (rows::xpad_size(max_cols) + 3) & ~3;
-    const int grid = std::max(1, std::min(tiles, (slots + chunks - 1) / chunks));
-    launch_pdl("gemv_batch", gemv_tokens_kernel<kSharedTokens>, dim3(grid, chunks), dim3(kThreads), smem, s, b);
-    return;
+    if (resident > 0) {  // else the token grid below (same results)
+      b.n_tokens = n_tokens;
+      b.per = per;
+      b.tok_base = (rows::xpad_size(max_cols) + 3) & ~3;
+      const int grid = std::max(1, std::min(tiles, (sm_count() * resident + chunks - 1) / chunks));
+      launch_pdl("gemv_batch", gemv_tokens_kernel<kSharedTokens>, dim3(grid, chunks), dim3(kThreads), smem, s, b);
+      return;
+    }
   }
   const int grid = std::max(1, std::min(tiles, capacity));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
