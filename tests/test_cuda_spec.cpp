@@ -484,7 +484,8 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   EXPECT_TRUE(same_bits(row(pending, 1), row(p013, 1))) << "token 1";
   EXPECT_TRUE(same_bits(row(pending, 2), row(p02, 1))) << "token 2";
   EXPECT_TRUE(same_bits(row(pending, 3), row(p013, 2))) << "token 3";
-  // Keeping the branch that did not run last runs it again: as single steps of it.
+  // Keeping the second branch (token 2 sits at row 2, position 1: its key/value rows move) is as single
+  // steps of it.
   const int path[2] = {0, 2};
   a->keep(path, 2);
   auto b = session();
@@ -495,10 +496,11 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   a->forward(&next, 1, la.data(), false);
   b->forward(&next, 1, lb.data(), false);
   EXPECT_TRUE(same_bits(la, lb)) << "next logits after keeping the second branch";
-  // A deeper tree whose paths share prefixes of three and five tokens (all-GPU, a later path runs from
-  // the step record of the prefix it shares with the path before it, from depths 2 to 4): every token's
-  // row is its root path's single steps, and keeping a prefix of the last path, or a path that leaves it
-  // after three tokens, leaves what a session that only ran the kept tokens leaves.
+  // A deeper tree with branch points at depths 2 and 4 (one multi-token step: each token over its
+  // ancestors' rows, from its parent's DeltaNet record): every token's row is its root path's single
+  // steps, and keeping root paths whose tokens sit at rows other than their positions (so their key/value
+  // rows move), a prefix of the main line, the main line or the root alone leaves what a session that
+  // only ran the kept tokens leaves.
   const std::vector<int> parents2 = {-1, 0, 1, 2, 3, 2, 5, 6, 6};
   const int n2 = static_cast<int>(parents2.size());
   if (n2 > limit) return;

@@ -163,18 +163,24 @@ struct GpuSession::Impl {
   static constexpr int kMaxStepTokens = kMaxGemvTokens;
   bool multi_fits = false;  // multi_step_fits() at construction
   StepRows multi;
-  int* d_mio = nullptr;  // [kMaxStepTokens tokens, kMaxStepTokens positions]
-  int* h_mio = nullptr;  // pinned: [tokens, positions, picks read back] of kMaxStepTokens each
+  // The multi-token step's inputs (d_mio, copied from h_mio): kMaxStepTokens each of tokens, positions
+  // (the depth's), KV rows, parents, then the pending base and each token's root-path rows (AttnTokens),
+  // then (h_mio only) the picks read back.
+  static constexpr int kMioPos = kMaxStepTokens, kMioRows = 2 * kMaxStepTokens, kMioParents = 3 * kMaxStepTokens,
+                       kMioBase = 4 * kMaxStepTokens, kMioPath = 5 * kMaxStepTokens,
+                       kMioInputs = kMioPath + kMaxStepTokens * kMaxStepTokens, kMioPicks = kMioInputs;
+  int* d_mio = nullptr;
+  int* h_mio = nullptr;
+  bool tree_pending = false;  // the pending tokens ran as one tree (run_multi with a tree): keep_tree
+  const int* tree_io = nullptr;  // d_mio while enqueue_multi captures the trunk's multi-token step
   float* h_mlogits = nullptr;  // pinned [kMaxStepTokens x n_vocab], allocated on first use
   float* h_mhidden = nullptr;  // pinned [kMaxStepTokens x n_embd], allocated on first use
   // The multi-token step's per-token arg-max (forward_pending_picks): scratch, counters, picks.
   unsigned long long* mpick_part = nullptr;
   unsigned int* mpick_counter = nullptr;
   int* d_mpicks = nullptr;
-  // By parity, token count and step_off (the graphs write into the step records from step_off on).
-  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1][kMaxStepTokens] = {};
+  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1] = {};
   int mgraph_steps = 0;  // st.step_cap() when mgraphs were captured
-  int step_off = 0;      // the step record of the multi-token step's first token (run_path_from_held)
 
   Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
       : gm(std::move(g)),
@@ -323,9 +329,9 @@ struct GpuSession::Impl {
     check_cuda(cudaMallocHost(&h_logits, static_cast<size_t>(c.n_vocab) * sizeof(float)), "cudaMallocHost(logits)");
     if (multi_fits) {
       multi = alloc_rows(kMaxStepTokens);
-      d_mio = dalloc<int>(2 * kMaxStepTokens);
-      multi.pos = d_mio + kMaxStepTokens;
-      check_cuda(cudaMallocHost(&h_mio, 3 * kMaxStepTokens * sizeof(int)), "cudaMallocHost");
+      d_mio = dalloc<int>(kMioInputs);
+      multi.pos = d_mio + kMioPos;
+      check_cuda(cudaMallocHost(&h_mio, (kMioPicks + kMaxStepTokens) * sizeof(int)), "cudaMallocHost");
       mpick_part = dalloc<unsigned long long>(kMaxStepTokens * static_cast<size_t>(argmax_wide_blocks(c.n_vocab)));
       mpick_counter = dalloc<unsigned int>(kMaxStepTokens);
       d_mpicks = dalloc<int>(kMaxStepTokens);
@@ -417,6 +423,10 @@ struct GpuSession::Impl {
       AttnTokens tk;
       tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
       tk.scratch = static_cast<int64_t>(attn_scratch_per), tk.counters = c.max_attention_heads();
+      if (T > 1 && tree_io) {  // the trunk's multi-token step: rows and root paths (a chain's: its positions)
+        tk.kv_rows = tree_io + kMioRows, tk.path = tree_io + kMioPath, tk.path_stride = kMaxStepTokens;
+        tk.base = tree_io + kMioBase;
+      }
       // Every token's KV row is stored before any token attends: a sliding ring keeps window +
       // forward_token_limit - 1 rows, so no pending token's row is one an earlier pending token reads.
       attn_prep(r.q, q_stride_head(), r.kk, r.vv, L.k, L.v, kv_width(), ls.n_head, c.n_head_kv, hd, w.q_norm, w.k_norm,
@@ -445,8 +455,9 @@ struct GpuSession::Impl {
     tk.n = T;
     tk.mixed_stride = rw.ch, tk.gate_stride = rw.nv, tk.out_stride = rw.vd;
     if (T > 1) {
-      tk.records = st.ssm_step(L, step_off);
+      tk.records = st.ssm_step(L, 0);
       tk.record_stride = static_cast<int64_t>(st.ssm_state_floats());
+      tk.parents = tree_io ? tree_io + kMioParents : nullptr;
     }
     deltanet_step_fast(L.ssm, r.mixed, r.b, r.alpha, w.a, w.dt_bias, w.norm, r.z, c.rms_eps, c.ssm_k_heads,
                        c.ssm_v_heads, c.ssm_head_k, c.ssm_head_v, dn_scratch, dn_counters, r.o2, stream, fuse_conv,
@@ -473,8 +484,8 @@ struct GpuSession::Impl {
     gemv_batch(in, n, stream, nullptr, nullptr, nullptr, nullptr, T);
     prof.mark(attn ? "attn q/k/v gemv" : (fuse_conv && T == 1 ? "dn in gemv+conv" : "dn in gemv"), stream);
     if (T > 1 && !attn) {  // the conv is sequential in the tokens: one launch walks them
-      conv_silu_tokens(r.qkv, T, D.deltanet.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, st.conv_step(L, step_off),
-                       r.mixed, stream);
+      conv_silu_tokens(r.qkv, T, D.deltanet.conv, c.ssm_conv_kernel, c.ssm_conv_channels(), L.conv, st.conv_step(L, 0),
+                       r.mixed, stream, tree_io ? tree_io + kMioParents : nullptr);
       prof.mark("dn conv", stream);
     }
     mixer_core(il, D, L, r, T, r.pos);
@@ -701,6 +712,11 @@ struct GpuSession::Impl {
     // The prefill's embedding of token rows: the decode step's row decoding, T rows in one launch.
     prefill::embed_rows(dm.token_embd, d_mio, T, multi.x, stream);
     prof.mark("embed", stream);
+    struct Clear {
+      const int*& p;
+      ~Clear() { p = nullptr; }
+    } clear{tree_io};
+    tree_io = d_mio;
     enqueue_layers(multi, T);
   }
 
@@ -756,11 +772,10 @@ struct GpuSession::Impl {
   }
   void destroy_multi_graphs() {
     for (auto& by_parity : mgraphs)
-      for (auto& by_count : by_parity)
-        for (cudaGraphExec_t& g : by_count) {
-          if (g) cudaGraphExecDestroy(g);
-          g = nullptr;
-        }
+      for (cudaGraphExec_t& g : by_parity) {
+        if (g) cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
   }
 
   // Lookahead: the step at n_past from the last pick (on the device), launched before the pick is read.
@@ -928,27 +943,36 @@ struct GpuSession::Impl {
   // the DeltaNet state and expert picks after token t (the caller reserved n records; the last token's
   // state is the live one, its record holds only the conv window and the picks).
   // picks: instead of logits, token t's arg-max over ids < n_pick (argmax_wide) to picks[t].
+  // tree (null: a chain): token t sits at position n_past + depth(t), its key/value rows at n_past + t;
+  // it attends to the kept tokens and its ancestors and runs from its parent's DeltaNet state, so its
+  // logits are what the decode steps of its root path give.
   void run_multi(const int32_t* tokens, int n, float* logits_out, bool all_positions, float* hid,
-                 int32_t* picks = nullptr, int32_t n_pick = 0) {
+                 int32_t* picks = nullptr, int32_t n_pick = 0, const TokenTree* tree = nullptr) {
+    h_mio[kMioBase] = n_past;
     for (int t = 0; t < n; ++t) {
+      const int depth = tree ? tree->depth(t) : t;
       h_mio[t] = tokens[t];
-      h_mio[kMaxStepTokens + t] = n_past + t;
+      h_mio[kMioPos + t] = n_past + depth;
+      h_mio[kMioRows + t] = n_past + t;
+      h_mio[kMioParents + t] = tree ? tree->parent(t) : t - 1;
+      int* path = h_mio + kMioPath + t * kMaxStepTokens;
+      for (int u = t, d = depth; u >= 0; u = tree ? tree->parent(u) : u - 1, --d) path[d] = n_past + u;
     }
-    check_cuda(cudaMemcpyAsync(d_mio, h_mio, 2 * kMaxStepTokens * sizeof(int), cudaMemcpyHostToDevice, stream),
+    check_cuda(cudaMemcpyAsync(d_mio, h_mio, kMioInputs * sizeof(int), cudaMemcpyHostToDevice, stream),
                "copy tokens");
     if (mgraph_steps != st.step_cap()) {  // the graphs write into the step records: captured again
       check_cuda(cudaStreamSynchronize(stream), "multi-token step");
       destroy_multi_graphs();
       mgraph_steps = st.step_cap();
     }
-    run_graph(mgraphs[st.parity()][n][step_off], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
+    run_graph(mgraphs[st.parity()][n], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
     // Step record t's picks: token t's row of every layer's [tokens x k] ids.
     const size_t k = static_cast<size_t>(c.n_expert_used);
     const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
     std::vector<DeviceCopy> records(static_cast<size_t>(n));
     for (int t = 0; t < n; ++t) {
       DeviceCopy& r = records[static_cast<size_t>(t)];
-      r.dst = st.route_steps + static_cast<size_t>(step_off + t) * step_ids;
+      r.dst = st.route_steps + static_cast<size_t>(t) * step_ids;
       r.src = multi.ids + static_cast<size_t>(t) * k;
       r.row_bytes = k * sizeof(int);
       r.rows = static_cast<size_t>(c.n_layer);
@@ -967,7 +991,7 @@ struct GpuSession::Impl {
                                  cudaMemcpyDeviceToHost, stream),
                  "copy logits");
     }
-    int* h_picks = h_mio + 2 * kMaxStepTokens;
+    int* h_picks = h_mio + kMioPicks;
     if (picks) {
       argmax_wide(multi.logits, n_pick, mpick_part, mpick_counter, d_mpicks, stream, false, nullptr, nullptr, n,
                   static_cast<int64_t>(vocab));
@@ -1019,10 +1043,11 @@ struct GpuSession::Impl {
   // Pending tokens (Sequence::forward_pending): a chain runs once, recording the DeltaNet state and
   // expert picks after each token (DeviceSequenceState step records); keep() of m of them copies step
   // m-1's state back, uncounts the later tokens' picks and moves n_past (the KV rows beyond are written
-  // again before they are read). A tree runs path by path: from a snapshot of the state taken before the
-  // pending tokens, or, where the multi-token step runs (segments_apply), from the step record of the
-  // prefix a path shares with the path run before it; keep() of a path that is no prefix of the last one
-  // run runs the rest of it the same way.
+  // again before they are read). A tree of up to kMaxStepTokens tokens runs as one multi-token step where
+  // that step runs (each token at its depth's position over its ancestors' rows, its DeltaNet state from
+  // its parent's record; keep_tree moves the kept rows). Otherwise a tree runs path by path from a
+  // snapshot of the state taken before the pending tokens; keep() of a path that is no prefix of the last
+  // one run runs it again from there.
   bool has_pending = false;
   int pending_base = 0;     // n_past before the pending tokens
   TokenTree begin_pending(const int32_t* tokens, int n, const int* parents);
@@ -1083,38 +1108,46 @@ struct GpuSession::Impl {
     held = path;
   }
 
-  // Whether pending paths run from the held path's records (run_path_from_held): the multi-token step
-  // takes this session's runs, and every record index fits its graphs.
-  bool segments_apply() const {
-    return multi_applies(2) && pending_tokens.size() <= static_cast<size_t>(kMaxStepTokens);
-  }
-
-  // Runs pending path `path` from the longest prefix it shares with the held path whose DeltaNet state a
-  // step record holds (the held path's last token leaves none: its state is the live one), so that only
-  // the rest runs: the prefix's state comes back from its record, the rest runs as one multi-token step
-  // at n_past = pending_base + prefix, recording each token at its depth. A run takes two tokens or
-  // more (one token at the snapshot). Returns the prefix length: the run's logits / hidden rows are
-  // path[prefix..]'s. Needs segments_apply().
-  int run_path_from_held(const std::vector<int>& path, float* logits_out) {
-    const int len = static_cast<int>(path.size()), held_len = static_cast<int>(held.size());
-    int j = 0;
-    while (j < len && j < held_len && held[static_cast<size_t>(j)] == path[static_cast<size_t>(j)]) ++j;
-    j = std::max(0, std::min({j, held_len - 1, len - 2}));
-    keep_held_prefix(j);  // j == 0: the snapshot
-    held.clear();         // until the path has run, the state holds no pending path
-    if (len == 0) return 0;
-    std::vector<int32_t> tokens;
-    for (int k = j; k < len; ++k) tokens.push_back(pending_tokens[static_cast<size_t>(path[static_cast<size_t>(k)])]);
-    step_off = j;
-    try {
-      run(tokens.data(), len - j, logits_out, logits_out != nullptr, true);
-    } catch (...) {
-      step_off = 0;
-      throw;
+  // Keeps root path path[0..m) of a tree that ran as one multi-token step (tree_pending): each kept token's
+  // key/value rows move from its row (pending_base + its index) to its position's (pending_base + depth),
+  // in depth order (a row read later is never one written earlier: path[i] >= i); the state of the last
+  // kept token comes back from its step record (the last token's is the live one); the other tokens'
+  // picks are uncounted. m == 0: the snapshot.
+  void keep_tree(const int* path, int m) {
+    const int n = pending.size();
+    tree_pending = false;
+    held.clear();
+    if (m == 0) {
+      restore_snapshot();
+      return;
     }
-    step_off = 0;
-    held = path;
-    return j;
+    for (int i = 0; i < m; ++i) {
+      if (path[i] == i) continue;
+      std::vector<DeviceCopy> copies;
+      for (const DeviceLayerState& L : st.layers) {
+        if (!L.k) continue;
+        auto row = [&L](int p) { return static_cast<size_t>(L.rows > 0 ? p % L.rows : p); };
+        const size_t from = row(pending_base + path[i]), to = row(pending_base + i);
+        const size_t kb = static_cast<size_t>(kv_width()) * (L.kv.k == KvType::F16 ? 2 : 4);
+        const size_t vb = static_cast<size_t>(kv_width()) * (L.kv.v == KvType::F16 ? 2 : 4);
+        DeviceCopy k, v;
+        k.dst = static_cast<char*>(L.k) + to * kb, k.src = static_cast<const char*>(L.k) + from * kb, k.row_bytes = kb;
+        v.dst = static_cast<char*>(L.v) + to * vb, v.src = static_cast<const char*>(L.v) + from * vb, v.row_bytes = vb;
+        copies.push_back(k);
+        copies.push_back(v);
+      }
+      for (size_t b = 0; b < copies.size(); b += kMaxDeviceCopies)
+        copy_batch(copies.data() + b, static_cast<int>(std::min<size_t>(kMaxDeviceCopies, copies.size() - b)), stream);
+    }
+    if (path[m - 1] != n - 1) st.select_step(path[m - 1], stream);
+    std::vector<char> kept(static_cast<size_t>(n), 0);
+    for (int i = 0; i < m; ++i) kept[static_cast<size_t>(path[i])] = 1;
+    const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
+    for (int t = 0; t < n; ++t)
+      if (!kept[static_cast<size_t>(t)])
+        uncount_routes(st.route_steps + static_cast<size_t>(t) * picks, c.n_layer, c.n_expert_used, c.n_expert,
+                       route_counts, stream);
+    n_past = pending_base + m;
   }
 
   // Keeps the first m tokens of the path the state holds (m <= held.size()): the state of step m-1, the
@@ -1350,11 +1383,14 @@ TokenTree GpuSession::Impl::begin_pending(const int32_t* tokens, int n, const in
          " per forward");
   TokenTree tree = TokenTree::from_parents(parents, n);
   drop();
-  int longest = 0;  // a chain's tokens, or the longest root path of a tree: what one run records
+  // What one run records: a chain's tokens or a tree's when it runs as one multi-token step, else the
+  // longest root path of the tree (run path by path).
+  int longest = 0;
   for (int t = 0; t < n; ++t) longest = std::max(longest, tree.depth(t) + 1);
-  st.reserve_steps(longest);
+  st.reserve_steps(multi_applies(n) ? n : longest);
   save_snapshot();
   held.clear();  // no pending path has run yet (held may still name the last round's kept path)
+  tree_pending = false;
   pending_tokens.assign(tokens, tokens + n);
   has_pending = true;  // from here on a failure leaves the snapshot to return to
   return tree;
@@ -1362,6 +1398,7 @@ TokenTree GpuSession::Impl::begin_pending(const int32_t* tokens, int n, const in
 
 void GpuSession::Impl::abandon_pending() {
   has_pending = false;
+  tree_pending = false;
   restore_snapshot();
   sync();
 }
@@ -1405,11 +1442,18 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       for (int i = 0; i < n; ++i) m.held.push_back(i);
       m.run(tokens, n, logits_out, true, true);
       if (m.hidden) m.pending_hidden = m.hidden_rows;
+    } else if (m.multi_applies(n)) {
+      // The whole tree in one multi-token step: each token at its depth's position, attending to the kept
+      // tokens and its ancestors, its DeltaNet state continuing its parent's record; keep_tree follows.
+      float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
+                            : nullptr;
+      m.run_multi(tokens, n, logits_out, true, hid, nullptr, 0, &tree);
+      if (m.hidden) m.pending_hidden = m.hidden_rows;
+      m.tree_pending = true;
     } else {
-      // Every token lies on some root-to-leaf path: run each leaf's path, from the snapshot or (all-GPU)
-      // from the prefix it shares with the path run before it. The path of first children from the first
-      // root (the drafter's likeliest line, verified first) runs last, so that keeping a prefix of it
-      // needs no second run.
+      // Every token lies on some root-to-leaf path: run each leaf's path from the snapshot. The path of
+      // first children from the first root (the drafter's likeliest line, verified first) runs last, so
+      // that keeping a prefix of it needs no second run.
       std::vector<int> first_child(static_cast<size_t>(n), -1);
       std::vector<char> done(static_cast<size_t>(n), 0);
       for (int i = n - 1; i >= 0; --i)
@@ -1424,22 +1468,15 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
       const size_t d = static_cast<size_t>(m.c.n_embd);
       if (m.hidden) m.pending_hidden.resize(static_cast<size_t>(n) * d);
       std::vector<float> rows;
-      const bool segments = m.segments_apply();
       for (const int leaf : leaves) {
         const std::vector<int> path = tree.path_to(leaf);
         rows.resize(path.size() * vocab);
-        size_t from = 0;  // path[from..] ran: rows j - from
-        if (segments) {
-          from = static_cast<size_t>(m.run_path_from_held(path, rows.data()));
-        } else {
-          m.run_path(path, rows.data());
-        }
-        for (size_t j = from; j < path.size(); ++j) {
+        m.run_path(path, rows.data());
+        for (size_t j = 0; j < path.size(); ++j) {
           const size_t t = static_cast<size_t>(path[j]);
           if (done[t]) continue;
-          std::memcpy(logits_out + t * vocab, rows.data() + (j - from) * vocab, vocab * sizeof(float));
-          if (m.hidden)
-            std::memcpy(m.pending_hidden.data() + t * d, m.hidden_rows.data() + (j - from) * d, d * sizeof(float));
+          std::memcpy(logits_out + t * vocab, rows.data() + j * vocab, vocab * sizeof(float));
+          if (m.hidden) std::memcpy(m.pending_hidden.data() + t * d, m.hidden_rows.data() + j * d, d * sizeof(float));
           done[t] = 1;
         }
       }
@@ -1457,12 +1494,12 @@ void GpuSession::keep(const int* path, int n) {
   m.pending.check_path(path, n);
   const std::vector<int> want(path, path + n);
   const bool prefix = want.size() <= m.held.size() && std::equal(want.begin(), want.end(), m.held.begin());
-  if (!prefix && m.segments_apply()) {
-    m.run_path_from_held(want, nullptr);
-  } else if (!prefix) {
-    m.run_path(want, nullptr);
+  if (m.tree_pending) {
+    m.keep_tree(path, n);
+  } else {
+    if (!prefix) m.run_path(want, nullptr);
+    m.keep_held_prefix(n);
   }
-  m.keep_held_prefix(n);
   m.sync();
   m.has_pending = false;
   if (!m.hidden) return;

@@ -165,7 +165,7 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
   // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
-  const int64_t row = ring_row(static_cast<int>(pos), rows);  // a sliding layer's ring
+  const int64_t row = ring_row(ts.kv_rows ? ts.kv_rows[tok] : static_cast<int>(pos), rows);  // a sliding layer's ring
   const bool rotates = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv;
   const float2 cs = rotates ? rope_cos_sin_at(pos, threadIdx.x, rope_dims, freq_base, yarn) : make_float2(1.0f, 0.0f);
   pdl_wait();
@@ -268,6 +268,14 @@ __global__ void deltanet_step_split_kernel(const float* S_all, float* S_out_all,
     const float* k = mt + key_dim + static_cast<int64_t>(kh) * dk;
     const float* v = mt + 2 * key_dim + static_cast<int64_t>(h) * dv;
     float* S_out = (t + 1 < tk.n ? tk.records + t * tk.record_stride : S_out_all) + h * head_state;  // may be S
+    if (tk.parents && t > 0 && col) {  // a tree: a token whose parent is not the previous one starts over
+      const int pa = tk.parents[t];
+      if (pa != t - 1) {
+        const float* from = pa < 0 ? S : tk.records + pa * tk.record_stride + h * head_state;
+#pragma unroll
+        for (int ii = 0; ii < RPW; ++ii) r[ii] = from[static_cast<int64_t>(i0 + ii) * dv + j];
+      }
+    }
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
       sq[i] = q[i];
       sk[i] = k[i];
@@ -482,6 +490,10 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   // (written by earlier steps) are pulled into L2 meanwhile: the scores' dependent loads then hit L2.
   // Positions lo .. *pos are attended (lo > 0 only in a sliding window); p below is relative to lo.
   const int n_all = *pos_ptr + 1;
+  // A tree's pending positions are read from its token's root-path rows (AttnTokens::path).
+  const int path_base = ts.path ? *ts.base : n_all;
+  const int* path = ts.path ? ts.path + tok * ts.path_stride : nullptr;
+  auto row_at = [&](int P) -> int64_t { return ring_row(P >= path_base ? path[P - path_base] : P, ring_rows); };
   const int lo = window > 0 ? max(0, n_all - window) : 0;
   const int n_ctx = n_all - lo;
   const int per = attention_chunk(n_ctx, S);  // <= the launch's chunk (attention_decode_split)
@@ -498,7 +510,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const bool is_k = i < nk;
       const int j = is_k ? i : i - nk, lines = is_k ? k_lines : v_lines;
-      const int64_t e = ring_row(lo + p0 + j / lines, ring_rows) * kv_stride + off;
+      const int64_t e = row_at(lo + p0 + j / lines) * kv_stride + off;
       const char* base = is_k ? reinterpret_cast<const char*>(k_cache + e) : reinterpret_cast<const char*>(v_cache + e);
       asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128 * (j % lines)));
     }
@@ -517,7 +529,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int pu = p + u * nw < p1 ? p + u * nw : p;  // past the chunk: row p again, result dropped
-      k[u] = k_cache + ring_row(lo + pu, ring_rows) * kv_stride + koff;
+      k[u] = k_cache + row_at(lo + pu) * kv_stride + koff;
       dot[u] = 0.0f;
     }
     for (int d = lane; d < head_dim; d += 32) {
@@ -553,11 +565,11 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (; p + 8 <= p1; p += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + ring_row(lo + p + u, ring_rows) * kv_stride);
+      for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + row_at(lo + p + u) * kv_stride);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc += sc[p + u - p0] * v[u];
     }
-    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + ring_row(lo + p, ring_rows) * kv_stride);
+    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + row_at(lo + p) * kv_stride);
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
       if (gate.kind != AttnOutGate::None) r *= out_gate(gate, qh, h, head_dim, d);

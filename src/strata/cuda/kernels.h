@@ -85,6 +85,14 @@ struct AttnTokens {
   int n = 1;
   int64_t q = 0, kv = 0, out = 0, gate = 0, scratch = 0;
   int counters = 0;
+  // A token tree (the multi-token step's tree verification; all null: the rows are the positions). Token
+  // t's key and value go to row kv_rows[t] (its position pos[t] is its depth's, for the rotary), and it
+  // attends to positions lo .. pos[t] where a position P >= *base is read from row path[t * path_stride +
+  // P - *base] (its root path's rows, depth order): the rows of a single step at pos[t], in its order.
+  const int* kv_rows = nullptr;
+  const int* path = nullptr;
+  int path_stride = 0;
+  const int* base = nullptr;
 };
 
 // attention inputs: each of the n_head query heads (q, q_head_stride) in place and each of the n_kv key
@@ -130,11 +138,14 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv);
 // mixed_stride, b / alpha + t * gate_stride, z / out + t * out_stride; the state after token t goes to
 // records + t * record_stride ([n_v x dk x dv] each) for t < n - 1 and the last token's to S_out (or S);
 // scratch then holds n times deltanet_scratch_doubles. Each token's arithmetic is a single step's.
+// parents (device, may be null: a chain): a token tree, token t running from the state after its parent
+// (record parents[t]; -1: the state before the tokens).
 struct DeltaNetTokens {
   int n = 1;
   int64_t mixed_stride = 0, gate_stride = 0, out_stride = 0;
   float* records = nullptr;
   int64_t record_stride = 0;
+  const int* parents = nullptr;
 };
 void deltanet_step_fast(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                         const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,

@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tokens_kernel(const __grid_c
 
 // conv_silu_tokens: a thread per channel walks the tokens, each step's window read from the record
 // the previous step wrote (the live state for token 0).
-__global__ void conv_tokens_kernel(const float* x, int n_tokens, DJob J, float* state, float* records, float* out) {
+__global__ void conv_tokens_kernel(const float* x, int n_tokens, DJob J, float* state, float* records, float* out,
+                                   const int* parents) {
   pdl_launch_dependents();
   pdl_wait();
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -76,7 +77,8 @@ __global__ void conv_tokens_kernel(const float* x, int n_tokens, DJob J, float* 
   if (c >= ch) return;
   const int64_t win = static_cast<int64_t>(J.conv_k - 1) * ch;
   for (int t = 0; t < n_tokens; ++t) {
-    J.conv_state = t == 0 ? state : records + (t - 1) * win;
+    const int pa = parents ? parents[t] : t - 1;
+    J.conv_state = pa < 0 ? state : records + pa * win;
     J.conv_out = records + t * win;
     out[t * static_cast<int64_t>(ch) + c] = conv_silu_channel(J, c, x[t * static_cast<int64_t>(ch) + c]);
   }
@@ -287,7 +289,7 @@ void set_gemv_tokens_min_bytes(size_t bytes) { mv::g_tokens_min_bytes = bytes; }
 GemvMath gemv_math() { return mv::g_math; }
 
 void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
-                      float* records, float* out, cudaStream_t s) {
+                      float* records, float* out, cudaStream_t s, const int* parents) {
   using namespace mv;
   check_arg(n_tokens >= 1 && K >= 1 && channels >= 1 && x && conv_w && state && records && out,
             "conv_silu_tokens: incomplete arguments");
@@ -297,7 +299,7 @@ void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, 
   J.conv_channels = channels;
   constexpr int kBlock = 128;
   launch_pdl("conv_silu_tokens", conv_tokens_kernel, dim3((channels + kBlock - 1) / kBlock), dim3(kBlock), 0, s, x,
-             n_tokens, J, state, records, out);
+             n_tokens, J, state, records, out, parents);
 }
 
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,

@@ -186,9 +186,10 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
 // ran without the fused conv: per channel, GemvJob::conv_w's arithmetic (the same device function),
 // token t's projection x + t * channels becoming out + t * channels. The window after token t is
 // written to records + t * (K-1) * channels (a sequence state's conv step records), and state (the
-// window before token 0) ends as the window after the last token.
+// window before token 0) ends as the window after the last token. parents (device, may be null: a
+// chain): a token tree, token t's window continuing its parent's record (-1: state).
 void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, int channels, float* state,
-                      float* records, float* out, cudaStream_t s);
+                      float* records, float* out, cudaStream_t s, const int* parents = nullptr);
 
 // Local memory (stack frame and register spills) per thread of the matvec kernel as built for this GPU
 // (the larger of its single-token and token-grid forms).
