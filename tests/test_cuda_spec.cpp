@@ -535,6 +535,45 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     EXPECT_TRUE(same_bits(c->deltanet_state(), d->deltanet_state())) << "state after keeping path " << k;
     EXPECT_EQ(c->routing_counts(), d->routing_counts()) << "routing counts after keeping path " << k;
   }
+  // Two roots (the second token a child of the kept tokens too: its DeltaNet state and conv window start
+  // again from the state before the tree), verified after a chain in the same session (the chain's graph
+  // of this token count replayed with a tree's rows and parents): every row is the single steps of its
+  // root path after the kept part of the chain, and keeping the second root's path leaves what running
+  // only the kept tokens leaves.
+  const std::vector<int> parents3 = {-1, 0, -1, 2, 0};
+  const int n3 = static_cast<int>(parents3.size());
+  if (n3 > limit) return;
+  SCOPED_TRACE(label + ", two roots after a chain");
+  const std::vector<int32_t> chain3(drafts.begin() + 8, drafts.begin() + 8 + n3);
+  const std::vector<int32_t> tree3(drafts.begin() + 3, drafts.begin() + 3 + n3);
+  auto e = session();
+  std::vector<float> rows3(static_cast<size_t>(n3) * vocab, NAN);
+  e->forward_pending(chain3.data(), n3, nullptr, rows3.data());
+  e->keep_first(2);
+  e->forward_pending(tree3.data(), n3, parents3.data(), rows3.data());
+  auto after_chain = [&](const std::vector<int32_t>& tokens) {
+    std::vector<int32_t> all = {chain3[0], chain3[1]};
+    all.insert(all.end(), tokens.begin(), tokens.end());
+    const std::vector<float> r = single_steps(all);
+    return std::vector<float>(r.begin() + static_cast<std::ptrdiff_t>(2 * vocab), r.end());
+  };
+  const std::vector<float> p01 = after_chain({tree3[0], tree3[1]}), p04 = after_chain({tree3[0], tree3[4]}),
+                           p23 = after_chain({tree3[2], tree3[3]});
+  EXPECT_TRUE(same_bits(row(rows3, 0), row(p01, 0))) << "first root";
+  EXPECT_TRUE(same_bits(row(rows3, 1), row(p01, 1))) << "token 1";
+  EXPECT_TRUE(same_bits(row(rows3, 2), row(p23, 0))) << "second root";
+  EXPECT_TRUE(same_bits(row(rows3, 3), row(p23, 1))) << "token 3";
+  EXPECT_TRUE(same_bits(row(rows3, 4), row(p04, 1))) << "token 4";
+  const int second[2] = {2, 3};
+  e->keep(second, 2);
+  auto g = session();
+  for (const int32_t tok : {chain3[0], chain3[1], tree3[2], tree3[3]}) g->forward(&tok, 1, scratch.data(), false);
+  std::vector<float> le(vocab), lg(vocab);
+  e->forward(&next, 1, le.data(), false);
+  g->forward(&next, 1, lg.data(), false);
+  EXPECT_TRUE(same_bits(le, lg)) << "next logits after keeping the second root's path";
+  EXPECT_TRUE(same_bits(e->deltanet_state(), g->deltanet_state())) << "state after keeping the second root's path";
+  EXPECT_EQ(e->routing_counts(), g->routing_counts());
 }
 
 // The largest sliding window of the model's layers (0: none).

@@ -1128,8 +1128,7 @@ struct GpuSession::Impl {
         if (!L.k) continue;
         auto row = [&L](int p) { return static_cast<size_t>(L.rows > 0 ? p % L.rows : p); };
         const size_t from = row(pending_base + path[i]), to = row(pending_base + i);
-        const size_t kb = static_cast<size_t>(kv_width()) * (L.kv.k == KvType::F16 ? 2 : 4);
-        const size_t vb = static_cast<size_t>(kv_width()) * (L.kv.v == KvType::F16 ? 2 : 4);
+        const size_t kb = kv_row_bytes(L.kv.k, kv_width()), vb = kv_row_bytes(L.kv.v, kv_width());
         DeviceCopy k, v;
         k.dst = static_cast<char*>(L.k) + to * kb, k.src = static_cast<const char*>(L.k) + from * kb, k.row_bytes = kb;
         v.dst = static_cast<char*>(L.v) + to * vb, v.src = static_cast<const char*>(L.v) + from * vb, v.row_bytes = vb;
@@ -1594,6 +1593,7 @@ void GpuSession::reset() {
   Impl& m = *impl_;
   m.drop();
   m.has_pending = false;
+  m.tree_pending = false;
   m.st.reset(m.stream);
   m.sync();
   if (m.hidden) m.hidden->restart(0);
