@@ -53,7 +53,7 @@ struct BackendOptions {
   // routing trace (engine/routing_trace.h). CPU engine only for now.
   std::string collect_routing;
   // --routing FILE|generate:NAME[:SEED] (bench): the expert picks replayed from a trace or the generator
-  // (moe/routing_generator.h) instead of the router's. CPU engine only for now.
+  // (moe/routing_generator.h) instead of the router's, on the CPU engine and with --gpu.
   std::string routing;
   // --expert-cache N (with --gpu): VRAM cache slots per MoE layer beyond the pinned hot experts, carved
   // out of the expert budget and filled while serving (moe/expert_cache.h); 0: none.
