@@ -164,10 +164,10 @@ struct GpuSession::Impl {
   bool multi_fits = false;  // multi_step_fits() at construction
   StepRows multi;
   // The multi-token step's inputs (d_mio, copied from h_mio): kMaxStepTokens each of tokens, positions
-  // (the depth's), KV rows, parents, then the pending base and each token's root-path rows (AttnTokens),
-  // then (h_mio only) the picks read back.
-  static constexpr int kMioPos = kMaxStepTokens, kMioRows = 2 * kMaxStepTokens, kMioParents = 3 * kMaxStepTokens,
-                       kMioBase = 4 * kMaxStepTokens, kMioPath = 5 * kMaxStepTokens,
+  // (the depth's), parents, then the pending base and each token's root-path rows (AttnTokens), then
+  // (h_mio only) the picks read back.
+  static constexpr int kMioPos = kMaxStepTokens, kMioParents = 2 * kMaxStepTokens, kMioBase = 3 * kMaxStepTokens,
+                       kMioPath = 4 * kMaxStepTokens,
                        kMioInputs = kMioPath + kMaxStepTokens * kMaxStepTokens, kMioPicks = kMioInputs;
   int* d_mio = nullptr;
   int* h_mio = nullptr;
@@ -424,8 +424,7 @@ struct GpuSession::Impl {
       tk.n = T, tk.q = rw.q, tk.kv = rw.kv, tk.out = rw.o, tk.gate = rw.o;
       tk.scratch = static_cast<int64_t>(attn_scratch_per), tk.counters = c.max_attention_heads();
       if (T > 1 && tree_io) {  // the trunk's multi-token step: rows and root paths (a chain's: its positions)
-        tk.kv_rows = tree_io + kMioRows, tk.path = tree_io + kMioPath, tk.path_stride = kMaxStepTokens;
-        tk.base = tree_io + kMioBase;
+        tk.path = tree_io + kMioPath, tk.path_stride = kMaxStepTokens, tk.base = tree_io + kMioBase;
       }
       // Every token's KV row is stored before any token attends: a sliding ring keeps window +
       // forward_token_limit - 1 rows, so no pending token's row is one an earlier pending token reads.
@@ -886,14 +885,18 @@ struct GpuSession::Impl {
     return hybrid ? std::unique_lock<std::mutex>(gm->exclusive()) : std::unique_lock<std::mutex>();
   }
 
+  // The device rows a run of n tokens copies its final hidden states into (null without a hidden record).
+  float* hidden_rows_for(int n) {
+    return hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows") : nullptr;
+  }
+
   // Runs n validated tokens (the batched prefill, or the decode step token by token) and advances n_past.
   // record: token t's DeltaNet state and expert picks go to step t of the state's step records (room
   // for n reserved by the caller).
   // picks: the batched prefill's per-token arg-max (GpuPrefill::run) instead of logits.
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false,
            const PrefillPicks* picks = nullptr) {
-    float* hid = hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows")
-                        : nullptr;
+    float* hid = hidden_rows_for(n);
     if (record && multi_applies(n)) {  // pending tokens: the multi-token step, bitwise the decode steps'
       run_multi(tokens, n, logits_out, all_positions, hid);
       return;
@@ -953,7 +956,6 @@ struct GpuSession::Impl {
       const int depth = tree ? tree->depth(t) : t;
       h_mio[t] = tokens[t];
       h_mio[kMioPos + t] = n_past + depth;
-      h_mio[kMioRows + t] = n_past + t;
       h_mio[kMioParents + t] = tree ? tree->parent(t) : t - 1;
       int* path = h_mio + kMioPath + t * kMaxStepTokens;
       for (int u = t, d = depth; u >= 0; u = tree ? tree->parent(u) : u - 1, --d) path[d] = n_past + u;
@@ -1141,12 +1143,16 @@ struct GpuSession::Impl {
     if (path[m - 1] != n - 1) st.select_step(path[m - 1], stream);
     std::vector<char> kept(static_cast<size_t>(n), 0);
     for (int i = 0; i < m; ++i) kept[static_cast<size_t>(path[i])] = 1;
-    const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
     for (int t = 0; t < n; ++t)
-      if (!kept[static_cast<size_t>(t)])
-        uncount_routes(st.route_steps + static_cast<size_t>(t) * picks, c.n_layer, c.n_expert_used, c.n_expert,
-                       route_counts, stream);
+      if (!kept[static_cast<size_t>(t)]) uncount_step(t);
     n_past = pending_base + m;
+  }
+
+  // Takes the router picks of step record t out of the routing counts.
+  void uncount_step(int t) {
+    const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
+    uncount_routes(st.route_steps + static_cast<size_t>(t) * picks, c.n_layer, c.n_expert_used, c.n_expert,
+                   route_counts, stream);
   }
 
   // Keeps the first m tokens of the path the state holds (m <= held.size()): the state of step m-1, the
@@ -1157,10 +1163,7 @@ struct GpuSession::Impl {
     } else {
       const int len = static_cast<int>(held.size());
       if (m < len) st.select_step(m - 1, stream);
-      const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
-      for (int t = m; t < len; ++t)
-        uncount_routes(st.route_steps + static_cast<size_t>(t) * picks, c.n_layer, c.n_expert_used, c.n_expert,
-                       route_counts, stream);
+      for (int t = m; t < len; ++t) uncount_step(t);
       n_past = pending_base + m;
     }
     held.resize(static_cast<size_t>(m));
@@ -1414,9 +1417,7 @@ void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_a
     m.held.clear();
     for (int i = 0; i < n; ++i) m.held.push_back(i);
     if (multi) {
-      float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
-                            : nullptr;
-      m.run_multi(tokens, n, nullptr, false, hid, picks, n_allowed);
+      m.run_multi(tokens, n, nullptr, false, m.hidden_rows_for(n), picks, n_allowed);
     } else {
       PrefillPicks pp;
       pp.out = picks, pp.n_allowed = n_allowed;
@@ -1444,9 +1445,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
     } else if (m.multi_applies(n)) {
       // The whole tree in one multi-token step: each token at its depth's position, attending to the kept
       // tokens and its ancestors, its DeltaNet state continuing its parent's record; keep_tree follows.
-      float* hid = m.hidden ? m.hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(m.c.n_embd), "hidden rows")
-                            : nullptr;
-      m.run_multi(tokens, n, logits_out, true, hid, nullptr, 0, &tree);
+      m.run_multi(tokens, n, logits_out, true, m.hidden_rows_for(n), nullptr, 0, &tree);
       if (m.hidden) m.pending_hidden = m.hidden_rows;
       m.tree_pending = true;
     } else {

@@ -165,7 +165,7 @@ __global__ void attn_prep_kernel(float* q, int q_head_stride, const float* kk, c
   // the rotary cos/sin are read and computed before waiting on the previous kernel: the trig's latency
   // hides under that kernel's tail.
   const int64_t pos = *pos_ptr;
-  const int64_t row = ring_row(ts.kv_rows ? ts.kv_rows[tok] : static_cast<int>(pos), rows);  // a sliding layer's ring
+  const int64_t row = ring_row(ts.base ? *ts.base + tok : static_cast<int>(pos), rows);  // a sliding layer's ring
   const bool rotates = static_cast<int>(threadIdx.x) < rope_dims / 2 && bid < n_head + n_kv;
   const float2 cs = rotates ? rope_cos_sin_at(pos, threadIdx.x, rope_dims, freq_base, yarn) : make_float2(1.0f, 0.0f);
   pdl_wait();

@@ -86,10 +86,9 @@ struct AttnTokens {
   int64_t q = 0, kv = 0, out = 0, gate = 0, scratch = 0;
   int counters = 0;
   // A token tree (the multi-token step's tree verification; all null: the rows are the positions). Token
-  // t's key and value go to row kv_rows[t] (its position pos[t] is its depth's, for the rotary), and it
+  // t's key and value go to row *base + t (its position pos[t] is its depth's, for the rotary), and it
   // attends to positions lo .. pos[t] where a position P >= *base is read from row path[t * path_stride +
   // P - *base] (its root path's rows, depth order): the rows of a single step at pos[t], in its order.
-  const int* kv_rows = nullptr;
   const int* path = nullptr;
   int path_stride = 0;
   const int* base = nullptr;

@@ -211,10 +211,11 @@ void check_combine(const GemvCombine& c, bool needs_counter) {
             "gemv_batch: incomplete GemvCombine (k must be 1..64)");
 }
 
-// The shared memory a token-shared block needs for per tokens of rows up to max_cols wide.
+// Where a token-shared block's staged tokens start in shared memory (after the scratch xs of rows up to
+// max_cols wide, 16-byte aligned), and the shared memory it needs for per tokens of such rows.
+int tokens_base(int max_cols) { return (rows::xpad_size(max_cols) + 3) & ~3; }
 size_t tokens_smem(int max_cols, int per) {
-  const int base = (rows::xpad_size(max_cols) + 3) & ~3;
-  return static_cast<size_t>(base + per * rows::token_floats(max_cols)) * sizeof(float);
+  return static_cast<size_t>(tokens_base(max_cols) + per * rows::token_floats(max_cols)) * sizeof(float);
 }
 
 // The dynamic shared memory a token-shared block may take: 160 KiB, or less where the device's opt-in
@@ -361,7 +362,7 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
     if (resident > 0) {  // else the token grid below (same results)
       b.n_tokens = n_tokens;
       b.per = per;
-      b.tok_base = (rows::xpad_size(max_cols) + 3) & ~3;
+      b.tok_base = tokens_base(max_cols);
       const int grid = std::max(1, std::min(tiles, (sm_count() * resident + chunks - 1) / chunks));
       launch_pdl("gemv_batch", gemv_tokens_kernel<kSharedTokens>, dim3(grid, chunks), dim3(kThreads), smem, s, b);
       return;

@@ -90,13 +90,7 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
     } else if (!request.expert_budget) {
       // The budget is what is left: set the buffers aside first (at most every expert of the largest
       // layer), then once more at what the placement needs, keeping that plan if its buffers still fit.
-      uint64_t most = 0;
-      for (const std::vector<uint64_t>& layer : footprint.expert_bytes) {
-        uint64_t b = 0;
-        for (uint64_t e : layer) b += e;
-        most = std::max(most, b);
-      }
-      most *= kStreamBuffers;
+      const uint64_t most = stream_buffer_bytes(footprint.expert_bytes, {});
       const GpuExpertPlan without = out;
       const VramInputs without_in = in;
       // The placement with the buffers set aside; false when it fails (an --expert-cache that no longer
@@ -185,10 +179,10 @@ GpuExpertPlan plan_gpu_experts(const ModelFootprint& footprint, int n_expert_use
 uint64_t stream_buffer_bytes(const std::vector<std::vector<uint64_t>>& expert_bytes,
                              const std::vector<std::vector<int>>& slot_of) {
   uint64_t largest = 0;
-  for (size_t l = 0; l < expert_bytes.size() && l < slot_of.size(); ++l) {
+  for (size_t l = 0; l < expert_bytes.size() && (slot_of.empty() || l < slot_of.size()); ++l) {
     uint64_t b = 0;
-    for (size_t e = 0; e < expert_bytes[l].size() && e < slot_of[l].size(); ++e)
-      if (slot_of[l][e] < 0) b += expert_bytes[l][e];
+    for (size_t e = 0; e < expert_bytes[l].size(); ++e)
+      if (slot_of.empty() || (e < slot_of[l].size() && slot_of[l][e] < 0)) b += expert_bytes[l][e];
     largest = std::max(largest, b);
   }
   return largest * kStreamBuffers;

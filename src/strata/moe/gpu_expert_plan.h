@@ -50,7 +50,8 @@ constexpr int kStreamBuffers = 2;
 // Rows of logits the GPU prefill computes at a time (all-position logits and per-token picks of a pass).
 constexpr int kPrefillLogitRows = 512;
 
-// kStreamBuffers x the largest layer's cold expert bytes (expert_bytes [layer][expert], slot_of -1 = cold).
+// kStreamBuffers x the largest layer's cold expert bytes (expert_bytes [layer][expert], slot_of -1 = cold;
+// slot_of empty: every expert cold).
 uint64_t stream_buffer_bytes(const std::vector<std::vector<uint64_t>>& expert_bytes,
                              const std::vector<std::vector<int>>& slot_of);
 
