@@ -368,6 +368,11 @@ def parse_args(argv=None):
                     help="planned training time of a --ckpt run, all calls together (first call): the total steps "
                          "are fixed from the step time measured at its step 25")
     ap.add_argument("--ckpt-every", type=int, default=250, help="save (and evaluate) every N steps")
+    ap.add_argument("--fast", type=int, choices=(0, 1), default=0,
+                    help="train with fast.py's forward (checked against the HF forward first; references stay HF's)")
+    ap.add_argument("--compile", type=int, choices=(0, 1), default=0, help="torch.compile fast.py's forward")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="profile this many training steps (torch.profiler), print the top operations, exit")
     args = ap.parse_args(argv)
     base = PRESETS[args.preset or "22m"]
     for k in SHAPE_KEYS:

@@ -51,6 +51,7 @@ import sysconfig  # noqa: E402
 import tarfile  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fast  # noqa: E402  (the fast training forward; checked against the HF one before use)
 import plan as P  # noqa: E402  (torch-free: presets, sizes, schedule, held-out rule, GGUF reader)
 from plan import lr_at, path_hash  # noqa: E402,F401
 
@@ -534,15 +535,35 @@ def capture_final_hidden(model):
     return box, model.model.norm.register_forward_hook(hook)
 
 
-def train_step(model, opt, x, use_autocast, use_aux, mtp=None, mtp_weight=0.0, box=None, aux_coef=0.0):
+def fast_losses(model, x, use_aux, mtp, rope):
+    """fast.py's forward: (loss as the HF model reports it, aux loss or None, MTP logits or None)."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
+    cfg = model.config
+    h, logits, router = fast.trunk(model, x, *rope)
+    loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    aux = None
+    if use_aux:
+        aux = m.load_balancing_loss_func(tuple(router), cfg.num_experts, cfg.num_experts_per_tok)
+        loss = loss + cfg.router_aux_loss_coef * aux
+    mlogits = fast.mtp_logits(mtp, h, x, model, *rope) if mtp is not None else None
+    return loss, aux, mlogits, logits
+
+
+def train_step(model, opt, x, use_autocast, use_aux, mtp=None, mtp_weight=0.0, box=None, aux_coef=0.0, fast_fn=None,
+               rope=None):
+    """One optimizer step; with fast_fn (fast_losses or its compiled form) the forward is fast.py's."""
     mtp_loss = None
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
-        out = model(input_ids=x, labels=x, use_cache=False, output_router_logits=use_aux)
-        loss = out.loss
+        if fast_fn is not None:
+            loss, aux, mlogits, _ = fast_fn(model, x, use_aux, mtp, rope)
+        else:
+            out = model(input_ids=x, labels=x, use_cache=False, output_router_logits=use_aux)
+            loss = out.loss
+            aux = out.aux_loss if (use_aux and out.aux_loss is not None) else None
+            mlogits = mtp(box["h"], x, model) if mtp is not None else None
         total = loss
         if mtp is not None:
-            logits = mtp(box["h"], x, model)
-            mtp_loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 2:].reshape(-1))
+            mtp_loss = F.cross_entropy(mlogits[:, :-1].float().reshape(-1, mlogits.shape[-1]), x[:, 2:].reshape(-1))
             total = loss + mtp_weight * mtp_loss
             maux = mtp.aux_loss() if use_aux else None
             if maux is not None:
@@ -552,9 +573,54 @@ def train_step(model, opt, x, use_autocast, use_aux, mtp=None, mtp_weight=0.0, b
     gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    aux = out.aux_loss if (use_aux and out.aux_loss is not None) else None
     return (loss.detach(), (aux.detach() if isinstance(aux, torch.Tensor) else None), gnorm.detach(),
             (mtp_loss.detach() if mtp_loss is not None else None))
+
+
+def check_fast(model, mtp, box, x, use_aux, device):
+    """fast.py against the HF forward on one batch, float32 (TF32 off): logits, loss, aux loss, MTP logits
+    and every parameter's gradient. Returns the worst relative differences; exits when one is too big."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    params = [(n, p) for n, p in model.named_parameters()] + (
+        [("mtp." + n, p) for n, p in mtp.named_parameters()] if mtp is not None else [])
+
+    def run(use_fast):
+        for _, p in params:
+            p.grad = None
+        if use_fast:
+            loss, aux, mlogits, logits = fast_losses(model, x, use_aux, mtp, fast.rotary(model, x.shape[0], x.shape[1],
+                                                                                          device))
+        else:
+            out = model(input_ids=x, labels=x, use_cache=False, output_router_logits=use_aux)
+            loss, aux, logits = out.loss, out.aux_loss, out.logits
+            mlogits = mtp(box["h"], x, model) if mtp is not None else None
+        total = loss + (mlogits.float().square().mean() if mlogits is not None else 0.0)
+        total.backward()
+        grads = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+        return loss.detach(), (aux.detach() if aux is not None else None), logits.detach(), (
+            mlogits.detach() if mlogits is not None else None), grads
+
+    ref, got = run(False), run(True)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    for _, p in params:
+        p.grad = None
+    rel = lambda a, b: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))  # noqa
+    report = {"loss": abs(float(got[0] - ref[0])), "logits": rel(got[2], ref[2])}
+    if ref[1] is not None:
+        report["aux"] = abs(float(got[1] - ref[1]))
+    if ref[3] is not None:
+        report["mtp_logits"] = rel(got[3], ref[3])
+    missing = sorted(set(ref[4]) ^ set(got[4]))
+    worst = max(((rel(got[4][n], g), n) for n, g in ref[4].items() if n in got[4]), default=(0.0, ""))
+    report["grad"], report["grad_worst"] = worst
+    log(f"fast forward against HF (float32): {report}")
+    bad = missing or report["loss"] > 1e-4 or report["logits"] > 1e-4 or report.get("aux", 0.0) > 1e-4 or \
+        report.get("mtp_logits", 0.0) > 1e-4 or report["grad"] > 1e-2
+    if bad:
+        sys.exit(f"fast.py disagrees with the HF forward ({report}; gradients only in one: {missing[:5]}); "
+                 f"train with --fast 0")
+    return report
 
 
 @torch.no_grad()
@@ -990,6 +1056,33 @@ def heldout_record(loss, windows, meta, how):
             "how": how}
 
 
+def profile_steps(model, opt, data_gpu, n_tokens, args, gen, device, use_autocast, use_aux, mtp, box, fast_fn, rope):
+    """Time and profile a few training steps (where a step's time goes), without training a run."""
+    import inspect
+    from torch.profiler import ProfilerActivity, profile
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
+    src = inspect.getsource(getattr(m.torch_chunk_gated_delta_rule, "__wrapped__", m.torch_chunk_gated_delta_rule))
+    log(f"profile: chunked DeltaNet {'solves triangular systems' if 'solve_triangular' in src else 'substitutes row by row'}")
+    step = lambda: train_step(model, opt, make_batch(data_gpu, n_tokens, args.batch, args.seq, gen, device),
+                              use_autocast, use_aux, mtp, args.mtp_weight, box, args.aux_coef, fast_fn, rope)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t = time.time()
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    ms = (time.time() - t) * 100.0
+    log(f"profile: {ms:.1f} ms/step ({args.batch * args.seq / ms:.0f}k tok/s) over 10 steps")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profile_steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cuda_time_total", row_limit=30), flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+
+
 def main():
     args = parse_args()
     budget_end = T0 + args.minutes * 60.0
@@ -1104,6 +1197,21 @@ def main():
     if mtp is not None:
         mtp.set_experts(experts_impl)
 
+    fast_fn, rope, fast_check = None, None, None
+    if args.fast:
+        check_x = make_batch(data_gpu, n_train_tokens, 2, args.seq, torch.Generator().manual_seed(11), device)
+        fast_check = check_fast(model, mtp, box, check_x, use_aux, device)
+        del check_x
+        rope = fast.rotary(model, args.batch, args.seq, device)
+        fast_fn = torch.compile(fast_losses) if args.compile else fast_losses
+        log("training with fast.py's forward" + (" under torch.compile (the first steps compile)" if args.compile else ""))
+    elif args.compile:
+        sys.exit("--compile 1 needs --fast 1")
+    if args.profile_steps:
+        profile_steps(model, opt, data_gpu, n_train_tokens, args, gen, device, use_autocast, use_aux, mtp, box,
+                      fast_fn, rope)
+        return
+
     # ---- training loop ---------------------------------------------------------------------------
     train_deadline = budget_end - args.reserve_s
     log(f"training until t={train_deadline - T0:.0f}s (budget {args.minutes:.2f} min, reserve {args.reserve_s:.0f}s); "
@@ -1162,7 +1270,7 @@ def main():
             g["lr"] = lr
         x = make_batch(data_gpu, n_train_tokens, args.batch, args.seq, gen, device)
         loss, aux, gnorm, mloss = train_step(model, opt, x, use_autocast, use_aux, mtp, args.mtp_weight, box,
-                                             args.aux_coef)
+                                             args.aux_coef, fast_fn, rope)
         loss_acc += loss
         if aux is not None:
             aux_acc += aux
@@ -1422,6 +1530,7 @@ def main():
                   "shape": shape, "preset": args.preset, "intended_quant": args.quant,
                   "gguf_size_estimate": size_line, "mtp_params": n_mtp, "mtp_tensors": mtp_names},
         "training": {"experts_implementation": experts_impl, "bf16_autocast": use_autocast,
+                     "fast_forward": bool(args.fast), "fast_forward_check": fast_check, "compiled": bool(args.compile),
                      "aux_loss": use_aux, "measured_step_s": step_time, "planned_steps": planned,
                      "steps_done": step, "stop_reason": stop_reason, "warmup": warmup,
                      "tokens_seen": step * args.batch * args.seq,
