@@ -74,7 +74,7 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
 void add_collect_routing_option(CLI::App& sub, BackendOptions& o) {
   sub.add_option("--collect-routing", o.collect_routing,
                  "write every kept token's expert picks per layer to FILE, a routing trace for strata routing-stats "
-                 "and bench --routing (CPU engine)");
+                 "and bench --routing (CPU engine, --gpu and hybrid; on the GPU, decode steps then run without the lookahead)");
 }
 
 void add_routing_replay_option(CLI::App& sub, BackendOptions& o) {

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iterator>
 
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include "cli_runner.h"
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/engine/routing_trace.h"
 #include "strata/engine/session.h"
 #include "strata/model/config.h"
 #include "strata/moe/backend_plan.h"
@@ -627,6 +629,65 @@ TEST(BackendCli, HybridRunStreamsThePrompt) {
   ASSERT_EQ(off.exit_code, 0) << off.err;
   EXPECT_NE(off.err.find("off: prompts compute cold experts on the CPU"), std::string::npos) << off.err;
   EXPECT_EQ(off.err.find("telemetry: prefill streaming"), std::string::npos) << off.err;
+}
+
+// Expert picks of two traces that agree, (token, layer) by (token, layer) as sets.
+double agreeing_picks(const strata::RoutingTrace& a, const strata::RoutingTrace& b) {
+  if (a.streams.size() != 1 || b.streams.size() != 1 || a.streams[0].picks.size() != b.streams[0].picks.size()) return 0;
+  const size_t k = static_cast<size_t>(a.header.k);
+  std::vector<int> x(a.streams[0].picks.begin(), a.streams[0].picks.end());
+  std::vector<int> y(b.streams[0].picks.begin(), b.streams[0].picks.end());
+  size_t same = 0;
+  for (size_t g = 0; g < x.size(); g += k) {
+    std::sort(x.begin() + static_cast<std::ptrdiff_t>(g), x.begin() + static_cast<std::ptrdiff_t>(g + k));
+    std::sort(y.begin() + static_cast<std::ptrdiff_t>(g), y.begin() + static_cast<std::ptrdiff_t>(g + k));
+    for (size_t i = g, j = g; i < g + k && j < g + k;) {
+      if (x[i] == y[j]) ++same, ++i, ++j;
+      else if (x[i] < y[j]) ++i;
+      else ++j;
+    }
+  }
+  return x.empty() ? 0 : static_cast<double>(same) / static_cast<double>(x.size());
+}
+
+// --collect-routing on the GPU machine: all-GPU and hybrid runs record every kept token (the prompt in
+// one batched pass, then decode steps), picking what the CPU engine picks up to near-ties of the float
+// routing (the counts test's 2%); a speculative run keeps exactly the trace of the plain one (its
+// verification steps are bitwise the decode steps).
+TEST(BackendCli, GpuRunsRecordRoutingTraces) {
+  if (!strata::cuda::device_available()) GTEST_SKIP() << "no CUDA device: " << strata::cuda::device_description();
+  const std::string dir = (std::filesystem::temp_directory_path() / "strata_gpu_trace").string();
+  std::filesystem::create_directories(dir);
+  const std::string base = "run -m " + kModel + " --prompt-tokens 1,17,300,42,7,1000,5,99,8,12 -n 12 --print-token-ids";
+  const int n_tokens = 10 + 12 - 1;  // the prompt and the generated tokens fed back (the last is not)
+  std::vector<strata::RoutingTrace> traces;
+  std::string cpu_out;
+  for (const std::string flags : {"", "--gpu", "--gpu --expert-budget 50%"}) {
+    const std::string path = dir + "/run" + std::to_string(traces.size()) + ".trace";
+    const auto r = run_cli(base + " " + flags + " --collect-routing " + path);
+    ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+    if (flags.empty()) cpu_out = r.out;
+    EXPECT_EQ(r.out, cpu_out) << flags;
+    traces.push_back(strata::read_routing_trace(path));
+    EXPECT_EQ(traces.back().n_tokens(), static_cast<uint64_t>(n_tokens)) << flags;
+  }
+  EXPECT_GE(agreeing_picks(traces[1], traces[0]), 0.98) << "all-GPU against the CPU engine";
+  EXPECT_GE(agreeing_picks(traces[2], traces[0]), 0.98) << "hybrid against the CPU engine";
+
+  const std::string text = "run -m " + kModel +
+                           " \"def area(w, h):\\n    return w * h\\n\\n\\ndef area(w, h):\\n    return\" --temp 0 -n 24 --gpu";
+  const auto plain = run_cli(text + " --collect-routing " + dir + "/plain.trace");
+  const auto spec = run_cli(text + " --spec ngram --draft-max 4 --collect-routing " + dir + "/spec.trace");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_NE(spec.err.find("spec ngram:"), std::string::npos) << spec.err;
+  const auto a = strata::read_routing_trace(dir + "/plain.trace");
+  const auto b = strata::read_routing_trace(dir + "/spec.trace");
+  ASSERT_EQ(a.streams.size(), 1u);
+  ASSERT_EQ(b.streams.size(), 1u);
+  EXPECT_GT(a.n_tokens(), 24u);
+  EXPECT_TRUE(a.streams[0].picks == b.streams[0].picks) << "the speculative run's trace differs";
 }
 #endif
 

@@ -346,6 +346,7 @@ struct GpuSession::Impl {
     h_replay_ring = nullptr;
     replay_rows_buf.release();
     hidden_buf.release();
+    trace_buf.release();
     mtp_release();  // before allocs: its rows are among them
     for (void* p : allocs) device_free(p);  // alloc_state_bytes: device_alloc
     allocs.clear();
@@ -897,20 +898,29 @@ struct GpuSession::Impl {
   void run(const int32_t* tokens, int n, float* logits_out, bool all_positions, bool record = false,
            const PrefillPicks* picks = nullptr) {
     float* hid = hidden_rows_for(n);
+    const bool tracing = trace && !record;
+    if (tracing) trace_picks.resize(static_cast<size_t>(n) * layer_picks());
     if (record && multi_applies(n)) {  // pending tokens: the multi-token step, bitwise the decode steps'
       run_multi(tokens, n, logits_out, all_positions, hid);
       return;
     }
     // Prompts, and pending tokens the multi-token step does not take (multi_applies says why).
     if (n > 1 && opt.batched_prefill) {
+      int* traced = tracing ? trace_buf.reserve(static_cast<size_t>(n), layer_picks(), "routing trace rows") : nullptr;
       {
         std::lock_guard<std::mutex> lock(gm->exclusive());
         if (hybrid) hybrid->order_after_last(stream);
         gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
-                          record, hid, picks);
+                          record, hid, picks, traced);
         if (hybrid) hybrid->record_last(stream);
       }
       if (hid) copy_hidden(n);
+      if (traced) {
+        check_cuda(cudaMemcpyAsync(trace_picks.data(), traced, trace_picks.size() * sizeof(int), cudaMemcpyDeviceToHost,
+                                   stream),
+                   "copy expert picks");
+        sync();
+      }
       return;
     }
     const auto lock = hold_hybrid();
@@ -920,11 +930,15 @@ struct GpuSession::Impl {
       if (hid) rmsnorm_rows(one.x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
       if (record) {
         st.record_step(t, stream);
-        const size_t picks = static_cast<size_t>(c.n_layer) * c.n_expert_used;
+        const size_t picks = layer_picks();
         check_cuda(cudaMemcpyAsync(st.route_steps + static_cast<size_t>(t) * picks, one.ids, picks * sizeof(int),
                                    cudaMemcpyDeviceToDevice, stream),
                    "record expert picks");
       }
+      if (tracing)  // pageable host memory: the copy is complete when the call returns
+        check_cuda(cudaMemcpyAsync(trace_picks.data() + static_cast<size_t>(t) * layer_picks(), one.ids,
+                                   layer_picks() * sizeof(int), cudaMemcpyDeviceToHost, stream),
+                   "copy expert picks");
       const bool copy = logits_out && (all_positions || t == n - 1);
       if (copy)
         check_cuda(cudaMemcpyAsync(h_logits, one.logits, vocab * sizeof(float), cudaMemcpyDeviceToHost, stream),
@@ -1062,6 +1076,14 @@ struct GpuSession::Impl {
   // * output_norm, what the lm_head scores) to hidden_rows; forward() appends them to the record, and
   // pending tokens' rows wait in pending_hidden until keep() says which of them the record gets.
   std::shared_ptr<HiddenRecord> hidden;
+  // Sequence::set_routing_trace: while set, a plain run (record off) copies its tokens' picks to
+  // trace_picks and forward() appends them; keep() appends the kept pending tokens' from the step
+  // records. Decode steps then go through forward() too (no on-device pick, no lookahead).
+  RoutingTraceWriter* trace = nullptr;
+  uint32_t trace_stream = 0;
+  std::vector<int> trace_picks;  // [n x n_layer x k] of the last plain run
+  GrowingRows<int> trace_buf;    // a prefill's picks on the device
+  size_t layer_picks() const { return static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert_used); }
   std::vector<float> hidden_rows;     // [n x n_embd] of the last run
   std::vector<float> pending_hidden;  // [pending tokens x n_embd]
   GrowingRows<float> hidden_buf;      // the device rows of a run
@@ -1373,6 +1395,7 @@ void GpuSession::forward(const int32_t* tokens, int n, float* logits_out, bool a
   m.drop();
   m.run(tokens, n, logits_out, all_positions);
   if (m.hidden) m.hidden->append(tokens, m.hidden_rows.data(), n);
+  if (m.trace) append_layer_picks(*m.trace, m.trace_stream, m.c, m.trace_picks.data(), n);
 }
 
 // What every pending run does first: checks, room for the step records, the snapshot to return to.
@@ -1492,14 +1515,27 @@ void GpuSession::keep(const int* path, int n) {
   m.pending.check_path(path, n);
   const std::vector<int> want(path, path + n);
   const bool prefix = want.size() <= m.held.size() && std::equal(want.begin(), want.end(), m.held.begin());
-  if (m.tree_pending) {
+  const bool tree = m.tree_pending;
+  if (tree) {
     m.keep_tree(path, n);
   } else {
     if (!prefix) m.run_path(want, nullptr);
     m.keep_held_prefix(n);
   }
+  if (m.trace && n > 0) {
+    // Step record t holds pending token t's picks after a tree's one step, else the t-th token of the
+    // path the state ran (the kept path's prefix).
+    const size_t step = m.layer_picks();
+    m.trace_picks.resize(static_cast<size_t>(n) * step);
+    for (int j = 0; j < n; ++j)
+      check_cuda(cudaMemcpyAsync(m.trace_picks.data() + static_cast<size_t>(j) * step,
+                                 m.st.route_steps + static_cast<size_t>(tree ? path[j] : j) * step, step * sizeof(int),
+                                 cudaMemcpyDeviceToHost, m.stream),
+                 "copy expert picks");
+  }
   m.sync();
   m.has_pending = false;
+  if (m.trace) append_layer_picks(*m.trace, m.trace_stream, m.c, m.trace_picks.data(), n);
   if (!m.hidden) return;
   const size_t d = static_cast<size_t>(m.c.n_embd);
   for (int j = 0; j < n; ++j) {
@@ -1518,6 +1554,13 @@ void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
 }
 
 bool GpuSession::has_pending() const { return impl_->has_pending; }
+
+void GpuSession::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
+  Impl& m = *impl_;
+  if (trace) check_trace_fits(trace->header(), m.c);
+  m.trace = trace;
+  m.trace_stream = stream;
+}
 
 std::vector<float> GpuSession::deltanet_state() const {
   Impl& m = *impl_;
@@ -1539,7 +1582,7 @@ std::vector<float> GpuSession::deltanet_state() const {
 
 int32_t GpuSession::decode_argmax(int32_t token) {
   Impl& m = *impl_;
-  if (m.hidden) {  // the step's hidden row goes to the record: a plain forward
+  if (m.hidden || m.trace) {  // the step's hidden row or picks go to a record: a plain forward
     std::vector<float> logits(static_cast<size_t>(m.c.n_vocab));
     forward(&token, 1, logits.data(), false);
     const int32_t id = argmax_logit(logits.data(), m.c.n_vocab);
@@ -1558,8 +1601,9 @@ int32_t GpuSession::decode_and_pick(int32_t token, Sampler& sampler, const std::
                                     int32_t n_allowed, std::vector<float>& scratch) {
   Impl& m = *impl_;
   const SamplerParams& p = sampler.params();
-  // With a hidden record every step runs through forward(), which copies the step's row.
-  const bool plain = !m.hidden && sampler.plain() && n_allowed > 0 && n_allowed <= m.c.n_vocab;
+  // With a hidden record or a routing trace every step runs through forward(), which copies the step's
+  // row and picks.
+  const bool plain = !m.hidden && !m.trace && sampler.plain() && n_allowed > 0 && n_allowed <= m.c.n_vocab;
   const bool device_greedy = plain && p.temperature <= 0;
   const bool device_sample = plain && p.temperature > 0 && n_allowed <= sample_max_ids();
   if (device_greedy) {  // the step's own arg-max, over ids < n_allowed

@@ -104,6 +104,9 @@ class GpuSession : public Sequence {
   // (the MTP drafter's record, which its GPU head copies back). Decode steps then go through forward(),
   // which copies the logits too, rather than the on-device pick.
   void set_hidden_record(std::shared_ptr<HiddenRecord> record) override;
+  // Sequence::set_routing_trace: every kept token's picks are copied back and appended (decode steps
+  // then go through forward(), as with a hidden record).
+  void set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) override;
   // Sequence::make_mtp_head: a GpuMtpHead when every expert is on the GPU, else null and why.
   std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu) override;
   // Every DeltaNet layer's conv window, then its recurrent state, in layer order, copied to the host

@@ -411,7 +411,7 @@ struct GpuPrefill::Impl {
   // GEMMs are enqueued, waited for after): the combine then sees every pair's row, in the same order and
   // with the same kernels as the all-GPU path. counts_out (device, [n_expert] of this layer, optional):
   // += picks per expert (routing statistics). rec_ids (device, optional): the chunk's first token's row
-  // of the step records (DeviceSequenceState::route_steps), which get every token's picks.
+  // of the step records (DeviceSequenceState::route_steps) or of a trace's rows, which get every token's picks.
   void moe(int il, const DevMoe& w, int m, HybridMoe* hybrid, unsigned long long* counts_out, int* rec_ids) {
     const int k = c.n_expert_used;
     const bool fast = opt.math == PrefillMath::Fast;
@@ -504,8 +504,9 @@ struct GpuPrefill::Impl {
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps,
-           float* hidden_out, const PrefillPicks* picks) {
+           float* hidden_out, const PrefillPicks* picks, int* trace_ids) {
     if (record_steps && st.step_cap() < n) fail("prefill: ", n, " tokens to record, room for ", st.step_cap());
+    if (record_steps && trace_ids) fail("prefill: picks go to the step records or to a trace, not both");
     if (picks && (!picks->out || picks->n_allowed <= 0 || picks->n_allowed > c.n_vocab))
       fail("prefill: picks need an output and 1..", c.n_vocab, " allowed ids");
     check_cublas(cublasSetStream(blas, s), "cublasSetStream");
@@ -561,8 +562,8 @@ struct GpuPrefill::Impl {
             route_counts ? route_counts + static_cast<size_t>(il) * static_cast<size_t>(c.n_expert) : nullptr;
         switch (c.layers[static_cast<size_t>(il)].ffn) {
           case FfnKind::Moe: {
-            int* rec_ids = record_steps ? st.route_steps + static_cast<size_t>(c0) * c.n_layer * c.n_expert_used
-                                        : nullptr;
+            int* rec_ids = record_steps ? st.route_steps : trace_ids;
+            if (rec_ids) rec_ids += static_cast<size_t>(c0) * c.n_layer * c.n_expert_used;
             moe(il, D.moe, m, hybrid, counts_out, rec_ids);
             break;
           }
@@ -645,11 +646,12 @@ GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
                      cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay,
-                     bool record_steps, float* hidden_out, const PrefillPicks* picks) {
+                     bool record_steps, float* hidden_out, const PrefillPicks* picks, int* trace_ids) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
-  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out, picks);
+  impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out, picks,
+             trace_ids);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

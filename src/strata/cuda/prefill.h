@@ -87,10 +87,12 @@ class GpuPrefill {
   // scores; the MTP drafter's input).
   // picks (optional): each token's arg-max over ids < picks->n_allowed (argmax_wide's rule) to
   // picks->out[0..n), computed on the device from every position's logits; only the ids are copied back.
+  // trace_ids (device, optional, not with record_steps): every token's expert picks, [n x n_layer x k]
+  // token-major (rows of layers that route nothing are left as they were), for a routing trace.
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
            const int* replay = nullptr, bool record_steps = false, float* hidden_out = nullptr,
-           const PrefillPicks* picks = nullptr);
+           const PrefillPicks* picks = nullptr, int* trace_ids = nullptr);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;

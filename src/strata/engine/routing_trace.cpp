@@ -1,5 +1,6 @@
 #include "strata/engine/routing_trace.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -176,6 +177,23 @@ void check_trace_shape(const RoutingTraceHeader& h, int n_layer, int n_expert, i
   if (h.n_layer != n_layer || h.n_expert != n_expert || h.k != k)
     fail(what, ": a trace of ", h.n_layer, " layers x ", h.n_expert, " experts top-", h.k, " does not fit the model (",
          n_layer, " layers x ", n_expert, " experts top-", k, ")");
+}
+
+void check_trace_fits(const RoutingTraceHeader& h, const ModelConfig& c) {
+  // A trace records the routed layers only (dense ones route nothing).
+  check_trace_shape(h, static_cast<int>(c.routed_layers().size()), c.n_expert, c.n_expert_used, "--collect-routing");
+}
+
+void append_layer_picks(RoutingTraceWriter& trace, uint32_t stream, const ModelConfig& c, const int* picks, int n) {
+  if (n <= 0) return;
+  const size_t k = static_cast<size_t>(c.n_expert_used);
+  const std::vector<int> routed = c.routed_layers();
+  const size_t stride = routed.size() * k, layers = static_cast<size_t>(c.n_layer);
+  std::vector<int> rows(static_cast<size_t>(n) * stride);
+  for (size_t t = 0; t < static_cast<size_t>(n); ++t)
+    for (size_t r = 0; r < routed.size(); ++r)
+      std::copy_n(picks + (t * layers + static_cast<size_t>(routed[r])) * k, k, rows.data() + t * stride + r * k);
+  trace.append(stream, rows.data(), n);
 }
 
 std::string serialize_routing_trace(const RoutingTrace& trace) {

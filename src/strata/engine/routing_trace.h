@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/model/config.h"
+
 namespace strata {
 
 struct RoutingTraceHeader {
@@ -62,6 +64,8 @@ RoutingTrace parse_routing_trace(const std::string& bytes, const std::string& na
 // Fails unless the trace's shape is the model's ("<what>: a trace of 48 layers x 128 experts top-8
 // does not fit ...").
 void check_trace_shape(const RoutingTraceHeader& h, int n_layer, int n_expert, int k, const std::string& what);
+// --collect-routing's check of a trace against the model that records into it (its routed layers).
+void check_trace_fits(const RoutingTraceHeader& h, const ModelConfig& c);
 
 // Appends records to a new file (created or truncated on open). Thread-safe: serve's slots append
 // from their worker threads. Each append is one record, written through to the file, so a killed
@@ -85,6 +89,10 @@ class RoutingTraceWriter {
   mutable std::mutex mutex_;
   uint64_t tokens_ = 0;
 };
+
+// Appends n tokens' picks laid out by model layer ([n x n_layer x k], token-major; the rows of layers
+// that route nothing are not read) as one record of `stream`: each token's routed layers, in order.
+void append_layer_picks(RoutingTraceWriter& trace, uint32_t stream, const ModelConfig& c, const int* picks, int n);
 
 // The serialised form of a whole trace (header and one record per stream), for the generator and tests.
 std::string serialize_routing_trace(const RoutingTrace& trace);

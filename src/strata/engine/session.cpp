@@ -104,10 +104,7 @@ void Session::keep(const int* path, int m) {
 }
 
 void Session::set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) {
-  const ModelConfig& c = model_.config();
-  // A trace records the routed layers only (dense ones route nothing).
-  const int n_routed = static_cast<int>(c.routed_layers().size());
-  if (trace) check_trace_shape(trace->header(), n_routed, c.n_expert, c.n_expert_used, "--collect-routing");
+  if (trace) check_trace_fits(trace->header(), model_.config());
   trace_ = trace;
   trace_stream_ = stream;
 }

@@ -23,8 +23,6 @@ void check_backend_options(const BackendOptions& o) {
   if (!o.routing.empty()) parse_routing_replay(o.routing);
   if (!o.collect_routing.empty() && !o.routing.empty())
     fail("--collect-routing records the router's own picks; it cannot be combined with --routing");
-  if (o.gpu && !o.collect_routing.empty())
-    fail("--collect-routing is not implemented for --gpu yet (record the trace on the CPU engine: leave out --gpu)");
   if (!o.gpu) {
     if (!o.gpu_mem.empty()) fail("--gpu-mem needs --gpu");
     if (!o.expert_budget.empty()) fail("--expert-budget needs --gpu");

@@ -50,7 +50,7 @@ struct BackendOptions {
   std::string cache_type_k = "f16";
   std::string cache_type_v = "f16";
   // --collect-routing FILE (run, serve, calibrate): every kept token's picks per layer, written as a
-  // routing trace (engine/routing_trace.h). CPU engine only for now.
+  // routing trace (engine/routing_trace.h), on every backend.
   std::string collect_routing;
   // --routing FILE|generate:NAME[:SEED] (bench): the expert picks replayed from a trace or the generator
   // (moe/routing_generator.h) instead of the router's, on the CPU engine and with --gpu.
