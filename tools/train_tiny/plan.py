@@ -232,6 +232,25 @@ def short_docstrings(text):
     return "".join(lines)
 
 
+def short_docstrings_item(item):
+    """(key, text, fraction) -> (text after short_docstrings when the file is chosen, changed?), for a pool."""
+    key, text, fraction = item
+    if not short_docstrings_chosen(key, fraction):
+        return text, False
+    cut = short_docstrings(text)
+    return cut, cut != text
+
+
+def short_docstrings_all(files, fraction, processes=None):
+    """short_docstrings over the chosen share of [(key, text)] files, in worker processes (the pass parses
+    every file: minutes for hundreds of MB in one process). Returns (files in order, files changed)."""
+    import multiprocessing
+    items = [(key, text, fraction) for key, text in files]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        out = pool.map(short_docstrings_item, items, chunksize=32)
+    return [(key, text) for (key, _), (text, _) in zip(files, out)], sum(changed for _, changed in out)
+
+
 def total_steps_for(tokens, batch, seq):
     return max(1, math.ceil(tokens / (batch * seq)))
 
@@ -315,7 +334,7 @@ def gguf_tokenizer(path):
 # Settings that define a resumable run: fixed at its first call (plan.json), read back by --resume.
 PLAN_KEYS = ("preset", "quant", "vocab") + SHAPE_KEYS + (
     "seq", "batch", "lr", "warmup", "weight_decay", "aux_coef", "seed", "data_mb", "tok_train_mb", "heldout_percent",
-    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf", "short_docstrings")
+    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf", "short_docstrings", "fast", "compile")
 
 
 def parse_args(argv=None):

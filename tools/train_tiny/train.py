@@ -895,11 +895,7 @@ def prepare_data(args, cache_dir, timings):
     train_files, held_files, skipped = read_texts(chosen, args.heldout_percent)
     n_short, bytes_before = 0, sum(len(x[1]) for x in train_files)
     if args.short_docstrings > 0:
-        for i, (key, text) in enumerate(train_files):
-            if P.short_docstrings_chosen(key, args.short_docstrings):
-                cut = P.short_docstrings(text)
-                n_short += cut != text
-                train_files[i] = (key, cut)
+        train_files, n_short = P.short_docstrings_all(train_files, args.short_docstrings)
         log(f"short docstrings in {n_short} of {len(train_files)} training files: "
             f"{bytes_before / 1e6:.1f} -> {sum(len(x[1]) for x in train_files) / 1e6:.1f} MB")
     train_bytes = sum(len(x[1]) for x in train_files)
