@@ -25,6 +25,7 @@
 #include "cli_runner.h"
 #include "spec_lossless.h"
 #include "strata/base/error.h"
+#include "strata/cpu/ops.h"
 #include "strata/convert/converter.h"
 #include "strata/engine/generate.h"
 #include "strata/engine/model.h"
@@ -571,6 +572,50 @@ TEST(Mtp, SessionRecordsKeptHiddenStates) {
   EXPECT_TRUE(rec->restarted);
   EXPECT_EQ(rec->begin, 0);
   EXPECT_EQ(rec->size(), 0);
+}
+
+// A record of chosen layers holds each kept token's residual stream after those layers, side by side:
+// the last layer's tap, normed, is the final hidden state; a prompt's taps in one forward are its taps
+// token by token; pending tokens count once kept, along the kept path; a layer the model lacks fails.
+TEST(Mtp, SessionRecordsLayerTaps) {
+  const Loaded plain = load(convert_fixture("qwen3_5_moe"));
+  const Model& m = *plain.model;
+  const ModelConfig& c = m.config();
+  const size_t d = static_cast<size_t>(c.n_embd);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9};
+  Session a(m, 32), b(m, 32), f(m, 32);
+  auto taps = std::make_shared<HiddenRecord>(), single = std::make_shared<HiddenRecord>();
+  auto final_rows = std::make_shared<HiddenRecord>();
+  taps->layers = {1, c.n_layer - 1};
+  single->layers = taps->layers;
+  a.set_hidden_record(taps);
+  b.set_hidden_record(single);
+  f.set_hidden_record(final_rows);
+  EXPECT_EQ(taps->width, static_cast<int>(2 * d));
+  a.forward(prompt.data(), 5, nullptr, false);
+  for (int32_t t : prompt) b.forward(&t, 1, nullptr, false);
+  f.forward(prompt.data(), 5, nullptr, false);
+  ASSERT_EQ(taps->tokens, prompt);
+  ASSERT_EQ(single->size(), 5);
+  std::vector<float> normed(d);
+  for (int p = 0; p < 5; ++p) {
+    for (size_t i = 0; i < 2 * d; ++i)
+      ASSERT_NEAR(taps->row(p)[i], single->row(p)[i], 1e-4f * (1.0f + std::fabs(single->row(p)[i]))) << p << " " << i;
+    rmsnorm(taps->row(p) + d, m.weights().output_norm.data(), c.rms_eps, c.n_embd, normed.data());
+    for (size_t i = 0; i < d; ++i) ASSERT_EQ(normed[i], final_rows->row(p)[i]) << p << " " << i;
+  }
+  const std::vector<int32_t> pending = {10, 11, 12};
+  a.forward_pending(pending.data(), 3, nullptr, nullptr);
+  b.forward(pending.data(), 2, nullptr, false);
+  a.keep_first(2);
+  ASSERT_EQ(taps->size(), 7);
+  for (int p = 5; p < 7; ++p)
+    for (size_t i = 0; i < 2 * d; ++i)
+      ASSERT_NEAR(taps->row(p)[i], single->row(p)[i], 1e-4f * (1.0f + std::fabs(single->row(p)[i]))) << p << " " << i;
+  auto bad = std::make_shared<HiddenRecord>();
+  bad->layers = {c.n_layer};
+  Session s(m, 8);
+  EXPECT_THROW(s.set_hidden_record(bad), Error);
 }
 
 // One batch of rows and the same rows one by one leave the same outputs and cache: the drafter's

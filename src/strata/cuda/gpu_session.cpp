@@ -1546,6 +1546,9 @@ void GpuSession::keep(const int* path, int n) {
 
 void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
   Impl& m = *impl_;
+  if (record && !record->layers.empty())
+    fail("the GPU sessions record final hidden states only: taps of chosen layers (a block drafter's) need the CPU "
+         "engine");
   if (record && record != m.hidden) {
     record->width = m.c.n_embd;
     record->restart(n_past());

@@ -165,11 +165,23 @@ void forward_batch(const Model& model, ForwardPart* parts, int n_parts) {
       }
     }
     for (size_t i = 0; i < width; ++i) x[i] += y[i];
+    for (int p = 0; p < n_parts; ++p) {  // taps: this layer's output rows where a part asks for them
+      const ForwardPart& part = parts[p];
+      if (!part.hidden || !part.hidden_layers) continue;
+      const std::vector<int>& tl = *part.hidden_layers;
+      const size_t n_tap = tl.size();
+      for (size_t j = 0; j < n_tap; ++j) {
+        if (tl[j] != il) continue;
+        for (size_t t = 0; t < static_cast<size_t>(part.n); ++t)
+          std::copy_n(x.data() + (static_cast<size_t>(first[static_cast<size_t>(p)]) + t) * d, d,
+                      part.hidden + (t * n_tap + j) * d);
+      }
+    }
   }
   for (int p = 0; p < n_parts; ++p) {
     ForwardPart& part = parts[p];
     ProfScope prof(kLmHead);
-    if (part.hidden)
+    if (part.hidden && !part.hidden_layers)
       rmsnorm_rows(x.data() + static_cast<size_t>(first[static_cast<size_t>(p)]) * d, w.output_norm.data(), c.rms_eps,
                    part.n, c.n_embd, part.hidden);
     if (part.logits)  // null: a piece of a longer forward whose logits nobody reads

@@ -33,7 +33,9 @@ struct ForwardPart {
   RoutingTraceWriter* trace = nullptr;
   uint32_t trace_stream = 0;
   RoutingSource* replay = nullptr;
-  float* hidden = nullptr;  // optional: [n x n_embd] final hidden states (after the output norm)
+  float* hidden = nullptr;  // optional: [n x n_embd] final hidden states (after the output norm), or
+                            // with hidden_layers [n x L x n_embd]: each row's stream after those layers
+  const std::vector<int>* hidden_layers = nullptr;
 };
 
 // Runs every part in one pass over the layers: norms, projections and experts over all rows at once (each

@@ -1,7 +1,8 @@
-// The final hidden states (after the output norm: what the output matrix scores) of a sequence's kept
-// tokens, with the token each row ran, for drafters conditioned on the target's hidden states (the
-// MTP drafter). A sequence given a record appends every token it keeps; the drafter drops what it has
-// consumed. Rows hold positions [begin, end()).
+// The hidden states of a sequence's kept tokens, with the token each row ran, for drafters conditioned
+// on the target's hidden states: the final ones (after the output norm: what the output matrix scores;
+// the MTP drafter) or, when `layers` is set, the residual stream after each of those layers, side by
+// side (a block drafter's taps). A sequence given a record appends every token it keeps; the drafter
+// drops what it has consumed. Rows hold positions [begin, end()).
 #pragma once
 
 #include <algorithm>
@@ -12,7 +13,8 @@
 namespace strata {
 
 struct HiddenRecord {
-  int width = 0;  // n_embd
+  int width = 0;           // n_embd, or layers.size() x n_embd (set by the sequence)
+  std::vector<int> layers;  // empty: the final hidden state; else the layers whose outputs are taken
   int begin = 0;
   std::vector<int32_t> tokens;
   std::vector<float> rows;  // [tokens.size() x width]

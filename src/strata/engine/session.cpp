@@ -53,8 +53,9 @@ void Session::attach_routing(ForwardPart& part) const {
 
 void Session::attach_hidden(ForwardPart& part, int n) {
   if (!hidden_) return;
-  hidden_rows_.resize(static_cast<size_t>(n) * static_cast<size_t>(model_.config().n_embd));
+  hidden_rows_.resize(static_cast<size_t>(n) * static_cast<size_t>(hidden_->width));
   part.hidden = hidden_rows_.data();
+  if (!hidden_->layers.empty()) part.hidden_layers = &hidden_->layers;
 }
 
 void Session::record_kept(const int32_t* tokens, int n) {
@@ -63,7 +64,10 @@ void Session::record_kept(const int32_t* tokens, int n) {
 
 void Session::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
   if (record && record != hidden_) {
-    record->width = model_.config().n_embd;
+    const ModelConfig& c = model_.config();
+    for (int l : record->layers)
+      if (l < 0 || l >= c.n_layer) fail("hidden record: layer ", l, " is not one of the model's ", c.n_layer);
+    record->width = c.n_embd * static_cast<int>(record->layers.empty() ? 1 : record->layers.size());
     record->restart(state_.n_past);
   }
   hidden_ = std::move(record);
@@ -96,7 +100,7 @@ void Session::forward_pending(const int32_t* tokens, int n, const int* parents, 
 void Session::keep(const int* path, int m) {
   keep_pending(model_, state_, path, m, routing_counts_, trace_, trace_stream_);
   if (!hidden_) return;
-  const size_t d = static_cast<size_t>(model_.config().n_embd);
+  const size_t d = static_cast<size_t>(hidden_->width);
   for (int j = 0; j < m; ++j) {
     const size_t t = static_cast<size_t>(path[j]);
     hidden_->append(&pending_tokens_[t], hidden_rows_.data() + t * d, 1);

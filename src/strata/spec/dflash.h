@@ -1,0 +1,91 @@
+// A DFlash-style block drafter (issue 22): a few transformer layers that draft a whole block of tokens in
+// one forward, conditioned on the target's hidden states (after chosen target layers, HiddenRecord
+// taps) of every kept token. Facts from the DFlash paper (Chen, Liang, Liu: "DFlash: Block Diffusion
+// for Flash Speculative Decoding"): the taps of several target layers are concatenated and projected
+// to one context feature per token, which enters every drafter layer as keys and values; the block
+// is the last sampled token followed by mask tokens, attending to the context and, without a causal
+// mask, to the whole block; the target's embedding and output matrix are shared.
+//
+// strata's form, per drafter layer l and for positions p (context rows 0..n-1, the block at n..n+B-1):
+//   context:  c_p = rmsnorm(fc [tap_p(L1); ...; tap_p(Lk)]) * hidden_norm
+//             K_p = rope(rmsnorm_head(W_k c_p) * k_norm, p),  V_p = W_v c_p
+//   block:    x_0 = embed(anchor), x_j = mask (j >= 1)
+//             h = rmsnorm(x) * attn_norm;  q_j = rope(rmsnorm_head(W_q h_j) * q_norm, n + j)
+//             keys/values: the context's K_p, V_p and the block's own rope(W_k h_j), W_v h_j (all of them)
+//             x += W_o attn;  x += W_down(silu(W_gate g) * W_up g),  g = rmsnorm(x) * ffn_norm
+//   logits_j = output(rmsnorm(x_j) * output_norm), j = 1..B-1: the token at position n + j.
+// Heads use NEOX rotary pairing on their first rope_dims dims; grouped key/value heads as the target's.
+//
+// The file is a GGUF of architecture "dflash" (strata's own keys, written by tools/): dflash.embedding_length,
+// dflash.block_count, dflash.attention.head_count, dflash.attention.head_count_kv, dflash.attention.key_length,
+// dflash.attention.layer_norm_rms_epsilon, dflash.feed_forward_length, dflash.block_size,
+// dflash.rope.dimension_count, dflash.rope.freq_base, dflash.vocab_size, dflash.target_layers (int array);
+// tensors fc.weight, hidden_norm.weight, mask_embd.weight, output_norm.weight and blk.N.{attn_norm, attn_q,
+// attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}.weight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/cpu/matmul.h"
+#include "strata/engine/model.h"
+#include "strata/gguf/gguf.h"
+
+namespace strata {
+
+struct DFlashConfig {
+  int n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, block = 0, rope_dims = 0;
+  float rope_freq_base = 10000.0f, rms_eps = 1e-6f;
+  int64_t n_vocab = 0;
+  std::vector<int> target_layers;  // the target layers whose outputs feed the context, in file order
+};
+
+struct DFlashLayer {
+  std::vector<float> attn_norm, q_norm, k_norm, ffn_norm;
+  WeightMatrix wq, wk, wv, wo, gate, up, down;
+};
+
+class DFlashModel {
+ public:
+  // Maps the file and checks it against the target (width, vocabulary, tap layers, shapes); fails naming
+  // the file and what does not fit.
+  static std::unique_ptr<DFlashModel> load(const std::string& path, const Model& target);
+
+  const DFlashConfig& config() const { return c_; }
+  const Model& target() const { return target_; }
+  const std::string& path() const { return file_.path(); }
+
+  WeightMatrix fc;
+  std::vector<float> hidden_norm, mask, output_norm;
+  std::vector<DFlashLayer> layers;
+
+ private:
+  DFlashModel(GgufFile file, const Model& target) : file_(std::move(file)), target_(target) {}
+  GgufFile file_;
+  const Model& target_;
+  DFlashConfig c_;
+};
+
+// The drafter's context: every drafter layer's keys and values of the context rows (float32).
+class DFlashState {
+ public:
+  explicit DFlashState(const DFlashModel& m);
+  int n_ctx() const { return n_ctx_; }
+  // Forgets rows from n on (n <= n_ctx()).
+  void truncate(int n);
+  // Appends n context rows at positions n_ctx().. from taps ([n x target_layers x n_embd], a
+  // HiddenRecord of the model's target_layers).
+  void add_context(const float* taps, int n);
+  // logits ([block - 1 x n_vocab]) of the block after the context: anchor at position n_ctx(), masks
+  // after it; row j - 1 scores the token at position n_ctx() + j.
+  void draft(int32_t anchor, float* logits) const;
+
+ private:
+  const DFlashModel& m_;
+  int n_ctx_ = 0;
+  std::vector<std::vector<float>> k_, v_;  // per layer: [n_ctx x n_head_kv x head_dim]
+};
+
+}  // namespace strata

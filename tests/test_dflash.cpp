@@ -1,0 +1,293 @@
+// The DFlash block drafter's forward (spec/dflash.h) against a float64 reference written here from the
+// header's equations, on a random drafter for the bundled model; context added in pieces or after a
+// truncation equals context added at once; files that do not fit the target fail clearly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "process_temp_dir.h"
+#include "strata/base/error.h"
+#include "strata/engine/model.h"
+#include "strata/gguf/writer.h"
+#include "strata/quant/quantize.h"
+#include "strata/spec/dflash.h"
+
+namespace {
+
+using strata::DFlashModel;
+using strata::DFlashState;
+using strata::GgmlType;
+using strata::GgufValue;
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf";
+
+struct Shape {
+  int layers = 2, heads = 4, kv_heads = 2, head_dim = 32, rope = 16, ff = 64, block = 4;
+  std::vector<int32_t> taps = {1, 5, 7};
+};
+
+// A random F32 drafter for `target`; `vocab` overrides the vocabulary it claims.
+std::string write_drafter(const strata::Model& target, const Shape& s, const std::string& name, int64_t vocab = 0) {
+  const int64_t d = target.config().n_embd;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  strata::GgufWriter w;
+  w.set("general.architecture", GgufValue::str("dflash"));
+  w.set("dflash.embedding_length", GgufValue::u32(static_cast<uint32_t>(d)));
+  w.set("dflash.block_count", GgufValue::u32(static_cast<uint32_t>(s.layers)));
+  w.set("dflash.attention.head_count", GgufValue::u32(static_cast<uint32_t>(s.heads)));
+  w.set("dflash.attention.head_count_kv", GgufValue::u32(static_cast<uint32_t>(s.kv_heads)));
+  w.set("dflash.attention.key_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set("dflash.attention.layer_norm_rms_epsilon", GgufValue::f32(1e-6f));
+  w.set("dflash.feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.ff)));
+  w.set("dflash.block_size", GgufValue::u32(static_cast<uint32_t>(s.block)));
+  w.set("dflash.rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.rope)));
+  w.set("dflash.rope.freq_base", GgufValue::f32(10000.0f));
+  w.set("dflash.vocab_size", GgufValue::u64(static_cast<uint64_t>(vocab ? vocab : target.config().n_vocab)));
+  w.set("dflash.target_layers", GgufValue::i32_array(s.taps));
+  auto add = [&](const std::string& n, std::vector<int64_t> ne, float scale, float offset) {
+    int64_t count = 1;
+    for (int64_t e : ne) count *= e;
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = offset + scale * nd(rng);
+    w.add_tensor(n, GgmlType::F32, ne, v.data(), v.size() * sizeof(float));
+  };
+  const int64_t q = static_cast<int64_t>(s.heads) * s.head_dim, kv = static_cast<int64_t>(s.kv_heads) * s.head_dim;
+  add("fc.weight", {d * static_cast<int64_t>(s.taps.size()), d}, 0.05f, 0.0f);
+  add("hidden_norm.weight", {d}, 0.1f, 1.0f);
+  add("mask_embd.weight", {d}, 0.5f, 0.0f);
+  add("output_norm.weight", {d}, 0.1f, 1.0f);
+  for (int i = 0; i < s.layers; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    add(b + "attn_norm.weight", {d}, 0.1f, 1.0f);
+    add(b + "attn_q_norm.weight", {s.head_dim}, 0.1f, 1.0f);
+    add(b + "attn_k_norm.weight", {s.head_dim}, 0.1f, 1.0f);
+    add(b + "ffn_norm.weight", {d}, 0.1f, 1.0f);
+    add(b + "attn_q.weight", {d, q}, 0.08f, 0.0f);
+    add(b + "attn_k.weight", {d, kv}, 0.08f, 0.0f);
+    add(b + "attn_v.weight", {d, kv}, 0.08f, 0.0f);
+    add(b + "attn_output.weight", {q, d}, 0.08f, 0.0f);
+    add(b + "ffn_gate.weight", {d, s.ff}, 0.08f, 0.0f);
+    add(b + "ffn_up.weight", {d, s.ff}, 0.08f, 0.0f);
+    add(b + "ffn_down.weight", {s.ff, d}, 0.08f, 0.0f);
+  }
+  const std::string path = (process_temp_dir("strata_test_dflash_") / name).string();
+  w.write(path);
+  return path;
+}
+
+// ---- float64 reference ------------------------------------------------------------------------------
+
+using Vec = std::vector<double>;
+
+struct RefTensors {
+  const strata::GgufFile& f;
+  Vec get(const std::string& n) const {
+    const auto& t = f.tensor(n);
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
+    strata::dequantize_row(t.type, t.data, v.data(), t.n_elements());
+    return Vec(v.begin(), v.end());
+  }
+};
+
+// y = W x for W stored as rows of `cols` values.
+Vec mul(const Vec& w, const Vec& x) {
+  const size_t cols = x.size(), rows = w.size() / cols;
+  Vec y(rows, 0.0);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) y[r] += w[r * cols + c] * x[c];
+  return y;
+}
+
+Vec rms(const Vec& x, const Vec& w, size_t off, size_t n) {
+  double ss = 0;
+  for (size_t i = 0; i < n; ++i) ss += x[off + i] * x[off + i];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + 1e-6);
+  Vec y(n);
+  for (size_t i = 0; i < n; ++i) y[i] = x[off + i] * inv * w[i];
+  return y;
+}
+
+// Each head of width hd: rms with w, then NEOX rotary on `rot` dims at pos.
+void heads_norm_rope(Vec& x, int hd, const Vec& w, int rot, int64_t pos) {
+  for (size_t h = 0; h < x.size() / static_cast<size_t>(hd); ++h) {
+    const Vec n = rms(x, w, h * hd, static_cast<size_t>(hd));
+    for (int i = 0; i < hd; ++i) x[h * hd + i] = n[static_cast<size_t>(i)];
+    for (int i = 0; i < rot / 2; ++i) {
+      const double th = static_cast<double>(pos) * std::pow(10000.0, -2.0 * i / rot);
+      const double a = x[h * hd + i], b = x[h * hd + i + rot / 2];
+      x[h * hd + i] = a * std::cos(th) - b * std::sin(th);
+      x[h * hd + i + rot / 2] = a * std::sin(th) + b * std::cos(th);
+    }
+  }
+}
+
+// Logits of block rows 1..B-1 for taps [n x L x d] and the anchor.
+std::vector<Vec> reference(const strata::Model& target, const std::string& path, const Shape& s,
+                           const std::vector<float>& taps, int n, int32_t anchor) {
+  const strata::GgufFile f = strata::GgufFile::open(path);
+  const RefTensors T{f};
+  const size_t d = static_cast<size_t>(target.config().n_embd), L = s.taps.size();
+  const int hd = s.head_dim, B = s.block;
+  const Vec fc = T.get("fc.weight"), hn = T.get("hidden_norm.weight");
+  std::vector<std::vector<Vec>> K(static_cast<size_t>(s.layers)), V(static_cast<size_t>(s.layers));
+  for (int p = 0; p < n; ++p) {
+    const Vec tap(taps.begin() + static_cast<std::ptrdiff_t>(p * L * d),
+                  taps.begin() + static_cast<std::ptrdiff_t>((p + 1) * L * d));
+    const Vec feat = rms(mul(fc, tap), hn, 0, d);
+    for (int l = 0; l < s.layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      Vec k = mul(T.get(b + "attn_k.weight"), feat);
+      heads_norm_rope(k, hd, T.get(b + "attn_k_norm.weight"), s.rope, p);
+      K[static_cast<size_t>(l)].push_back(k);
+      V[static_cast<size_t>(l)].push_back(mul(T.get(b + "attn_v.weight"), feat));
+    }
+  }
+  const auto& tw = target.weights();
+  std::vector<float> row(d);
+  strata::dequantize_row(tw.token_embd.type,
+                         tw.token_embd.data + static_cast<size_t>(anchor) * tw.token_embd.row_stride, row.data(),
+                         static_cast<int64_t>(d));
+  std::vector<Vec> x(static_cast<size_t>(B));
+  x[0] = Vec(row.begin(), row.end());
+  for (int j = 1; j < B; ++j) x[static_cast<size_t>(j)] = T.get("mask_embd.weight");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    std::vector<Vec> q(static_cast<size_t>(B)), k = K[static_cast<size_t>(l)], v = V[static_cast<size_t>(l)];
+    for (int j = 0; j < B; ++j) {
+      const Vec h = rms(x[static_cast<size_t>(j)], T.get(b + "attn_norm.weight"), 0, d);
+      q[static_cast<size_t>(j)] = mul(T.get(b + "attn_q.weight"), h);
+      heads_norm_rope(q[static_cast<size_t>(j)], hd, T.get(b + "attn_q_norm.weight"), s.rope, n + j);
+      Vec kb = mul(T.get(b + "attn_k.weight"), h);
+      heads_norm_rope(kb, hd, T.get(b + "attn_k_norm.weight"), s.rope, n + j);
+      k.push_back(kb);
+      v.push_back(mul(T.get(b + "attn_v.weight"), h));
+    }
+    for (int j = 0; j < B; ++j) {
+      Vec o(static_cast<size_t>(s.heads * hd), 0.0);
+      for (int hh = 0; hh < s.heads; ++hh) {
+        const int g = hh / (s.heads / s.kv_heads);
+        Vec sc(k.size());
+        double mx = -1e300;
+        for (size_t p = 0; p < k.size(); ++p) {
+          double dot = 0;
+          for (int i = 0; i < hd; ++i)
+            dot += q[static_cast<size_t>(j)][static_cast<size_t>(hh * hd + i)] * k[p][static_cast<size_t>(g * hd + i)];
+          sc[p] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, sc[p]);
+        }
+        double z = 0;
+        for (double& e : sc) z += (e = std::exp(e - mx));
+        for (size_t p = 0; p < k.size(); ++p)
+          for (int i = 0; i < hd; ++i)
+            o[static_cast<size_t>(hh * hd + i)] += sc[p] / z * v[p][static_cast<size_t>(g * hd + i)];
+      }
+      const Vec a = mul(T.get(b + "attn_output.weight"), o);
+      for (size_t i = 0; i < d; ++i) x[static_cast<size_t>(j)][i] += a[i];
+    }
+    for (int j = 0; j < B; ++j) {
+      const Vec h = rms(x[static_cast<size_t>(j)], T.get(b + "ffn_norm.weight"), 0, d);
+      const Vec g = mul(T.get(b + "ffn_gate.weight"), h), u = mul(T.get(b + "ffn_up.weight"), h);
+      Vec act(g.size());
+      for (size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const Vec y = mul(T.get(b + "ffn_down.weight"), act);
+      for (size_t i = 0; i < d; ++i) x[static_cast<size_t>(j)][i] += y[i];
+    }
+  }
+  std::vector<Vec> out;
+  const int64_t vocab = target.config().n_vocab;
+  for (int j = 1; j < B; ++j) {
+    const Vec h = rms(x[static_cast<size_t>(j)], T.get("output_norm.weight"), 0, d);
+    Vec lg(static_cast<size_t>(vocab));
+    for (int64_t r = 0; r < vocab; ++r) {
+      strata::dequantize_row(tw.output.type, tw.output.data + static_cast<size_t>(r) * tw.output.row_stride, row.data(),
+                             static_cast<int64_t>(d));
+      double acc = 0;
+      for (size_t i = 0; i < d; ++i) acc += row[i] * h[i];
+      lg[static_cast<size_t>(r)] = acc;
+    }
+    out.push_back(lg);
+  }
+  return out;
+}
+
+std::vector<float> random_taps(int n, size_t width, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> t(static_cast<size_t>(n) * width);
+  for (float& x : t) x = nd(rng);
+  return t;
+}
+
+TEST(DFlash, ForwardMatchesTheFloat64Reference) {
+  auto target = strata::Model::load(kModel);
+  const Shape s;
+  const std::string path = write_drafter(*target, s, "d.gguf");
+  const auto m = DFlashModel::load(path, *target);
+  EXPECT_EQ(m->config().block, s.block);
+  const size_t width = s.taps.size() * static_cast<size_t>(target->config().n_embd);
+  const int n = 7;
+  const std::vector<float> taps = random_taps(n, width, 5);
+  DFlashState st(*m);
+  st.add_context(taps.data(), n);
+  const size_t V = static_cast<size_t>(target->config().n_vocab);
+  std::vector<float> got(static_cast<size_t>(s.block - 1) * V);
+  st.draft(42, got.data());
+  const auto want = reference(*target, path, s, taps, n, 42);
+  for (int j = 0; j < s.block - 1; ++j) {
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < V; ++i) {
+      scale = std::max(scale, std::fabs(want[static_cast<size_t>(j)][i]));
+      err = std::max(err, std::fabs(got[static_cast<size_t>(j) * V + i] - want[static_cast<size_t>(j)][i]));
+    }
+    EXPECT_LT(err, 1e-4 * scale) << "block row " << j + 1 << ": max error " << err << " of " << scale;
+  }
+}
+
+TEST(DFlash, ContextInPiecesAndAfterATruncation) {
+  auto target = strata::Model::load(kModel);
+  const Shape s;
+  const auto m = DFlashModel::load(write_drafter(*target, s, "p.gguf"), *target);
+  const size_t width = s.taps.size() * static_cast<size_t>(target->config().n_embd);
+  const size_t V = static_cast<size_t>(target->config().n_vocab), rows = static_cast<size_t>(s.block - 1) * V;
+  const std::vector<float> taps = random_taps(9, width, 11), other = random_taps(3, width, 12);
+  DFlashState whole(*m), pieces(*m);
+  whole.add_context(taps.data(), 9);
+  pieces.add_context(taps.data(), 4);
+  pieces.add_context(other.data(), 3);  // rows 4..6 replaced below
+  pieces.truncate(4);
+  pieces.add_context(taps.data() + 4 * width, 5);
+  ASSERT_EQ(pieces.n_ctx(), 9);
+  std::vector<float> a(rows), b(rows);
+  whole.draft(7, a.data());
+  pieces.draft(7, b.data());
+  for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1.0f + std::fabs(a[i]))) << i;
+  EXPECT_THROW(pieces.truncate(10), strata::Error);
+  EXPECT_THROW(pieces.draft(static_cast<int32_t>(V), a.data()), strata::Error);
+}
+
+TEST(DFlash, FilesThatDoNotFitTheTargetFail) {
+  auto target = strata::Model::load(kModel);
+  Shape s;
+  auto message = [&](const std::string& path) {
+    try {
+      DFlashModel::load(path, *target);
+    } catch (const strata::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(write_drafter(*target, s, "v.gguf", 100)).find("vocabulary 100"), std::string::npos);
+  s.taps = {1, target->config().n_layer};
+  EXPECT_NE(message(write_drafter(*target, s, "t.gguf")).find("target layer"), std::string::npos);
+  s = Shape();
+  s.block = 1;
+  EXPECT_NE(message(write_drafter(*target, s, "b.gguf")).find("block size 1"), std::string::npos);
+  EXPECT_NE(message(kModel).find("is not a DFlash drafter"), std::string::npos);
+}
+
+}  // namespace
