@@ -153,9 +153,9 @@ void setup_serve(CLI::App& sub) {
           std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
                        spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
                        : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
-                                                                  : ("draft model " + spec_choice.draft_path +
-                                                                     (draft_gpu ? " (cuda)" : " (cpu)"))
-                                                                        .c_str(),
+                       : spec_choice.kind == strata::SpecKind::DFlash
+                           ? ("DFlash drafter " + spec_choice.draft_path + " (cpu)").c_str()
+                           : ("draft model " + spec_choice.draft_path + (draft_gpu ? " (cuda)" : " (cpu)")).c_str(),
                        spec_choice.params.draft_max);
         }
         strata::SamplerParams greedy;

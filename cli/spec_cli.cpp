@@ -8,8 +8,9 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
   sub.add_option("--spec", o.spec,
                  "speculative decoding: ngram (prompt lookup), mtp (the model's multi-token-prediction layer, on the "
                  "GPU beside an all-GPU target), "
-                 "draft (with -md) or draft:FILE (a draft model with the same vocabulary); output is what decoding "
-                 "without it gives");
+                 "draft (with -md) or draft:FILE (a draft model with the same vocabulary), dflash:FILE (a DFlash block "
+                 "drafter for this model, CPU engine; its draft is a token tree); output is what decoding without it "
+                 "gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
   sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 3 with --spec mtp, 16 otherwise)");
   sub.add_option(
@@ -22,6 +23,9 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
   sub.add_option("--spec-ngram-branches", o.ngram.branches,
                  "--spec ngram: draft the continuations of up to N earlier occurrences as a token tree (default 1: "
                  "the most recent one, a chain)");
+  sub.add_option("--spec-tree-k", o.dflash_top_k,
+                 "--spec dflash: candidates per block position of the draft tree (default 4); --draft-max is its "
+                 "node budget");
 }
 
 bool draft_on_gpu(const SpecChoice& choice, const SpecOptions& o, const BackendOptions& target_backend) {

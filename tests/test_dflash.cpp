@@ -9,12 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "process_temp_dir.h"
+#include "spec_lossless.h"
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/engine/session.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
 #include "strata/spec/dflash.h"
+#include "strata/spec/dflash_drafter.h"
+#include "strata/spec/spec_options.h"
 
 namespace {
 
@@ -288,6 +293,89 @@ TEST(DFlash, FilesThatDoNotFitTheTargetFail) {
   s.block = 1;
   EXPECT_NE(message(write_drafter(*target, s, "b.gguf")).find("block size 1"), std::string::npos);
   EXPECT_NE(message(kModel).find("is not a DFlash drafter"), std::string::npos);
+}
+
+// Greedy, every end-of-generation token banned, so runs have their full length.
+strata::spec_test::Case greedy_case(const strata::spec_test::Loaded& t, const std::string& prompt, int n_new,
+                                    int draft_max) {
+  strata::spec_test::Case c;
+  c.prompt = t.tokenizer->encode(prompt);
+  c.n_new = n_new;
+  c.draft_max = draft_max;
+  c.sampling = strata::spec_test::greedy_no_end(*t.tokenizer, static_cast<int32_t>(t.model->config().n_vocab));
+  return c;
+}
+
+strata::spec_test::MakeSequence cpu_sequences(const strata::Model& m) {
+  return [&m](int ctx) -> std::unique_ptr<strata::Sequence> { return std::make_unique<strata::Session>(m, ctx); };
+}
+
+// Greedy generation with the drafter gives what generation without it gives on the bundled model (the
+// drafter's weights are random: verification rejects most of its tree and keeps the target's token each
+// step). Its drafts are deterministic trees, which the generation loop verifies for sampling as for any
+// drafter's trees.
+TEST(DFlash, DrafterIsLossless) {
+  const strata::spec_test::Loaded t = strata::spec_test::load(kModel);
+  const auto model =
+      std::shared_ptr<const DFlashModel>(DFlashModel::load(write_drafter(*t.model, Shape(), "l.gguf"), *t.model));
+  const int32_t V = static_cast<int32_t>(t.model->config().n_vocab);
+  const strata::spec_test::Case c = greedy_case(t, "def fibonacci(n):\n    if n < 2:\n        return n\n", 24, 10);
+  const strata::spec_test::MakeSequence make = cpu_sequences(*t.model);
+  const auto drafter = [&]() -> std::unique_ptr<strata::Drafter> {
+    return std::make_unique<strata::DFlashDrafter>(model, V, 3);
+  };
+  const strata::GenerationStats g = strata::spec_test::expect_lossless(make, *t.tokenizer, c, drafter, true, "greedy");
+  EXPECT_GT(g.spec_steps, 0);
+  EXPECT_GT(g.drafted_tokens, g.spec_steps);  // trees, not single tokens
+}
+
+// The drafter's context after a generation (taps added step by step as tokens are kept) drafts what a
+// context built at once from a plain run's taps drafts.
+TEST(DFlash, ContextFollowsTheKeptTokens) {
+  const strata::spec_test::Loaded t = strata::spec_test::load(kModel);
+  const Shape s;
+  const auto model =
+      std::shared_ptr<const DFlashModel>(DFlashModel::load(write_drafter(*t.model, s, "c.gguf"), *t.model));
+  const int32_t V = static_cast<int32_t>(t.model->config().n_vocab);
+  const strata::spec_test::Case c = greedy_case(t, "import os\nimport sys\n", 16, 6);
+  strata::DFlashDrafter drafter(model, V, 2);
+  const strata::spec_test::Outcome o =
+      strata::spec_test::generate_case(cpu_sequences(*t.model), *t.tokenizer, c, &drafter);
+  const int n_ctx = drafter.state().end();
+  ASSERT_GT(n_ctx, static_cast<int>(c.prompt.size()));
+  // The same tokens through a plain session recording the same taps.
+  std::vector<int32_t> all = c.prompt;
+  all.insert(all.end(), o.result.tokens.begin(), o.result.tokens.end());
+  ASSERT_GE(static_cast<int>(all.size()), n_ctx + 1);
+  strata::Session plain(*t.model, n_ctx + 1);
+  auto rec = std::make_shared<strata::HiddenRecord>();
+  rec->layers = model->config().target_layers;
+  plain.set_hidden_record(rec);
+  plain.forward(all.data(), n_ctx, nullptr, false);
+  DFlashState fresh(*model);
+  fresh.add_context(rec->row(0), n_ctx);
+  const size_t rows = static_cast<size_t>(s.block - 1) * static_cast<size_t>(V);
+  std::vector<float> a(rows), b(rows);
+  drafter.state().draft(all[static_cast<size_t>(n_ctx)], a.data());
+  fresh.draft(all[static_cast<size_t>(n_ctx)], b.data());
+  for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(a[i], b[i], 1e-3f * (1.0f + std::fabs(b[i]))) << i;
+}
+
+TEST(DFlash, CommandLine) {
+  auto target = strata::Model::load(kModel);
+  const std::string path = write_drafter(*target, Shape(), "cli.gguf");
+  const auto spec = strata::testing_cli::expect_spec_run_lossless(
+      "\"def add(a, b):\" --temp 0 -n 16 -t 1", "--spec dflash:" + path + " --draft-max 8 --spec-tree-k 2");
+  EXPECT_NE(spec.err.find("spec dflash:"), std::string::npos) << spec.err;
+  auto r = strata::testing_cli::run_cli("run x --spec dflash");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec dflash needs the drafter file"), std::string::npos) << r.err;
+  r = strata::testing_cli::run_cli("run x --spec dflash:" + path + " --spec-tree-k 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec-tree-k must be >= 1"), std::string::npos) << r.err;
+  r = strata::testing_cli::run_cli("run x --spec dflash:" + kModel);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("is not a DFlash drafter"), std::string::npos) << r.err;
 }
 
 }  // namespace

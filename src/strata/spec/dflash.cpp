@@ -99,6 +99,12 @@ std::unique_ptr<DFlashModel> DFlashModel::load(const std::string& path, const Mo
 
 DFlashState::DFlashState(const DFlashModel& m) : m_(m), k_(m.layers.size()), v_(m.layers.size()) {}
 
+void DFlashState::restart(int pos) {
+  if (pos < 0) fail("dflash: restart at position ", pos);
+  truncate(0);
+  pos0_ = pos;
+}
+
 void DFlashState::truncate(int n) {
   if (n < 0 || n > n_ctx_) fail("dflash: truncate to ", n, " of ", n_ctx_, " context rows");
   const size_t row = static_cast<size_t>(m_.config().n_head_kv) * static_cast<size_t>(m_.config().head_dim);
@@ -122,7 +128,7 @@ void DFlashState::add_context(const float* taps, int n) {
     matmul(L.wv, feat.data(), n, vv.data());
     for (int t = 0; t < n; ++t)
       norm_rope_heads(kk.data() + static_cast<size_t>(t) * row, c.n_head_kv, c.head_dim, L.k_norm, c.rms_eps,
-                      c.rope_dims, n_ctx_ + t, c.rope_freq_base);
+                      c.rope_dims, end() + t, c.rope_freq_base);
     k_[l].insert(k_[l].end(), kk.begin(), kk.end());
     v_[l].insert(v_[l].end(), vv.begin(), vv.end());
   }
@@ -147,8 +153,8 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
     matmul(L.wk, h.data(), B, kb.data());
     matmul(L.wv, h.data(), B, vb.data());
     for (int j = 0; j < B; ++j) {
-      norm_rope_heads(q.data() + j * qw, c.n_head, hd, L.q_norm, c.rms_eps, c.rope_dims, n_ctx_ + j, c.rope_freq_base);
-      norm_rope_heads(kb.data() + j * row, c.n_head_kv, hd, L.k_norm, c.rms_eps, c.rope_dims, n_ctx_ + j,
+      norm_rope_heads(q.data() + j * qw, c.n_head, hd, L.q_norm, c.rms_eps, c.rope_dims, end() + j, c.rope_freq_base);
+      norm_rope_heads(kb.data() + j * row, c.n_head_kv, hd, L.k_norm, c.rms_eps, c.rope_dims, end() + j,
                       c.rope_freq_base);
     }
     // Every block row attends to every context row and every block row.

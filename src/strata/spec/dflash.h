@@ -68,23 +68,28 @@ class DFlashModel {
   DFlashConfig c_;
 };
 
-// The drafter's context: every drafter layer's keys and values of the context rows (float32).
+// The drafter's context: every drafter layer's keys and values of the context rows (float32), row i
+// at position begin() + i.
 class DFlashState {
  public:
   explicit DFlashState(const DFlashModel& m);
   int n_ctx() const { return n_ctx_; }
+  int begin() const { return pos0_; }
+  int end() const { return pos0_ + n_ctx_; }
+  // Forgets every row; the next one sits at position pos.
+  void restart(int pos);
   // Forgets rows from n on (n <= n_ctx()).
   void truncate(int n);
-  // Appends n context rows at positions n_ctx().. from taps ([n x target_layers x n_embd], a
+  // Appends n context rows at positions end().. from taps ([n x target_layers x n_embd], a
   // HiddenRecord of the model's target_layers).
   void add_context(const float* taps, int n);
-  // logits ([block - 1 x n_vocab]) of the block after the context: anchor at position n_ctx(), masks
-  // after it; row j - 1 scores the token at position n_ctx() + j.
+  // logits ([block - 1 x n_vocab]) of the block after the context: anchor at position end(), masks
+  // after it; row j - 1 scores the token at position end() + j.
   void draft(int32_t anchor, float* logits) const;
 
  private:
   const DFlashModel& m_;
-  int n_ctx_ = 0;
+  int pos0_ = 0, n_ctx_ = 0;
   std::vector<std::vector<float>> k_, v_;  // per layer: [n_ctx x n_head_kv x head_dim]
 };
 

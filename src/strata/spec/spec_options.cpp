@@ -2,6 +2,7 @@
 
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
+#include "strata/spec/dflash_drafter.h"
 #include "strata/spec/draft_model.h"
 #include "strata/spec/mtp_drafter.h"
 
@@ -23,11 +24,15 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   } else if (s == "mtp") {
     if (!o.draft_model.empty()) fail("--spec mtp drafts with the model's own MTP layer: drop -md/--model-draft");
     c.kind = SpecKind::Mtp;
-  } else if (s == "dflash") {
-    fail("--spec ", s, ": not implemented yet (available: ngram, mtp, draft:FILE)");
+  } else if (s == "dflash" || s.rfind("dflash:", 0) == 0) {
+    if (!o.draft_model.empty()) fail("--spec dflash drafts with a block drafter: drop -md/--model-draft");
+    c.kind = SpecKind::DFlash;
+    c.draft_path = s == "dflash" ? "" : s.substr(7);
+    if (c.draft_path.empty()) fail("--spec dflash needs the drafter file: --spec dflash:FILE");
   } else {
-    fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE)");
+    fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE, dflash:FILE)");
   }
+  if (o.dflash_top_k < 1) fail("--spec-tree-k must be >= 1, got ", o.dflash_top_k);
   c.params.draft_max = o.draft_max == SpecOptions::kDraftMaxUnset ? default_draft_max(c.kind) : o.draft_max;
   c.params.draft_min = o.draft_min;
   if (o.n_gpu_layers_draft < -1)
@@ -55,10 +60,15 @@ SamplerParams draft_sampling(const SamplerParams& target) {
 
 DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, const Model& target,
                                DraftSequenceMaker make_sequence)
-    : kind_(choice.kind), target_(target), ngram_(o.ngram), make_sequence_(std::move(make_sequence)) {
+    : kind_(choice.kind),
+      target_(target),
+      ngram_(o.ngram),
+      dflash_top_k_(o.dflash_top_k),
+      make_sequence_(std::move(make_sequence)) {
   if (kind_ == SpecKind::Mtp && target.config().n_mtp == 0)
     fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
          ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
+  if (kind_ == SpecKind::DFlash) dflash_ = DFlashModel::load(choice.draft_path, target);
   if (kind_ != SpecKind::DraftModel) return;
   draft_ = Model::load(choice.draft_path);
   check_draft_vocabulary(target, *draft_);
@@ -69,6 +79,7 @@ std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& 
     case SpecKind::None: return nullptr;
     case SpecKind::Ngram: return std::make_unique<NgramDrafter>(ngram_);
     case SpecKind::Mtp: return std::make_unique<MtpDrafter>(target_, max_ctx, n_allowed);
+    case SpecKind::DFlash: return std::make_unique<DFlashDrafter>(dflash_, n_allowed, dflash_top_k_);
     case SpecKind::DraftModel: break;
   }
   std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);

@@ -12,13 +12,15 @@
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
 #include "strata/sample/sampler.h"
+#include "strata/spec/dflash.h"
 #include "strata/spec/ngram_drafter.h"
 
 namespace strata {
 
 struct SpecOptions {
   static constexpr int kDraftMaxUnset = std::numeric_limits<int>::min();
-  std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft" or "draft:FILE"
+  std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft", "draft:FILE" or
+                            // "dflash:FILE"
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
   int draft_max = kDraftMaxUnset;  // unset: default_draft_max of the drafter chosen
   int draft_min = 0;
@@ -27,9 +29,10 @@ struct SpecOptions {
   // layers).
   int n_gpu_layers_draft = -1;
   NgramParams ngram;
+  int dflash_top_k = 4;  // --spec-tree-k: candidates per block position of a DFlash draft
 };
 
-enum class SpecKind { None, Ngram, DraftModel, Mtp };
+enum class SpecKind { None, Ngram, DraftModel, Mtp, DFlash };
 
 // --draft-max when it is not given: 3 for the MTP head, whose chained rows cost a layer each and whose
 // acceptance falls with depth (the bundled model's best, docs/PERF.md), 16 otherwise (llama.cpp's).
@@ -37,7 +40,7 @@ int default_draft_max(SpecKind kind);
 
 struct SpecChoice {
   SpecKind kind = SpecKind::None;
-  std::string draft_path;  // DraftModel: the draft GGUF
+  std::string draft_path;  // DraftModel: the draft GGUF; DFlash: the drafter GGUF
   SpeculativeParams params;  // drafter unset: the caller makes it (make_drafter)
 };
 
@@ -69,7 +72,9 @@ class DrafterFactory {
   SpecKind kind_;
   const Model& target_;
   NgramParams ngram_;
+  int dflash_top_k_;
   std::shared_ptr<const Model> draft_;
+  std::shared_ptr<const DFlashModel> dflash_;
   DraftSequenceMaker make_sequence_;
 };
 
