@@ -172,6 +172,18 @@ def decoder_layer(layer, x, cos, sin):
     return x + m, logits
 
 
+def taps(model, ids, cos, sin, layers):
+    """The residual stream after each of `layers` ([B, S, len(layers) * hidden], in that order): what
+    strata's HiddenRecord with layers holds, a DFlash drafter's context. Stops after the last one."""
+    x = model.model.embed_tokens(ids)
+    out = {}
+    for i, layer in enumerate(model.model.layers[:max(layers) + 1]):
+        x, _ = decoder_layer(layer, x, cos, sin)
+        if i in layers:
+            out[i] = x
+    return torch.cat([out[i] for i in layers], -1)
+
+
 def trunk(model, ids, cos, sin):
     """The text model: returns (final hidden after the output norm, logits, router logits per layer)."""
     x = model.model.embed_tokens(ids)
