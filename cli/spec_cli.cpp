@@ -9,7 +9,7 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
                  "speculative decoding: ngram (prompt lookup), mtp (the model's multi-token-prediction layer, on the "
                  "GPU beside an all-GPU target), "
                  "draft (with -md) or draft:FILE (a draft model with the same vocabulary), dflash:FILE (a DFlash block "
-                 "drafter for this model, CPU engine; its draft is a token tree); output is what decoding without it "
+                 "drafter for this model; its draft is a token tree); output is what decoding without it "
                  "gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
   sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 3 with --spec mtp, 16 otherwise)");

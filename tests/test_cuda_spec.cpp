@@ -28,6 +28,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 
 #include "cli_runner.h"
 #include "cuda_test_models.h"
+#include "dflash_test_util.h"
 #include "logits_compare.h"
 #include "spec_lossless.h"
 #include "strata/cpu/cpu_kernels.h"
@@ -38,6 +39,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include "strata/engine/mtp.h"
 #include "strata/engine/sequence_state.h"
 #include "strata/engine/session.h"
+#include "strata/spec/dflash_drafter.h"
 #include "strata/spec/draft_model.h"
 #include "strata/spec/mtp_drafter.h"
 #include "strata/spec/ngram_drafter.h"
@@ -169,6 +171,19 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
       const GenerationStats s = spec_test::expect_lossless(make, *target.tokenizer, c, make_drafter, true, where + ", " + name, tol);
       print(where + ", " + name, s);
       EXPECT_GT(s.spec_steps, 0) << where << ", " << name;
+      add(all, s);
+    }
+
+    {  // A random DFlash drafter: the GPU session's layer taps feed it; its trees are rejected, not the output.
+      dflash_test::Shape shape;
+      shape.taps = {0, target.model->config().n_layer - 1};
+      const std::shared_ptr<const DFlashModel> df =
+          DFlashModel::load(dflash_test::write_drafter(*target.model, shape, "cuda_spec.gguf"), *target.model);
+      const GenerationStats s = spec_test::expect_lossless(
+          make, *target.tokenizer, c, [df, V] { return std::make_unique<DFlashDrafter>(df, V, 2); }, true,
+          where + ", dflash", tol);
+      print(where + ", dflash", s);
+      EXPECT_GT(s.drafted_tokens, s.spec_steps) << where << ": DFlash drafts trees";
       add(all, s);
     }
 
@@ -305,9 +320,10 @@ void check_keep_every_prefix(const Model& model, const std::string& label) {
   }
 }
 
-// A GPU session's hidden record holds what the CPU session's does (the MTP drafter's input): the same
-// tokens from the same position, rows within rounding, through a prompt, single steps, decode_and_pick,
-// a verified chain kept in part and a tree kept along a second branch; a reset restarts it.
+// A GPU session's hidden record holds what the CPU session's does (the MTP drafter's input; with layers,
+// the DFlash drafter's taps): the same tokens from the same position, rows within rounding, through a
+// prompt, single steps, decode_and_pick, a verified chain kept in part and a tree kept along a second
+// branch; a reset restarts it.
 TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
   REQUIRE_GPU();
   using test_util::max_row_rel_err;
@@ -317,14 +333,17 @@ TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
   const std::vector<int32_t> prompt = tiny.tokenizer->encode("def area(width, height):\n    return width");
   const CpuKernelLevel saved = cpu_kernel_level();
   set_cpu_kernel_level(CpuKernelLevel::Scalar);  // float activations, as the GPU's Q8_0 dots
-  for (const bool batched : {false, true}) {
+  for (const bool batched : {false, true})
+  for (const std::vector<int>& layers : {std::vector<int>{}, std::vector<int>{1, 5, 7}}) {
     SCOPED_TRACE(batched ? "batched prefill" : "decode steps");
+    SCOPED_TRACE(layers.empty() ? "final hidden states" : "layer taps");
     Session cpu(m, 128);
     sc::GpuSessionOptions o;
     o.batched_prefill = batched;
     o.prefill_math = sc::PrefillMath::Exact;
     auto gpu = sc::make_gpu_session(m, 128, o);
     auto rc = std::make_shared<HiddenRecord>(), rg = std::make_shared<HiddenRecord>();
+    rc->layers = rg->layers = layers;
     cpu.set_hidden_record(rc);
     gpu->set_hidden_record(rg);
     std::vector<float> lc(8 * V), lg(8 * V);
@@ -351,10 +370,11 @@ TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
     ASSERT_EQ(rg->begin, rc->begin);
     ASSERT_EQ(rg->tokens, rc->tokens);
     ASSERT_EQ(rc->size(), static_cast<int>(prompt.size()) + 1 + 1 + 2 + 2);
-    ASSERT_EQ(rg->width, static_cast<int>(d));
-    const double err = max_row_rel_err(rg->rows, rc->rows, d);
-    std::printf("[cuda-spec] hidden record, %s: %d rows, max row relative error %.3g\n",
-                batched ? "batched prefill" : "decode steps", rg->size(), err);
+    const size_t width = d * std::max<size_t>(1, layers.size());
+    ASSERT_EQ(rg->width, static_cast<int>(width));
+    const double err = max_row_rel_err(rg->rows, rc->rows, width);
+    std::printf("[cuda-spec] hidden record (%s), %s: %d rows, max row relative error %.3g\n",
+                layers.empty() ? "final" : "taps", batched ? "batched prefill" : "decode steps", rg->size(), err);
     EXPECT_LE(err, 1e-3);
     // The last row scores like the CPU's last logits: it is the lm_head's input.
     std::vector<float> lg_last(V), lc_last(V);

@@ -174,7 +174,7 @@ struct GpuSession::Impl {
   bool tree_pending = false;  // the pending tokens ran as one tree (run_multi with a tree): keep_tree
   const int* tree_io = nullptr;  // d_mio while enqueue_multi captures the trunk's multi-token step
   float* h_mlogits = nullptr;  // pinned [kMaxStepTokens x n_vocab], allocated on first use
-  float* h_mhidden = nullptr;  // pinned [kMaxStepTokens x n_embd], allocated on first use
+  float* h_mhidden = nullptr;  // pinned [kMaxStepTokens x hidden_width()], allocated on first use
   // The multi-token step's per-token arg-max (forward_pending_picks): scratch, counters, picks.
   unsigned long long* mpick_part = nullptr;
   unsigned int* mpick_counter = nullptr;
@@ -358,6 +358,7 @@ struct GpuSession::Impl {
     h_mlogits = nullptr;
     if (h_mhidden) cudaFreeHost(h_mhidden);
     h_mhidden = nullptr;
+    d_taps.release();
     if (h_logits) cudaFreeHost(h_logits);
     h_logits = nullptr;
     prof.release();
@@ -694,12 +695,20 @@ struct GpuSession::Impl {
     }
   }
 
-  // The layers and the lm_head of T tokens of rows r, their embeddings in r.x.
+  // The layers and the lm_head of T tokens of rows r, their embeddings in r.x. With layer taps
+  // (tap_of), each tapped layer's output rows go to d_taps ([T x taps x n_embd]) as the step runs.
   void enqueue_layers(const StepRows& r, int T) {
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[il];
       mixer(il, D, st.layers[il], r, T);  // the layer program's mixer (DevLayer::kind = ModelConfig::mixer)
       ffn(il, D, r, T);
+      if (!tap_of.empty() && tap_of[static_cast<size_t>(il)] >= 0) {
+        const size_t d = static_cast<size_t>(c.n_embd), w = hidden_width();
+        check_cuda(cudaMemcpy2DAsync(d_taps.data + static_cast<size_t>(tap_of[static_cast<size_t>(il)]) * d,
+                                     w * sizeof(float), r.x, static_cast<size_t>(rw.x) * sizeof(float),
+                                     d * sizeof(float), static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream),
+                   "copy layer taps");
+      }
     }
     const GemvJob head = head_job(r);
     gemv_batch(&head, 1, stream, nullptr, nullptr, nullptr, nullptr, T);
@@ -888,7 +897,7 @@ struct GpuSession::Impl {
 
   // The device rows a run of n tokens copies its final hidden states into (null without a hidden record).
   float* hidden_rows_for(int n) {
-    return hidden ? hidden_buf.reserve(static_cast<size_t>(n), static_cast<size_t>(c.n_embd), "hidden rows") : nullptr;
+    return hidden ? hidden_buf.reserve(static_cast<size_t>(n), hidden_width(), "hidden rows") : nullptr;
   }
 
   // Runs n validated tokens (the batched prefill, or the decode step token by token) and advances n_past.
@@ -911,7 +920,7 @@ struct GpuSession::Impl {
         std::lock_guard<std::mutex> lock(gm->exclusive());
         if (hybrid) hybrid->order_after_last(stream);
         gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
-                          record, hid, picks, traced);
+                          record, hid, picks, traced, hid && !tap_of.empty() ? &hidden->layers : nullptr);
         if (hybrid) hybrid->record_last(stream);
       }
       if (hid) copy_hidden(n);
@@ -927,7 +936,12 @@ struct GpuSession::Impl {
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     for (int t = 0; t < n; ++t) {
       step(tokens[t]);
-      if (hid) rmsnorm_rows(one.x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
+      if (hid && !tap_of.empty())
+        check_cuda(cudaMemcpyAsync(hid + static_cast<size_t>(t) * hidden_width(), d_taps.data,
+                                   hidden_width() * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                   "copy layer taps");
+      else if (hid)
+        rmsnorm_rows(one.x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
       if (record) {
         st.record_step(t, stream);
         const size_t picks = layer_picks();
@@ -996,7 +1010,12 @@ struct GpuSession::Impl {
     }
     copy_batch(records, stream);
     n_past += n;
-    if (hid) rmsnorm_rows(multi.x, dm.output_norm, c.rms_eps, n, c.n_embd, hid, stream);
+    if (hid && !tap_of.empty())
+      check_cuda(cudaMemcpyAsync(hid, d_taps.data, static_cast<size_t>(n) * hidden_width() * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "copy layer taps");
+    else if (hid)
+      rmsnorm_rows(multi.x, dm.output_norm, c.rms_eps, n, c.n_embd, hid, stream);
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     const size_t first = all_positions ? 0 : static_cast<size_t>(n - 1);  // the rows copied
     const size_t floats = (static_cast<size_t>(n) - first) * vocab;
@@ -1014,10 +1033,10 @@ struct GpuSession::Impl {
       check_cuda(cudaMemcpyAsync(h_picks, d_mpicks, static_cast<size_t>(n) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                  "copy picks");
     }
-    const size_t hid_floats = hid ? static_cast<size_t>(n) * static_cast<size_t>(c.n_embd) : 0;
+    const size_t hid_floats = hid ? static_cast<size_t>(n) * hidden_width() : 0;
     if (hid) {  // read back with the rest: one synchronisation
       if (!h_mhidden)
-        check_cuda(cudaMallocHost(&h_mhidden, kMaxStepTokens * static_cast<size_t>(c.n_embd) * sizeof(float)),
+        check_cuda(cudaMallocHost(&h_mhidden, kMaxStepTokens * hidden_width() * sizeof(float)),
                    "cudaMallocHost(hidden rows)");
       check_cuda(cudaMemcpyAsync(h_mhidden, hid, hid_floats * sizeof(float), cudaMemcpyDeviceToHost, stream),
                  "copy hidden rows");
@@ -1084,12 +1103,19 @@ struct GpuSession::Impl {
   std::vector<int> trace_picks;  // [n x n_layer x k] of the last plain run
   GrowingRows<int> trace_buf;    // a prefill's picks on the device
   size_t layer_picks() const { return static_cast<size_t>(c.n_layer) * static_cast<size_t>(c.n_expert_used); }
-  std::vector<float> hidden_rows;     // [n x n_embd] of the last run
-  std::vector<float> pending_hidden;  // [pending tokens x n_embd]
+  // A record with layers: tap_of[il] is layer il's place among them (-1: not tapped; empty: no taps);
+  // the steps copy the tapped layers' rows to d_taps, [kMaxStepTokens x taps x n_embd].
+  std::vector<int> tap_of;
+  GrowingRows<float> d_taps;
+  size_t hidden_width() const {
+    return static_cast<size_t>(c.n_embd) * (hidden && !hidden->layers.empty() ? hidden->layers.size() : 1);
+  }
+  std::vector<float> hidden_rows;     // [n x hidden_width()] of the last run
+  std::vector<float> pending_hidden;  // [pending tokens x hidden_width()]
   GrowingRows<float> hidden_buf;      // the device rows of a run
   // The run's n rows from the device (its stream has run them).
   void copy_hidden(int n) {
-    hidden_rows.resize(static_cast<size_t>(n) * static_cast<size_t>(c.n_embd));
+    hidden_rows.resize(static_cast<size_t>(n) * hidden_width());
     check_cuda(cudaMemcpyAsync(hidden_rows.data(), hidden_buf.data, hidden_rows.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                stream),
                "copy hidden rows");
@@ -1486,7 +1512,7 @@ void GpuSession::forward_pending(const int32_t* tokens, int n, const int* parent
         if (first_child[static_cast<size_t>(i)] < 0 && i != main_leaf) leaves.push_back(i);
       leaves.push_back(main_leaf);
       const size_t vocab = static_cast<size_t>(m.c.n_vocab);
-      const size_t d = static_cast<size_t>(m.c.n_embd);
+      const size_t d = m.hidden_width();  // a hidden row: final state or layer taps
       if (m.hidden) m.pending_hidden.resize(static_cast<size_t>(n) * d);
       std::vector<float> rows;
       for (const int leaf : leaves) {
@@ -1537,7 +1563,7 @@ void GpuSession::keep(const int* path, int n) {
   m.has_pending = false;
   if (m.trace) append_layer_picks(*m.trace, m.trace_stream, m.c, m.trace_picks.data(), n);
   if (!m.hidden) return;
-  const size_t d = static_cast<size_t>(m.c.n_embd);
+  const size_t d = m.hidden_width();
   for (int j = 0; j < n; ++j) {
     const size_t t = static_cast<size_t>(path[j]);
     m.hidden->append(&m.pending_tokens[t], m.pending_hidden.data() + t * d, 1);
@@ -1546,11 +1572,28 @@ void GpuSession::keep(const int* path, int n) {
 
 void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
   Impl& m = *impl_;
-  if (record && !record->layers.empty())
-    fail("the GPU sessions record final hidden states only: taps of chosen layers (a block drafter's) need the CPU "
-         "engine");
+  std::vector<int> tap_of;
+  if (record && !record->layers.empty()) {
+    tap_of.assign(static_cast<size_t>(m.c.n_layer), -1);
+    for (size_t j = 0; j < record->layers.size(); ++j) {
+      const int l = record->layers[j];
+      if (l < 0 || l >= m.c.n_layer) fail("hidden record: layer ", l, " is not one of the model's ", m.c.n_layer);
+      tap_of[static_cast<size_t>(l)] = static_cast<int>(j);
+    }
+  }
+  if (tap_of != m.tap_of) {  // the step graphs copy the taps: captured again
+    m.drop();
+    check_cuda(cudaStreamSynchronize(m.stream), "decode step");
+    m.destroy_graphs();
+    m.tap_of = std::move(tap_of);
+    m.d_taps.release();  // rows of another width
+    m.hidden_buf.release();
+    if (!m.tap_of.empty()) m.d_taps.reserve(Impl::kMaxStepTokens, m.c.n_embd * record->layers.size(), "layer taps");
+    if (m.h_mhidden) cudaFreeHost(m.h_mhidden);  // sized by the record's width
+    m.h_mhidden = nullptr;
+  }
   if (record && record != m.hidden) {
-    record->width = m.c.n_embd;
+    record->width = m.c.n_embd * static_cast<int>(record->layers.empty() ? 1 : record->layers.size());
     record->restart(n_past());
   }
   m.hidden = std::move(record);

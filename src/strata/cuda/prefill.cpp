@@ -504,8 +504,9 @@ struct GpuPrefill::Impl {
 
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            HybridMoe* hybrid, unsigned long long* route_counts, const int* replay, bool record_steps,
-           float* hidden_out, const PrefillPicks* picks, int* trace_ids) {
+           float* hidden_out, const PrefillPicks* picks, int* trace_ids, const std::vector<int>* hidden_layers) {
     if (record_steps && st.step_cap() < n) fail("prefill: ", n, " tokens to record, room for ", st.step_cap());
+    const size_t taps = hidden_out && hidden_layers ? hidden_layers->size() : 0;
     if (record_steps && trace_ids) fail("prefill: picks go to the step records or to a trace, not both");
     if (picks && (!picks->out || picks->n_allowed <= 0 || picks->n_allowed > c.n_vocab))
       fail("prefill: picks need an output and 1..", c.n_vocab, " allowed ids");
@@ -569,9 +570,17 @@ struct GpuPrefill::Impl {
           }
           case FfnKind::Dense: dense_ffn(D.dense, m); break;
         }
+        for (size_t j = 0; j < taps; ++j) {
+          if ((*hidden_layers)[j] != il) continue;
+          const size_t row = static_cast<size_t>(d) * sizeof(float);
+          Timed t(*this, kEmbedNormAdd);
+          check_cuda(cudaMemcpy2DAsync(hidden_out + (static_cast<size_t>(c0) * taps + j) * static_cast<size_t>(d),
+                                       taps * row, x, row, row, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, s),
+                     "copy layer taps");
+        }
       }
       st.n_past = pos0 + m;
-      if (hidden_out) {
+      if (hidden_out && !taps) {
         Timed t(*this, kLogits);
         rmsnorm_rows(x, dm.output_norm, c.rms_eps, m, d, hidden_out + static_cast<int64_t>(c0) * d, s);
       }
@@ -646,12 +655,13 @@ GpuPrefill::~GpuPrefill() = default;
 
 void GpuPrefill::run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
                      cudaStream_t s, HybridMoe* hybrid, unsigned long long* route_counts, const int* replay,
-                     bool record_steps, float* hidden_out, const PrefillPicks* picks, int* trace_ids) {
+                     bool record_steps, float* hidden_out, const PrefillPicks* picks, int* trace_ids,
+                     const std::vector<int>* hidden_layers) {
   if (n <= 0) fail("prefill needs at least one token");
   if (st.n_past + n > st.max_ctx()) fail("prompt of ", st.n_past + n, " tokens exceeds the context of ", st.max_ctx());
   impl_->s = s;
   impl_->run(st, tokens, n, logits_out, all_positions, hybrid, route_counts, replay, record_steps, hidden_out, picks,
-             trace_ids);
+             trace_ids, hidden_layers);
 }
 
 const PrefillOptions& GpuPrefill::options() const { return impl_->opt; }

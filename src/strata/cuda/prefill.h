@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/cuda/prefill_math.h"
 
@@ -89,10 +90,13 @@ class GpuPrefill {
   // picks->out[0..n), computed on the device from every position's logits; only the ids are copied back.
   // trace_ids (device, optional, not with record_steps): every token's expert picks, [n x n_layer x k]
   // token-major (rows of layers that route nothing are left as they were), for a routing trace.
+  // hidden_layers (with hidden_out): instead of the final rows, each token's residual stream after those
+  // layers, side by side ([n x layers x n_embd]; HiddenRecord::layers).
   void run(DeviceSequenceState& st, const int32_t* tokens, int n, float* logits_out, bool all_positions,
            cudaStream_t s, HybridMoe* hybrid = nullptr, unsigned long long* route_counts = nullptr,
            const int* replay = nullptr, bool record_steps = false, float* hidden_out = nullptr,
-           const PrefillPicks* picks = nullptr, int* trace_ids = nullptr);
+           const PrefillPicks* picks = nullptr, int* trace_ids = nullptr,
+           const std::vector<int>* hidden_layers = nullptr);
 
   const PrefillOptions& options() const;
   const PrefillProfile& last_profile() const;

@@ -21,7 +21,7 @@ class DFlashDrafter final : public Drafter {
   // n_allowed: ids from here on are never drafted; top_k >= 1 candidates per block position.
   DFlashDrafter(std::shared_ptr<const DFlashModel> model, int32_t n_allowed, int top_k);
   std::string name() const override { return "dflash"; }
-  // Fails (naming the flag) when the sequence cannot give the taps (the GPU sessions, for now).
+  // Fails (naming the flag) when the sequence cannot give the taps.
   void attach(Sequence& target) override;
   // At most max_tokens nodes, no deeper than block - 1.
   void propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) override;
