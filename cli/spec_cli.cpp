@@ -8,7 +8,7 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
   sub.add_option("--spec", o.spec,
                  "speculative decoding: ngram (prompt lookup), mtp (the model's multi-token-prediction layer, on the "
                  "GPU beside an all-GPU target), "
-                 "draft (with -md) or draft:FILE (a draft model with the same vocabulary), dflash:FILE (a DFlash block "
+                 "draft (with -md) or draft:FILE (a draft model with the same vocabulary), dflash:FILE or dflash (MODEL.dflash.gguf) (a DFlash block "
                  "drafter for this model; its draft is a token tree); output is what decoding without it "
                  "gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");

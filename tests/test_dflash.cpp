@@ -315,9 +315,21 @@ TEST(DFlash, CommandLine) {
   const auto spec = strata::testing_cli::expect_spec_run_lossless(
       "\"def add(a, b):\" --temp 0 -n 16 -t 1", "--spec dflash:" + path + " --draft-max 8 --spec-tree-k 2");
   EXPECT_NE(spec.err.find("spec dflash:"), std::string::npos) << spec.err;
-  auto r = strata::testing_cli::run_cli("run x --spec dflash");
+  // --spec dflash alone: the model's own drafter, FILE.dflash.gguf next to FILE.gguf.
+  EXPECT_EQ(strata::dflash_path_for("/m/strata-tiny.gguf"), "/m/strata-tiny.dflash.gguf");
+  EXPECT_EQ(strata::dflash_path_for("model"), "model.dflash.gguf");
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  std::filesystem::copy_file(kModel, dir + "/own.gguf", std::filesystem::copy_options::overwrite_existing);
+  auto r = strata::testing_cli::run_cli("run -m " + dir + "/own.gguf x -n 2 --spec dflash");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--spec dflash needs the drafter file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no drafter next to the model (" + dir + "/own.dflash.gguf)"), std::string::npos) << r.err;
+  std::filesystem::copy_file(path, dir + "/own.dflash.gguf", std::filesystem::copy_options::overwrite_existing);
+  r = strata::testing_cli::run_cli("run -m " + dir + "/own.gguf \"def f(x):\" --temp 0 -n 8 --spec dflash");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("spec dflash:"), std::string::npos) << r.err;
+  r = strata::testing_cli::run_cli("run x --spec dflash:");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec dflash:FILE needs a file name"), std::string::npos) << r.err;
   r = strata::testing_cli::run_cli("run x --spec dflash:" + path + " --spec-tree-k 0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--spec-tree-k must be >= 1"), std::string::npos) << r.err;

@@ -1,5 +1,7 @@
 #include "strata/spec/spec_options.h"
 
+#include <filesystem>
+
 #include "strata/base/error.h"
 #include "strata/engine/session.h"
 #include "strata/spec/dflash_drafter.h"
@@ -27,8 +29,8 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   } else if (s == "dflash" || s.rfind("dflash:", 0) == 0) {
     if (!o.draft_model.empty()) fail("--spec dflash drafts with a block drafter: drop -md/--model-draft");
     c.kind = SpecKind::DFlash;
-    c.draft_path = s == "dflash" ? "" : s.substr(7);
-    if (c.draft_path.empty()) fail("--spec dflash needs the drafter file: --spec dflash:FILE");
+    c.draft_path = s == "dflash" ? "" : s.substr(7);  // "": the model's own, next to it (dflash_path_for)
+    if (s != "dflash" && c.draft_path.empty()) fail("--spec dflash:FILE needs a file name");
   } else {
     fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE, dflash:FILE)");
   }
@@ -42,6 +44,13 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   validate_speculative_params(c.params);
   if (c.kind == SpecKind::Ngram) validate_ngram_params(o.ngram);
   return c;
+}
+
+std::string dflash_path_for(const std::string& model_path) {
+  const std::string ext = ".gguf";
+  const bool has_ext =
+      model_path.size() > ext.size() && model_path.compare(model_path.size() - ext.size(), ext.size(), ext) == 0;
+  return (has_ext ? model_path.substr(0, model_path.size() - ext.size()) : model_path) + ".dflash.gguf";
 }
 
 int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp ? 3 : 16; }
@@ -68,7 +77,12 @@ DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, c
   if (kind_ == SpecKind::Mtp && target.config().n_mtp == 0)
     fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
          ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
-  if (kind_ == SpecKind::DFlash) dflash_ = DFlashModel::load(choice.draft_path, target);
+  if (kind_ == SpecKind::DFlash) {
+    const std::string path = choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
+    if (choice.draft_path.empty() && !std::filesystem::exists(path))
+      fail("--spec dflash: no drafter next to the model (", path, "); pass --spec dflash:FILE");
+    dflash_ = DFlashModel::load(path, target);
+  }
   if (kind_ != SpecKind::DraftModel) return;
   draft_ = Model::load(choice.draft_path);
   check_draft_vocabulary(target, *draft_);

@@ -19,8 +19,8 @@ namespace strata {
 
 struct SpecOptions {
   static constexpr int kDraftMaxUnset = std::numeric_limits<int>::min();
-  std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft", "draft:FILE" or
-                            // "dflash:FILE"
+  std::string spec;         // "" (none unless a draft model is given), "ngram", "mtp", "draft", "draft:FILE",
+                            // "dflash" (the model's own drafter, dflash_path_for) or "dflash:FILE"
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
   int draft_max = kDraftMaxUnset;  // unset: default_draft_max of the drafter chosen
   int draft_min = 0;
@@ -47,6 +47,9 @@ struct SpecChoice {
 // Validates the options together (kind, draft model given once and only for a draft, lengths) and says
 // what they choose; throws strata::Error naming the flag.
 SpecChoice check_spec_options(const SpecOptions& o);
+
+// The DFlash drafter `--spec dflash` (no file) takes for a model: FILE.gguf -> FILE.dflash.gguf.
+std::string dflash_path_for(const std::string& model_path);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
