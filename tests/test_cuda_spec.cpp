@@ -376,7 +376,7 @@ TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
     std::printf("[cuda-spec] hidden record (%s), %s: %d rows, max row relative error %.3g\n",
                 layers.empty() ? "final" : "taps", batched ? "batched prefill" : "decode steps", rg->size(), err);
     EXPECT_LE(err, 1e-3);
-    // The last row scores like the CPU's last logits: it is the lm_head's input.
+    // The next logits agree too (with final states, the record's rows are the lm_head's input).
     std::vector<float> lg_last(V), lc_last(V);
     const int32_t next = 7;
     cpu.forward(&next, 1, lc_last.data(), false);

@@ -616,6 +616,28 @@ TEST(Mtp, SessionRecordsLayerTaps) {
   bad->layers = {c.n_layer};
   Session s(m, 8);
   EXPECT_THROW(s.set_hidden_record(bad), Error);
+  bad->layers = {1, 1};
+  EXPECT_THROW(s.set_hidden_record(bad), Error);
+}
+
+// A prompt longer than one forward of a sliding-window model runs in pieces: each piece's taps land in
+// its own rows (as token by token).
+TEST(Mtp, LayerTapsOfAPromptInPieces) {
+  const Loaded sw = load(convert_fixture("laguna_swa"));
+  const Model& m = *sw.model;
+  const int n_layer = m.config().n_layer;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 11; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 5) % 300));
+  Session pieces(m, 32, {}, 4), single(m, 32, {}, 4);  // at most 4 tokens per forward
+  auto a = std::make_shared<HiddenRecord>(), b = std::make_shared<HiddenRecord>();
+  a->layers = b->layers = {0, n_layer - 1};
+  pieces.set_hidden_record(a);
+  single.set_hidden_record(b);
+  pieces.forward(prompt.data(), 11, nullptr, false);
+  for (int32_t t : prompt) single.forward(&t, 1, nullptr, false);
+  ASSERT_EQ(a->size(), 11);
+  for (size_t i = 0; i < a->rows.size(); ++i)
+    ASSERT_NEAR(a->rows[i], b->rows[i], 1e-4f * (1.0f + std::fabs(b->rows[i]))) << i;
 }
 
 // One batch of rows and the same rows one by one leave the same outputs and cache: the drafter's

@@ -334,7 +334,7 @@ def gguf_tokenizer(path):
 # Settings that define a resumable run: fixed at its first call (plan.json), read back by --resume.
 PLAN_KEYS = ("preset", "quant", "vocab") + SHAPE_KEYS + (
     "seq", "batch", "lr", "warmup", "weight_decay", "aux_coef", "seed", "data_mb", "tok_train_mb", "heldout_percent",
-    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf", "short_docstrings", "fast", "compile")
+    "eval_windows", "mtp", "mtp_weight", "tokenizer_gguf", "short_docstrings")
 
 
 def parse_args(argv=None):

@@ -187,6 +187,15 @@ def test_short_docstrings_cut_to_the_first_line_and_keep_the_rest():
     assert 0.85 < sum(shares) / len(shares) < 0.95 and not P.short_docstrings_chosen("k1", 0.0)
 
 
+def test_short_docstrings_all_equals_the_serial_pass():
+    doc = 'def f():\n    """First line.\n\n    More.\n    """\n    return 1\n'
+    files = [(f"k{i}", doc if i % 3 else "x = 1\n") for i in range(40)]
+    out, changed = P.short_docstrings_all(files, 0.5, processes=2)
+    serial = [(k, P.short_docstrings(t) if P.short_docstrings_chosen(k, 0.5) else t) for k, t in files]
+    assert out == serial
+    assert changed == sum(a != b for (_, a), (_, b) in zip(files, serial)) > 0
+
+
 if __name__ == "__main__":
     import contextlib
     import io
@@ -199,11 +208,3 @@ if __name__ == "__main__":
             n += 1
     print(f"{n} tests passed")
 
-
-def test_short_docstrings_all_equals_the_serial_pass():
-    doc = 'def f():\n    """First line.\n\n    More.\n    """\n    return 1\n'
-    files = [(f"k{i}", doc if i % 3 else "x = 1\n") for i in range(40)]
-    out, changed = P.short_docstrings_all(files, 0.5, processes=2)
-    serial = [(k, P.short_docstrings(t) if P.short_docstrings_chosen(k, 0.5) else t) for k, t in files]
-    assert out == serial
-    assert changed == sum(a != b for (_, a), (_, b) in zip(files, serial)) > 0

@@ -163,7 +163,7 @@ def main():
             x, anchors = batch(held, args.batch, g)
             logits, labels = rows_and_targets(x, anchors, cos, sin)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                tl = target.lm_head(fast.trunk(target, x, cos, sin)[0]).float().argmax(-1)  # [b, S]
+                tl = fast.trunk(target, x, cos, sin)[1].float().argmax(-1)  # [b, S]
             pos = (anchors.unsqueeze(-1) + torch.arange(B - 1, device=device))  # token a+j predicted at a+j-1
             want = torch.gather(tl, 1, pos.reshape(x.shape[0], -1)).view(labels.shape)
             top1 = logits.argmax(-1)
@@ -178,7 +178,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     gguf = os.path.join(args.out, "dflash.gguf")
     D.export_gguf(model, gguf)
-    # References on the exported (F16-rounded) weights, in float32.
+    # References on the exported (F16-rounded) weights, in float32 (TF32 off).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear):

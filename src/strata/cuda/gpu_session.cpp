@@ -895,7 +895,8 @@ struct GpuSession::Impl {
     return hybrid ? std::unique_lock<std::mutex>(gm->exclusive()) : std::unique_lock<std::mutex>();
   }
 
-  // The device rows a run of n tokens copies its final hidden states into (null without a hidden record).
+  // The device rows a run of n tokens copies its hidden rows into (final states or layer taps; null
+  // without a hidden record).
   float* hidden_rows_for(int n) {
     return hidden ? hidden_buf.reserve(static_cast<size_t>(n), hidden_width(), "hidden rows") : nullptr;
   }
@@ -920,7 +921,7 @@ struct GpuSession::Impl {
         std::lock_guard<std::mutex> lock(gm->exclusive());
         if (hybrid) hybrid->order_after_last(stream);
         gm->prefill().run(st, tokens, n, logits_out, all_positions, stream, hybrid, route_counts, replay_rows(n),
-                          record, hid, picks, traced, hid && !tap_of.empty() ? &hidden->layers : nullptr);
+                          record, hid, picks, traced, hid && !tap_of.empty() ? &tap_layers : nullptr);
         if (hybrid) hybrid->record_last(stream);
       }
       if (hid) copy_hidden(n);
@@ -1091,8 +1092,9 @@ struct GpuSession::Impl {
   std::vector<int> held;    // the pending root path the state holds now
   std::vector<int32_t> pending_tokens;
 
-  // Sequence::set_hidden_record: while set, each run copies its tokens' final hidden states (rmsnorm(x)
-  // * output_norm, what the lm_head scores) to hidden_rows; forward() appends them to the record, and
+  // Sequence::set_hidden_record: while set, each run copies its tokens' hidden rows (the final states,
+  // rmsnorm(x) * output_norm, what the lm_head scores; or the layer taps) to hidden_rows; forward()
+  // appends them to the record, and
   // pending tokens' rows wait in pending_hidden until keep() says which of them the record gets.
   std::shared_ptr<HiddenRecord> hidden;
   // Sequence::set_routing_trace: while set, a plain run (record off) copies its tokens' picks to
@@ -1106,10 +1108,10 @@ struct GpuSession::Impl {
   // A record with layers: tap_of[il] is layer il's place among them (-1: not tapped; empty: no taps);
   // the steps copy the tapped layers' rows to d_taps, [kMaxStepTokens x taps x n_embd].
   std::vector<int> tap_of;
+  std::vector<int> tap_layers;  // the record's layers when it was set
+  size_t n_taps = 0;  // the record's layers when it was set (0: final states)
   GrowingRows<float> d_taps;
-  size_t hidden_width() const {
-    return static_cast<size_t>(c.n_embd) * (hidden && !hidden->layers.empty() ? hidden->layers.size() : 1);
-  }
+  size_t hidden_width() const { return static_cast<size_t>(c.n_embd) * std::max<size_t>(1, n_taps); }
   std::vector<float> hidden_rows;     // [n x hidden_width()] of the last run
   std::vector<float> pending_hidden;  // [pending tokens x hidden_width()]
   GrowingRows<float> hidden_buf;      // the device rows of a run
@@ -1572,28 +1574,32 @@ void GpuSession::keep(const int* path, int n) {
 
 void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
   Impl& m = *impl_;
+  if (record == m.hidden) return;
+  const int width = record ? record->width_for(m.c.n_layer, m.c.n_embd) : m.c.n_embd;  // checks the layers
+  std::vector<int> layers = record ? record->layers : std::vector<int>{};
   std::vector<int> tap_of;
-  if (record && !record->layers.empty()) {
+  if (!layers.empty()) {
     tap_of.assign(static_cast<size_t>(m.c.n_layer), -1);
-    for (size_t j = 0; j < record->layers.size(); ++j) {
-      const int l = record->layers[j];
-      if (l < 0 || l >= m.c.n_layer) fail("hidden record: layer ", l, " is not one of the model's ", m.c.n_layer);
-      tap_of[static_cast<size_t>(l)] = static_cast<int>(j);
-    }
+    for (size_t j = 0; j < layers.size(); ++j) tap_of[static_cast<size_t>(layers[j])] = static_cast<int>(j);
   }
   if (tap_of != m.tap_of) {  // the step graphs copy the taps: captured again
+    // The new taps' buffer first, so that a failed allocation leaves the session as it was.
+    GrowingRows<float> taps;
+    if (!layers.empty()) taps.reserve(Impl::kMaxStepTokens, static_cast<size_t>(width), "layer taps");
     m.drop();
     check_cuda(cudaStreamSynchronize(m.stream), "decode step");
     m.destroy_graphs();
+    m.d_taps.release();
+    m.d_taps = taps;
     m.tap_of = std::move(tap_of);
-    m.d_taps.release();  // rows of another width
-    m.hidden_buf.release();
-    if (!m.tap_of.empty()) m.d_taps.reserve(Impl::kMaxStepTokens, m.c.n_embd * record->layers.size(), "layer taps");
-    if (m.h_mhidden) cudaFreeHost(m.h_mhidden);  // sized by the record's width
+    m.tap_layers = layers;
+    m.n_taps = layers.size();
+    m.hidden_buf.release();  // rows of another width
+    if (m.h_mhidden) cudaFreeHost(m.h_mhidden);
     m.h_mhidden = nullptr;
   }
-  if (record && record != m.hidden) {
-    record->width = m.c.n_embd * static_cast<int>(record->layers.empty() ? 1 : record->layers.size());
+  if (record) {
+    record->width = width;
     record->restart(n_past());
   }
   m.hidden = std::move(record);

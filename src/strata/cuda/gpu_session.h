@@ -100,9 +100,10 @@ class GpuSession : public Sequence {
   void forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) override;
   void keep(const int* path, int m) override;
   bool has_pending() const override;
-  // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row is copied to the host
-  // (the MTP drafter's record, which its GPU head copies back). Decode steps then go through forward(),
-  // which copies the logits too, rather than the on-device pick.
+  // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row (the MTP drafter's
+  // record, which its GPU head copies back), or with layers its layer taps (copied inside the steps), is
+  // copied to the host. Decode steps then go through forward(), which copies the logits too, rather than
+  // the on-device pick. Fails, changing nothing, on a layer the model lacks or one listed twice.
   void set_hidden_record(std::shared_ptr<HiddenRecord> record) override;
   // Sequence::set_routing_trace: every kept token's picks are copied back and appended (decode steps
   // then go through forward(), as with a hidden record).

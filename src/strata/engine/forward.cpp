@@ -209,7 +209,8 @@ void forward_part(const Model& model, ForwardPart part) {
     p.tokens = part.tokens + at, p.n = len;
     p.logits = part.all_positions ? (part.logits ? part.logits + static_cast<size_t>(at) * vocab : nullptr)
                                   : (at + len == n ? part.logits : nullptr);
-    if (part.hidden) p.hidden = part.hidden + static_cast<size_t>(at) * static_cast<size_t>(model.config().n_embd);
+    const size_t width = static_cast<size_t>(model.config().n_embd) * (part.hidden_layers ? part.hidden_layers->size() : 1);
+    if (part.hidden) p.hidden = part.hidden + static_cast<size_t>(at) * width;
     forward_batch(model, &p, 1);
   }
 }

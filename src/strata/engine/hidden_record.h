@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/base/error.h"
+
 namespace strata {
 
 struct HiddenRecord {
@@ -21,6 +23,16 @@ struct HiddenRecord {
   // Set when the sequence was reset or restored (its positions restart at begin); the drafter clears it.
   bool restarted = false;
 
+  // The row width for a model of n_layer layers of n_embd (what a sequence sets `width` to); fails on a
+  // layer the model lacks or one listed twice.
+  int width_for(int n_layer, int n_embd) const {
+    for (size_t j = 0; j < layers.size(); ++j) {
+      if (layers[j] < 0 || layers[j] >= n_layer) fail("hidden record: layer ", layers[j], " is not one of the model's ", n_layer);
+      for (size_t i = 0; i < j; ++i)
+        if (layers[i] == layers[j]) fail("hidden record: layer ", layers[j], " is listed twice");
+    }
+    return n_embd * static_cast<int>(layers.empty() ? 1 : layers.size());
+  }
   int size() const { return static_cast<int>(tokens.size()); }
   int end() const { return begin + size(); }
   const float* row(int pos) const { return rows.data() + static_cast<size_t>(pos - begin) * static_cast<size_t>(width); }

@@ -119,11 +119,12 @@ class Sequence {
   virtual void set_routing_replay(RoutingSource* source) {
     if (source) fail("this backend cannot replay routing (--routing is not available on it)");
   }
-  // While set, every kept token's final hidden state is appended to *record (engine/hidden_record.h);
-  // a reset or restore restarts it, and so does setting another record (the same one again keeps it).
-  // Shared so either side may go first. Backends that cannot say so.
+  // While set, every kept token's final hidden state (or, with record->layers, its layer taps) is
+  // appended to *record (engine/hidden_record.h); a reset or restore restarts it, and so does setting
+  // another record (the same one again keeps it). Shared so either side may go first. Backends that
+  // cannot say so.
   virtual void set_hidden_record(std::shared_ptr<HiddenRecord> record) {
-    if (record) fail("this backend does not give its hidden states (--spec mtp runs on the CPU only)");
+    if (record) fail("this backend does not give its hidden states (--spec mtp and dflash need them)");
   }
   // The MTP head computed where this sequence computes, with a cache of max_ctx positions; null when
   // the CPU's head serves (why_cpu then says why, or stays empty where the CPU is this backend).

@@ -55,7 +55,7 @@ void Session::attach_hidden(ForwardPart& part, int n) {
   if (!hidden_) return;
   hidden_rows_.resize(static_cast<size_t>(n) * static_cast<size_t>(hidden_->width));
   part.hidden = hidden_rows_.data();
-  if (!hidden_->layers.empty()) part.hidden_layers = &hidden_->layers;
+  if (!hidden_layers_.empty()) part.hidden_layers = &hidden_layers_;
 }
 
 void Session::record_kept(const int32_t* tokens, int n) {
@@ -64,12 +64,11 @@ void Session::record_kept(const int32_t* tokens, int n) {
 
 void Session::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
   if (record && record != hidden_) {
-    const ModelConfig& c = model_.config();
-    for (int l : record->layers)
-      if (l < 0 || l >= c.n_layer) fail("hidden record: layer ", l, " is not one of the model's ", c.n_layer);
-    record->width = c.n_embd * static_cast<int>(record->layers.empty() ? 1 : record->layers.size());
+    record->width = record->width_for(model_.config().n_layer, model_.config().n_embd);
     record->restart(state_.n_past);
   }
+  // The layers as they were given: a later change to the record's list does not change this sequence's rows.
+  if (record != hidden_) hidden_layers_ = record ? record->layers : std::vector<int>{};
   hidden_ = std::move(record);
 }
 

@@ -77,6 +77,7 @@ class Session : public Sequence {
   RoutingSource* replay_ = nullptr;
   std::shared_ptr<HiddenRecord> hidden_;
   std::vector<float> hidden_rows_;       // a forward's rows
+  std::vector<int> hidden_layers_;       // the record's layers when it was set (empty: final states)
   std::vector<int32_t> pending_tokens_;  // the pending tokens, for keep() to record
 };
 

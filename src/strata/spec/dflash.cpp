@@ -69,8 +69,12 @@ std::unique_ptr<DFlashModel> DFlashModel::load(const std::string& path, const Mo
          ", rotary ", c.rope_dims, ", ffn ", c.n_ff, ")");
   if (c.block < 2) fail(path, ": block size ", c.block, " (at least 2: the anchor and one draft)");
   if (c.target_layers.empty()) fail(path, ": no target layers to take the context from");
-  for (int l : c.target_layers)
+  for (size_t j = 0; j < c.target_layers.size(); ++j) {
+    const int l = c.target_layers[j];
     if (l < 0 || l >= t.n_layer) fail(path, ": target layer ", l, " but the target has ", t.n_layer);
+    for (size_t i = 0; i < j; ++i)
+      if (c.target_layers[i] == l) fail(path, ": target layer ", l, " is listed twice");
+  }
 
   const int64_t d = c.n_embd, q = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t kv = static_cast<int64_t>(c.n_head_kv) * c.head_dim;

@@ -12,10 +12,13 @@ namespace strata {
 namespace {
 
 // The top k of a row over ids < n (highest logit first, the lower id among equals) with their softmax
-// probabilities over those ids. Fails when no logit is finite.
-PositionCandidates top_candidates(const float* logits, int32_t n, int k, std::vector<int32_t>& ids) {
+// probabilities over those ids; a NaN counts as -inf. Fails when no logit is finite.
+PositionCandidates top_candidates(float* logits, int32_t n, int k, std::vector<int32_t>& ids) {
   float mx = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+  for (int32_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i])) logits[i] = -INFINITY;
+    mx = std::max(mx, logits[i]);
+  }
   if (!std::isfinite(mx)) fail("--spec dflash: the drafter gave no finite logit");
   double z = 0;
   for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i]) - mx);

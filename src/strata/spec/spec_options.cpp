@@ -32,7 +32,7 @@ SpecChoice check_spec_options(const SpecOptions& o) {
     c.draft_path = s == "dflash" ? "" : s.substr(7);  // "": the model's own, next to it (dflash_path_for)
     if (s != "dflash" && c.draft_path.empty()) fail("--spec dflash:FILE needs a file name");
   } else {
-    fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE, dflash:FILE)");
+    fail("--spec ", s, ": unknown drafter (available: ngram, mtp, draft, draft:FILE, dflash, dflash:FILE)");
   }
   if (o.dflash_top_k < 1) fail("--spec-tree-k must be >= 1, got ", o.dflash_top_k);
   c.params.draft_max = o.draft_max == SpecOptions::kDraftMaxUnset ? default_draft_max(c.kind) : o.draft_max;
