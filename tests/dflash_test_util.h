@@ -15,6 +15,7 @@ namespace strata::dflash_test {
 struct Shape {
   int layers = 2, heads = 4, kv_heads = 2, head_dim = 32, rope = 16, ff = 64, block = 4;
   std::vector<int32_t> taps = {1, 5, 7};
+  int context = 0;  // dflash.context_length
 };
 
 // A random F32 drafter for `target` named `name` in this process's temporary folder; `vocab` overrides
@@ -38,6 +39,7 @@ inline std::string write_drafter(const strata::Model& target, const Shape& s, co
   w.set("dflash.rope.freq_base", GgufValue::f32(10000.0f));
   w.set("dflash.vocab_size", GgufValue::u64(static_cast<uint64_t>(vocab ? vocab : target.config().n_vocab)));
   w.set("dflash.target_layers", GgufValue::i32_array(s.taps));
+  if (s.context > 0) w.set("dflash.context_length", GgufValue::u32(static_cast<uint32_t>(s.context)));
   auto add = [&](const std::string& n, std::vector<int64_t> ne, float scale, float offset) {
     int64_t count = 1;
     for (int64_t e : ne) count *= e;

@@ -223,6 +223,37 @@ TEST(DFlash, ContextInPiecesAndAfterATruncation) {
   EXPECT_THROW(pieces.draft(static_cast<int32_t>(V), a.data()), strata::Error);
 }
 
+// With a context window W the block sees the last W context rows only: what a state holding just those
+// rows, at the same positions, drafts.
+TEST(DFlash, ContextWindowSeesTheLastRows) {
+  auto target = strata::Model::load(kModel);
+  Shape s;
+  s.context = 5;
+  const auto m = DFlashModel::load(write_drafter(*target, s, "w.gguf"), *target);
+  EXPECT_EQ(m->config().context, 5);
+  const size_t width = s.taps.size() * static_cast<size_t>(target->config().n_embd);
+  const size_t V = static_cast<size_t>(target->config().n_vocab), rows = static_cast<size_t>(s.block - 1) * V;
+  const std::vector<float> taps = random_taps(12, width, 21);
+  DFlashState all(*m), last(*m);
+  all.add_context(taps.data(), 12);
+  last.restart(7);
+  last.add_context(taps.data() + 7 * width, 5);
+  ASSERT_EQ(last.end(), all.end());
+  std::vector<float> a(rows), b(rows);
+  all.draft(9, a.data());
+  last.draft(9, b.data());
+  for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1.0f + std::fabs(a[i]))) << i;
+  // And differs from a drafter that sees everything (the window matters).
+  s.context = 0;
+  const auto full = DFlashModel::load(write_drafter(*target, s, "w0.gguf"), *target);
+  DFlashState f(*full);
+  f.add_context(taps.data(), 12);
+  f.draft(9, b.data());
+  double diff = 0;
+  for (size_t i = 0; i < rows; ++i) diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  EXPECT_GT(diff, 1e-3);
+}
+
 TEST(DFlash, FilesThatDoNotFitTheTargetFail) {
   auto target = strata::Model::load(kModel);
   Shape s;

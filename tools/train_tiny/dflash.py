@@ -49,10 +49,12 @@ class Layer(torch.nn.Module):
 
 class DFlash(torch.nn.Module):
     def __init__(self, d, target_layers, n_layer=2, heads=6, kv_heads=2, hd=64, ff=1024, block=8, rope_dims=32,
-                 rope_base=10000.0, eps=1e-6, vocab=0):
+                 rope_base=10000.0, eps=1e-6, vocab=0, context=0):
         super().__init__()
+        # context: the most recent context rows a block sees (0: all), as dflash.context_length.
         self.cfg = dict(d=d, target_layers=list(target_layers), n_layer=n_layer, heads=heads, kv_heads=kv_heads, hd=hd,
-                        ff=ff, block=block, rope_dims=rope_dims, rope_base=rope_base, eps=eps, vocab=vocab)
+                        ff=ff, block=block, rope_dims=rope_dims, rope_base=rope_base, eps=eps, vocab=vocab,
+                        context=context)
         self.fc = torch.nn.Linear(d * len(target_layers), d, bias=False)
         self.hidden_norm = torch.nn.Parameter(torch.ones(d))
         self.mask = torch.nn.Parameter(torch.randn(d) * 0.02)
@@ -110,7 +112,10 @@ class DFlash(torch.nn.Module):
         blk_pos = (anchors.unsqueeze(-1) + j).reshape(b, M * B)
         first = embed(torch.gather(ids, 1, anchors))  # [b, M, d]
         blk_x = torch.cat((first.unsqueeze(2), self.mask.to(first.dtype).expand(b, M, B - 1, -1)), 2).reshape(b, M * B, -1)
-        see_ctx = ctx_pos.unsqueeze(1) < anchors.repeat_interleave(B, 1).unsqueeze(-1)  # [b, M*B, S]
+        anchor_of_row = anchors.repeat_interleave(B, 1).unsqueeze(-1)  # [b, M*B, 1]
+        see_ctx = ctx_pos.unsqueeze(1) < anchor_of_row  # [b, M*B, S]
+        if c["context"] > 0:
+            see_ctx &= ctx_pos.unsqueeze(1) >= anchor_of_row - c["context"]
         blk_of = torch.arange(M * B, device=dev) // B
         see_blk = (blk_of.unsqueeze(0) == blk_of.unsqueeze(1)).expand(b, -1, -1)
         out = self.blocks(feats, ctx_pos, blk_x, blk_pos, torch.cat((see_ctx, see_blk), -1))
@@ -119,16 +124,17 @@ class DFlash(torch.nn.Module):
 
     @torch.no_grad()
     def draft(self, taps, anchor, embed, output):
-        """Inference as strata runs it: taps [n, L*d] of context positions 0..n-1, the anchor token at n.
-        Returns logits [block - 1, vocab] (row j-1: the token at n + j)."""
+        """Inference as strata runs it: taps [n, L*d] of context positions 0..n-1 (the last `context` of them
+        seen), the anchor token at n. Returns logits [block - 1, vocab] (row j-1: the token at n + j)."""
         c = self.cfg
         n, B = taps.shape[0], c["block"]
         dev = taps.device
-        feats = self.context(taps.unsqueeze(0))
+        first = max(0, n - c["context"]) if c["context"] > 0 else 0
+        feats = self.context(taps[first:].unsqueeze(0))
         blk_x = torch.cat((embed(torch.tensor([[anchor]], device=dev)),
                            self.mask.to(feats.dtype).expand(1, B - 1, -1)), 1)
-        allowed = torch.ones(1, B, n + B, dtype=torch.bool, device=dev)
-        out = self.blocks(feats, torch.arange(n, device=dev).unsqueeze(0), blk_x,
+        allowed = torch.ones(1, B, n - first + B, dtype=torch.bool, device=dev)
+        out = self.blocks(feats, torch.arange(first, n, device=dev).unsqueeze(0), blk_x,
                           (n + torch.arange(B, device=dev)).unsqueeze(0), allowed)
         return output(out[0, 1:])
 
@@ -168,7 +174,8 @@ def export_gguf(model, path, extra=None):
             "dflash.attention.key_length": c["hd"], "dflash.attention.layer_norm_rms_epsilon": float(c["eps"]),
             "dflash.feed_forward_length": c["ff"], "dflash.block_size": c["block"],
             "dflash.rope.dimension_count": c["rope_dims"], "dflash.rope.freq_base": float(c["rope_base"]),
-            "dflash.vocab_size": c["vocab"], "dflash.target_layers": c["target_layers"]}
+            "dflash.vocab_size": c["vocab"], "dflash.target_layers": c["target_layers"],
+            "dflash.context_length": c["context"]}
     meta.update(extra or {})
     tensors = [("fc.weight", model.fc.weight), ("hidden_norm.weight", model.hidden_norm),
                ("mask_embd.weight", model.mask), ("output_norm.weight", model.output_norm)]

@@ -97,6 +97,22 @@ class DFlashTorch(unittest.TestCase):
                 self.assertLess(float((got - want).abs().max()), 1e-9)
                 self.assertEqual(labels[i, k].tolist(), ids[i, a + 1:a + 4].tolist())
 
+    def test_context_window(self):
+        m, embed, output = small(2)
+        m.cfg["context"] = 3
+        S = 12
+        taps = torch.randn(1, S, 48, dtype=torch.float64)
+        ids = torch.randint(0, 50, (1, S))
+        anchors = torch.tensor([[2, 6, 8]])
+        rows, _ = m.train_rows(taps, ids, anchors, embed)
+        for k in range(3):
+            a = int(anchors[0, k])
+            want = m.draft(taps[0, :a], int(ids[0, a]), embed, output)
+            self.assertLess(float((output(rows[0, k]) - want).abs().max()), 1e-9)
+        m.cfg["context"] = 0
+        full = m.draft(taps[0, :8], int(ids[0, 8]), embed, output)
+        self.assertGreater(float((output(rows[0, 2]) - full).abs().max()), 1e-6)  # the window mattered
+
     def test_block_weights_decay(self):
         w = D.block_weights(8)
         self.assertEqual(len(w), 7)
@@ -112,6 +128,7 @@ class DFlashTorch(unittest.TestCase):
             self.assertEqual(meta["general.architecture"], "dflash")
             self.assertEqual(meta["dflash.target_layers"], [0, 2])
             self.assertEqual(meta["dflash.block_size"], 4)
+            self.assertEqual(meta["dflash.context_length"], 0)
             by = {n: (dims, t, off) for n, dims, t, off in infos}
             self.assertEqual(by["fc.weight"][0], [48, 24])  # ne0 = the row (input) length
             self.assertEqual(by["fc.weight"][1], 1)         # F16

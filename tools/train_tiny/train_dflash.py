@@ -95,7 +95,7 @@ def main():
     model = D.DFlash(d=d, target_layers=taps, n_layer=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                      hd=args.head_dim, ff=args.ff, block=args.block, rope_dims=args.rope_dims,
                      rope_base=float(cfg.rope_parameters.get("rope_theta", 10000.0)), eps=cfg.rms_norm_eps,
-                     vocab=vocab).to(device)
+                     vocab=vocab, context=args.seq).to(device)  # trained on contexts shorter than a window
     n_params = sum(p.numel() for p in model.parameters())
     log(f"drafter: {args.layers} layers, {args.heads}/{args.kv_heads} heads of {args.head_dim}, ffn {args.ff}, "
         f"block {args.block}: {n_params / 1e6:.2f}M parameters")

@@ -58,6 +58,7 @@ std::unique_ptr<DFlashModel> DFlashModel::load(const std::string& path, const Mo
   c.rope_freq_base = g.get_f32_or("dflash.rope.freq_base", 10000.0f);
   c.rms_eps = g.get_f32_or("dflash.attention.layer_norm_rms_epsilon", 1e-6f);
   c.n_vocab = static_cast<int64_t>(g.get_u64("dflash.vocab_size"));
+  c.context = static_cast<int>(g.get_u32_or("dflash.context_length", 0));
   for (int64_t l : g.get_int_array("dflash.target_layers")) c.target_layers.push_back(static_cast<int>(l));
 
   const ModelConfig& t = target.config();
@@ -144,7 +145,10 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
   if (anchor < 0 || anchor >= c.n_vocab) fail("dflash: anchor token ", anchor, " is out of range");
   const int B = c.block, hd = c.head_dim, per_kv = c.n_head / c.n_head_kv;
   const size_t d = static_cast<size_t>(c.n_embd), qw = static_cast<size_t>(c.n_head) * hd;
-  const size_t row = static_cast<size_t>(c.n_head_kv) * hd, n_keys = static_cast<size_t>(n_ctx_) + B;
+  // The context rows the block sees: the last c.context of them, or all.
+  const size_t first = c.context > 0 && n_ctx_ > c.context ? static_cast<size_t>(n_ctx_ - c.context) : 0;
+  const size_t seen = static_cast<size_t>(n_ctx_) - first;
+  const size_t row = static_cast<size_t>(c.n_head_kv) * hd, n_keys = seen + B;
   std::vector<float> x(B * d), h(B * d), q(B * qw), kb(B * row), vb(B * row), o(B * qw), y(B * d);
   std::vector<float> g(static_cast<size_t>(B) * c.n_ff), u(g.size()), scores(n_keys);
   embed_tokens(m_.target().weights().token_embd, &anchor, 1, x.data());
@@ -161,14 +165,14 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
       norm_rope_heads(kb.data() + j * row, c.n_head_kv, hd, L.k_norm, c.rms_eps, c.rope_dims, end() + j,
                       c.rope_freq_base);
     }
-    // Every block row attends to every context row and every block row.
+    // Every block row attends to every context row it sees and every block row.
     auto key = [&](size_t p, int kvh) {
-      return p < static_cast<size_t>(n_ctx_) ? k_[l].data() + p * row + static_cast<size_t>(kvh) * hd
-                                             : kb.data() + (p - n_ctx_) * row + static_cast<size_t>(kvh) * hd;
+      return p < seen ? k_[l].data() + (first + p) * row + static_cast<size_t>(kvh) * hd
+                      : kb.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
     };
     auto value = [&](size_t p, int kvh) {
-      return p < static_cast<size_t>(n_ctx_) ? v_[l].data() + p * row + static_cast<size_t>(kvh) * hd
-                                             : vb.data() + (p - n_ctx_) * row + static_cast<size_t>(kvh) * hd;
+      return p < seen ? v_[l].data() + (first + p) * row + static_cast<size_t>(kvh) * hd
+                      : vb.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
     };
     for (int j = 0; j < B; ++j)
       for (int hh = 0; hh < c.n_head; ++hh) {

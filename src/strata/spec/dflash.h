@@ -15,11 +15,14 @@
 //             x += W_o attn;  x += W_down(silu(W_gate g) * W_up g),  g = rmsnorm(x) * ffn_norm
 //   logits_j = output(rmsnorm(x_j) * output_norm), j = 1..B-1: the token at position n + j.
 // Heads use NEOX rotary pairing on their first rope_dims dims; grouped key/value heads as the target's.
+// With dflash.context_length W > 0 the block sees only the last W context rows (the drafter was trained
+// on contexts no longer than that).
 //
 // The file is a GGUF of architecture "dflash" (strata's own keys, written by tools/): dflash.embedding_length,
 // dflash.block_count, dflash.attention.head_count, dflash.attention.head_count_kv, dflash.attention.key_length,
 // dflash.attention.layer_norm_rms_epsilon, dflash.feed_forward_length, dflash.block_size,
-// dflash.rope.dimension_count, dflash.rope.freq_base, dflash.vocab_size, dflash.target_layers (int array);
+// dflash.rope.dimension_count, dflash.rope.freq_base, dflash.vocab_size, dflash.target_layers (int array),
+// dflash.context_length (optional, 0: all);
 // tensors fc.weight, hidden_norm.weight, mask_embd.weight, output_norm.weight and blk.N.{attn_norm, attn_q,
 // attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}.weight.
 #pragma once
@@ -37,6 +40,7 @@ namespace strata {
 
 struct DFlashConfig {
   int n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, block = 0, rope_dims = 0;
+  int context = 0;  // the most recent context rows a block sees (0: all of them)
   float rope_freq_base = 10000.0f, rms_eps = 1e-6f;
   int64_t n_vocab = 0;
   std::vector<int> target_layers;  // the target layers whose outputs feed the context, in file order
