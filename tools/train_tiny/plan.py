@@ -243,7 +243,7 @@ def short_docstrings_item(item):
 
 def short_docstrings_all(files, fraction, processes=None):
     """short_docstrings over the chosen share of [(key, text)] files, in worker processes (the pass parses
-    every file: minutes for hundreds of MB in one process). Returns (files in order, files changed)."""
+    every file, the slowest part of preparing a large data set). Returns (files in order, files changed)."""
     import multiprocessing
     items = [(key, text, fraction) for key, text in files]
     with multiprocessing.get_context("fork").Pool(processes) as pool:

@@ -12,8 +12,8 @@ acceptance those rates imply.
 Run (repository root, GPU machine), after train.py left its checkpoint folder (train.bin, held.bin,
 tokenizer.json) and its exported hf/ directory:
 
-    PYTHONUNBUFFERED=1 python3 tools/train_tiny/train_dflash.py --hf /tmp/OUT/hf --data /tmp/CKPT \\
-        --minutes 5 --out /tmp/dflash-out --pack "$OUT" 2>&1 | tee "$OUT/dflash.log"
+    PYTHONUNBUFFERED=1 python3 tools/train_tiny/train_dflash.py --hf TRAIN_OUT/hf --data TRAIN_CKPT \\
+        --minutes 5 --out DFLASH_OUT --pack "$OUT" 2>&1 | tee "$OUT/dflash.log"
 
 Outputs in --out: dflash.gguf, dflash_reference.json (for each of train.py's prompts: the drafter's
 top-5 ids and logits at every block position, the context being the prompt without its last token and
