@@ -937,12 +937,7 @@ struct GpuSession::Impl {
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     for (int t = 0; t < n; ++t) {
       step(tokens[t]);
-      if (hid && !tap_of.empty())
-        check_cuda(cudaMemcpyAsync(hid + static_cast<size_t>(t) * hidden_width(), d_taps.data,
-                                   hidden_width() * sizeof(float), cudaMemcpyDeviceToDevice, stream),
-                   "copy layer taps");
-      else if (hid)
-        rmsnorm_rows(one.x, dm.output_norm, c.rms_eps, 1, c.n_embd, hid + static_cast<size_t>(t) * c.n_embd, stream);
+      if (hid) step_hidden_rows(one.x, 1, hid + static_cast<size_t>(t) * hidden_width());
       if (record) {
         st.record_step(t, stream);
         const size_t picks = layer_picks();
@@ -1011,12 +1006,7 @@ struct GpuSession::Impl {
     }
     copy_batch(records, stream);
     n_past += n;
-    if (hid && !tap_of.empty())
-      check_cuda(cudaMemcpyAsync(hid, d_taps.data, static_cast<size_t>(n) * hidden_width() * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, stream),
-                 "copy layer taps");
-    else if (hid)
-      rmsnorm_rows(multi.x, dm.output_norm, c.rms_eps, n, c.n_embd, hid, stream);
+    if (hid) step_hidden_rows(multi.x, n, hid);
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     const size_t first = all_positions ? 0 : static_cast<size_t>(n - 1);  // the rows copied
     const size_t floats = (static_cast<size_t>(n) - first) * vocab;
@@ -1108,10 +1098,20 @@ struct GpuSession::Impl {
   // A record with layers: tap_of[il] is layer il's place among them (-1: not tapped; empty: no taps);
   // the steps copy the tapped layers' rows to d_taps, [kMaxStepTokens x taps x n_embd].
   std::vector<int> tap_of;
-  std::vector<int> tap_layers;  // the record's layers when it was set
-  size_t n_taps = 0;  // the record's layers when it was set (0: final states)
+  std::vector<int> tap_layers;  // the record's layers when it was set (empty: final states)
   GrowingRows<float> d_taps;
-  size_t hidden_width() const { return static_cast<size_t>(c.n_embd) * std::max<size_t>(1, n_taps); }
+  size_t hidden_width() const { return static_cast<size_t>(c.n_embd) * std::max<size_t>(1, tap_layers.size()); }
+  // A decode or multi-token step's T hidden rows (x: its final residual rows) into hid: the layer taps
+  // the step copied to d_taps, or the final states.
+  void step_hidden_rows(const float* x, int T, float* hid) {
+    if (tap_of.empty()) {
+      rmsnorm_rows(x, dm.output_norm, c.rms_eps, T, c.n_embd, hid, stream);
+      return;
+    }
+    check_cuda(cudaMemcpyAsync(hid, d_taps.data, static_cast<size_t>(T) * hidden_width() * sizeof(float),
+                               cudaMemcpyDeviceToDevice, stream),
+               "copy layer taps");
+  }
   std::vector<float> hidden_rows;     // [n x hidden_width()] of the last run
   std::vector<float> pending_hidden;  // [pending tokens x hidden_width()]
   GrowingRows<float> hidden_buf;      // the device rows of a run
@@ -1593,7 +1593,6 @@ void GpuSession::set_hidden_record(std::shared_ptr<HiddenRecord> record) {
     m.d_taps = taps;
     m.tap_of = std::move(tap_of);
     m.tap_layers = layers;
-    m.n_taps = layers.size();
     m.hidden_buf.release();  // rows of another width
     if (m.h_mhidden) cudaFreeHost(m.h_mhidden);
     m.h_mhidden = nullptr;

@@ -166,20 +166,17 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
                       c.rope_freq_base);
     }
     // Every block row attends to every context row it sees and every block row.
-    auto key = [&](size_t p, int kvh) {
-      return p < seen ? k_[l].data() + (first + p) * row + static_cast<size_t>(kvh) * hd
-                      : kb.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
-    };
-    auto value = [&](size_t p, int kvh) {
-      return p < seen ? v_[l].data() + (first + p) * row + static_cast<size_t>(kvh) * hd
-                      : vb.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
+    // Key p's head kvh in the context rows (ctx) or the block's (blk), for keys and values alike.
+    auto at = [&](const std::vector<float>& ctx, const std::vector<float>& blk, size_t p, int kvh) {
+      return p < seen ? ctx.data() + (first + p) * row + static_cast<size_t>(kvh) * hd
+                      : blk.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
     };
     for (int j = 0; j < B; ++j)
       for (int hh = 0; hh < c.n_head; ++hh) {
         const float* qh = q.data() + j * qw + static_cast<size_t>(hh) * hd;
         const int kvh = hh / per_kv;
         for (size_t p = 0; p < n_keys; ++p) {
-          const float* kp = key(p, kvh);
+          const float* kp = at(k_[l], kb, p, kvh);
           float s = 0;
           for (int i = 0; i < hd; ++i) s += qh[i] * kp[i];
           scores[p] = s * scale;
@@ -188,7 +185,7 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
         float* oh = o.data() + j * qw + static_cast<size_t>(hh) * hd;
         std::fill(oh, oh + hd, 0.0f);
         for (size_t p = 0; p < n_keys; ++p) {
-          const float* vp = value(p, kvh);
+          const float* vp = at(v_[l], vb, p, kvh);
           for (int i = 0; i < hd; ++i) oh[i] += scores[p] * vp[i];
         }
       }
