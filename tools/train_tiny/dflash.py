@@ -10,8 +10,11 @@ each of `target_layers` (L of them); the target's embedding and output matrix ar
 import math
 import struct
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+import plan
 
 
 def rms(x, w, eps):
@@ -164,9 +167,92 @@ def _gguf_kv(key, value):
     return out + struct.pack("<IQ", 10, int(value))  # uint64
 
 
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+
+
+def q8_0_bytes(a):
+    """GGML Q8_0 of a float array whose rows are multiples of 32 long: per block of 32, a float16 scale
+    d = max|x| / 127 and 32 int8 values round(x / d)."""
+    b = np.asarray(a, dtype=np.float32).reshape(-1, 32)
+    d = np.abs(b).max(axis=1) / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+    out = np.empty(len(b), dtype=[("d", "<f2"), ("q", "i1", 32)])
+    out["d"] = d.astype(np.float16)
+    out["q"] = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
+    return out.tobytes()
+
+
+def q8_0_values(raw, n):
+    """The n floats of Q8_0 bytes."""
+    blocks = np.frombuffer(raw, dtype=[("d", "<f2"), ("q", "i1", 32)], count=n // 32)
+    return (blocks["q"].astype(np.float32) * blocks["d"].astype(np.float32)[:, None]).reshape(-1)
+
+
+def stored_type(shape):
+    """What the export stores a tensor as: matrices whose rows are multiples of 32 Q8_0 (other matrices
+    F16), vectors F32."""
+    if len(shape) != 2:
+        return GGML_F32
+    return GGML_Q8_0 if shape[-1] % 32 == 0 else GGML_F16
+
+
+def as_exported(w):
+    """A weight tensor rounded as the export stores it (for references computed on the shipped weights)."""
+    a = w.detach().float().cpu().numpy()
+    kind = stored_type(a.shape)
+    if kind == GGML_Q8_0:
+        a = q8_0_values(q8_0_bytes(a), a.size).reshape(a.shape)
+    elif kind == GGML_F16:
+        a = a.astype(np.float16).astype(np.float32)
+    return torch.from_numpy(a).to(w.device, w.dtype)
+
+
+def write_gguf(path, meta, tensors):
+    """GGUF v3, 32-byte aligned; tensors: (name, float array [out, in] or [n]) stored as stored_type says.
+    A matrix [out, in] is GGUF [in, out] (ne0 = in, the contiguous row)."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
+    head += b"".join(_gguf_kv(k, v) for k, v in meta.items())
+    blobs, offset = [], 0
+    for name, a in tensors:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        kind = stored_type(a.shape)
+        data = (q8_0_bytes(a) if kind == GGML_Q8_0 else a.astype("<f2" if kind == GGML_F16 else "<f4").tobytes())
+        ne = list(reversed(a.shape))
+        head += _gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        head += struct.pack("<IQ", kind, offset)
+        blobs.append(data)
+        offset += len(data)
+        pad = (-offset) % 32
+        blobs.append(b"\0" * pad)
+        offset += pad
+    with open(path, "wb") as f:
+        f.write(head)
+        f.write(b"\0" * ((-len(head)) % 32))
+        for blob in blobs:
+            f.write(blob)
+
+
+def read_gguf(path):
+    """The metadata and float tensors of a file write_gguf wrote: (meta, [(name, array [out, in] or [n])])."""
+    meta, infos, data_start = plan.read_gguf(path)
+    with open(path, "rb") as f:
+        buf = f.read()
+    tensors = []
+    for name, ne, kind, off in infos:
+        shape, n = list(reversed(ne)), int(np.prod(ne))
+        raw = buf[data_start + off:]
+        if kind == GGML_Q8_0:
+            a = q8_0_values(raw, n)
+        elif kind in (GGML_F16, GGML_F32):
+            a = np.frombuffer(raw, dtype="<f2" if kind == GGML_F16 else "<f4", count=n).astype(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name} has type {kind}, not one write_gguf writes")
+        tensors.append((name, a.reshape(shape)))
+    return meta, tensors
+
+
 def export_gguf(model, path, extra=None):
-    """Writes the drafter as strata loads it: matrices F16, norms and the mask F32; GGUF v3, 32-byte
-    aligned. Linear weights [out, in] are GGUF [in, out] (ne0 = in, the contiguous row)."""
+    """Writes the drafter as strata loads it: matrices Q8_0 (stored_type), norms and the mask F32."""
     c = model.cfg
     meta = {"general.architecture": "dflash", "general.name": "strata DFlash drafter",
             "dflash.embedding_length": c["d"], "dflash.block_count": c["n_layer"],
@@ -187,23 +273,4 @@ def export_gguf(model, path, extra=None):
                     (b + "attn_v.weight", L.wv.weight), (b + "attn_output.weight", L.wo.weight),
                     (b + "ffn_gate.weight", L.gate.weight), (b + "ffn_up.weight", L.up.weight),
                     (b + "ffn_down.weight", L.down.weight)]
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
-    head += b"".join(_gguf_kv(k, v) for k, v in meta.items())
-    blobs, offset = [], 0
-    for name, t in tensors:
-        t = t.detach().float().cpu()
-        f16 = t.dim() == 2
-        data = (t.half() if f16 else t).contiguous().numpy().tobytes()
-        ne = list(reversed(t.shape))
-        head += _gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
-        head += struct.pack("<IQ", 1 if f16 else 0, offset)
-        blobs.append(data)
-        offset += len(data)
-        pad = (-offset) % 32
-        blobs.append(b"\0" * pad)
-        offset += pad
-    with open(path, "wb") as f:
-        f.write(head)
-        f.write(b"\0" * ((-len(head)) % 32))
-        for blob in blobs:
-            f.write(blob)
+    write_gguf(path, meta, [(n, t.detach().float().cpu().numpy()) for n, t in tensors])

@@ -131,7 +131,7 @@ class DFlashTorch(unittest.TestCase):
             self.assertEqual(meta["dflash.context_length"], 0)
             by = {n: (dims, t, off) for n, dims, t, off in infos}
             self.assertEqual(by["fc.weight"][0], [48, 24])  # ne0 = the row (input) length
-            self.assertEqual(by["fc.weight"][1], 1)         # F16
+            self.assertEqual(by["fc.weight"][1], 1)         # F16: rows of 48, not whole Q8_0 blocks
             self.assertEqual(by["blk.1.ffn_down.weight"][0], [20, 24])
             self.assertEqual(by["output_norm.weight"][1], 0)  # F32
             dims, _, off = by["mask_embd.weight"]
@@ -140,6 +140,28 @@ class DFlashTorch(unittest.TestCase):
                 got = np.frombuffer(f.read(4 * 24), dtype="<f4")
             self.assertTrue(np.allclose(got, m.mask.detach().float().numpy()))
             self.assertEqual(data_start % 32, 0)
+            # Every tensor reads back as the export rounds it.
+            meta2, tensors = D.read_gguf(path)
+            self.assertEqual(meta2["dflash.block_size"], 4)
+            got = dict(tensors)
+            self.assertTrue(np.array_equal(got["fc.weight"], D.as_exported(m.fc.weight).numpy()))
+            self.assertTrue(np.array_equal(got["mask_embd.weight"], m.mask.detach().float().numpy()))
+
+    def test_q8_0_rounding(self):
+        a = np.random.default_rng(3).normal(size=(5, 64)).astype(np.float32)
+        a[2, :32] = 0  # an all-zero block
+        raw = D.q8_0_bytes(a)
+        self.assertEqual(len(raw), 10 * 34)
+        back = D.q8_0_values(raw, a.size).reshape(a.shape)
+        scale = np.abs(a.reshape(-1, 32)).max(1) / 127
+        err = np.abs(back - a).reshape(-1, 32).max(1)
+        # half a step, plus the scale's float16 rounding (2^-11 relative) times the largest value, 127
+        self.assertTrue(np.all(err <= scale * (0.5 + 127 * 2.0 ** -11)))
+        self.assertTrue(np.all(back[2, :32] == 0))
+        self.assertGreater(np.abs(back - a).max(), 0)  # it did round
+        self.assertEqual(D.stored_type((7, 64)), D.GGML_Q8_0)
+        self.assertEqual(D.stored_type((7, 48)), D.GGML_F16)
+        self.assertEqual(D.stored_type((64,)), D.GGML_F32)
 
 
 if __name__ == "__main__":

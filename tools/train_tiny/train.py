@@ -1470,7 +1470,7 @@ def main():
         log(f"  prompt {text[:40]!r}: {len(ids)} ids -> {tok.decode(new)[:60]!r} (min margin {min(margins):.3f})")
     logits_cat = np.concatenate(all_logits, axis=0)
     assert logits_cat.shape == (row, args.vocab)
-    logits_cat.astype("<f4").tofile(os.path.join(out_dir, "reference_logits.bin"))
+    logits_cat.astype("<f2").tofile(os.path.join(out_dir, "reference_logits.bin"))  # half: a small fixture
     timings["reference_s"] = time.time() - t
 
     # Tokenizer as transformers loads it (non-fatal cross-check).
@@ -1498,7 +1498,7 @@ def main():
         "n_new_tokens": N_GREEDY,
         "eos_token_id": eot,
         "note": "greedy_ids always has n_new_tokens entries (generation does not stop at EOS); "
-                "reference_logits.bin is float32 little-endian [sum of prompt lengths x vocab]; "
+                "reference_logits.bin is float16 little-endian [sum of prompt lengths x vocab]; "
                 "prompt p occupies rows logits_rows[0]..logits_rows[1]-1, row t = logits after prompt token t",
         "vocab_size": args.vocab,
         "prompts": refs,

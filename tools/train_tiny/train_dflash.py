@@ -17,7 +17,7 @@ tokenizer.json) and its exported hf/ directory:
 
 Outputs in --out: dflash.gguf, dflash_reference.json (for each of train.py's prompts: the drafter's
 top-5 ids and logits at every block position, the context being the prompt without its last token and
-the anchor that token; float32 on the exported F16 weights), train_log.json.
+the anchor that token; float32 on the weights as exported), train_log.json.
 """
 
 import time
@@ -178,13 +178,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     gguf = os.path.join(args.out, "dflash.gguf")
     D.export_gguf(model, gguf)
-    # References on the exported (F16-rounded) weights, in float32 (TF32 off).
+    # References on the weights as exported (dflash.stored_type), in float32 (TF32 off).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear):
-                mod.weight.copy_(mod.weight.half().float())
+                mod.weight.copy_(D.as_exported(mod.weight))
     tok = TR.Tokenizer.from_file(os.path.join(args.data, "tokenizer.json"))
     refs = []
     for prompt in TR.PROMPTS:
