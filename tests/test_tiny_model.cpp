@@ -157,6 +157,10 @@ TEST(TinyModel, GreedyContinuationEqualsHf) {
   }
 }
 
+// Bounds on top_kl: each row's leaves room for Q8_0 rounding; the mean's also catches a logit scale 10% off,
+// which a row bound that loose lets through.
+constexpr double kTopKlRow = 0.02, kTopKlMean = 5e-4;
+
 // KL divergence of ours from the reference over the reference's top entries ([[id, logit], ...]), each
 // side renormalised over those ids: what speculation's acceptance depends on, and blind to a shift of
 // every logit.
@@ -178,8 +182,8 @@ double top_kl(const nlohmann::json& top, const float* ours) {
 
 // The MTP head: row t takes the trunk's final hidden state at t and the prompt token t + 1, and ranks
 // the token at t + 2; its top-1 must be the reference's wherever that is not a near tie, and its
-// distribution over the reference's top five close to the reference's. Q8_0 rounding moves single
-// logits several tenths, far below the top-1, where they matter least.
+// distribution over the reference's top five close to the reference's: every row within a bound that
+// leaves room for Q8_0 rounding, and the mean far below what a wrong logit scale gives.
 TEST(TinyModel, MtpHeadMatchesHf) {
   std::ifstream in(kFixtures / "mtp_reference.json");
   ASSERT_TRUE(in) << "missing mtp_reference.json";
@@ -189,7 +193,7 @@ TEST(TinyModel, MtpHeadMatchesHf) {
   const int64_t vocab = model->config().n_vocab;
   const size_t d = static_cast<size_t>(model->config().n_embd);
   int compared = 0;
-  double worst_kl = 0;
+  double worst_kl = 0, sum_kl = 0;
   for (const auto& p : ref["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const int n = static_cast<int>(ids.size());
@@ -215,19 +219,22 @@ TEST(TinyModel, MtpHeadMatchesHf) {
       }
       const double kl = top_kl(top5, logits.data());
       worst_kl = std::max(worst_kl, kl);
-      EXPECT_LE(kl, 0.02) << p["prompt"] << " row " << t;
+      sum_kl += kl;
+      EXPECT_LE(kl, kTopKlRow) << p["prompt"] << " row " << t;
       ++compared;
     }
   }
-  std::printf("MTP head over %d rows: worst KL on the reference's top five %.3g nats\n", compared, worst_kl);
+  std::printf("MTP head over %d rows: KL on the reference's top five worst %.3g, mean %.3g nats\n", compared,
+              worst_kl, sum_kl / compared);
   EXPECT_GT(compared, 20);
+  EXPECT_LE(sum_kl / compared, kTopKlMean);
 }
 
 // The bundled DFlash drafter (models/strata-tiny.dflash.gguf) against its trainer's forward: for each
 // prompt the context is the taps of every prompt token but the last, which is the anchor; every block
 // position's top-1 must be the reference's wherever that is not a near tie, and its distribution over
-// the reference's top five close to the reference's (the reference computes the target in float32 on
-// its bf16 weights and the drafter on its F16 weights; we compute both on their Q8_0 files).
+// the reference's top five close to the reference's (the reference runs the target in float32 on its
+// bf16 weights; we run both on their Q8_0 files).
 TEST(TinyModel, DFlashDrafterMatchesTorch) {
   std::ifstream in(kFixtures / "dflash_reference.json");
   ASSERT_TRUE(in) << "missing dflash_reference.json";
@@ -239,7 +246,7 @@ TEST(TinyModel, DFlashDrafterMatchesTorch) {
   ASSERT_EQ(c.block, ref["block"].get<int>());
   const size_t vocab = static_cast<size_t>(model->config().n_vocab);
   int compared = 0;
-  double worst_kl = 0;
+  double worst_kl = 0, sum_kl = 0;
   for (const auto& p : ref["prompts"]) {
     const auto ids = p["ids"].get<std::vector<int32_t>>();
     const int n = static_cast<int>(ids.size()) - 1;
@@ -263,13 +270,15 @@ TEST(TinyModel, DFlashDrafterMatchesTorch) {
       }
       const double kl = top_kl(top, row);
       worst_kl = std::max(worst_kl, kl);
-      EXPECT_LE(kl, 0.02) << p["prompt"] << " position " << j;
+      sum_kl += kl;
+      EXPECT_LE(kl, kTopKlRow) << p["prompt"] << " position " << j;
       ++compared;
     }
   }
-  std::printf("DFlash drafter over %d block positions: worst KL on the reference's top five %.3g nats\n", compared,
-              worst_kl);
+  std::printf("DFlash drafter over %d block positions: KL on the reference's top five worst %.3g, mean %.3g nats\n",
+              compared, worst_kl, sum_kl / compared);
   EXPECT_GT(compared, 20);
+  EXPECT_LE(sum_kl / compared, kTopKlMean);
 }
 
 }  // namespace

@@ -174,10 +174,11 @@ def q8_0_bytes(a):
     """GGML Q8_0 of a float array whose rows are multiples of 32 long: per block of 32, a float16 scale
     d = max|x| / 127 and 32 int8 values round(x / d)."""
     b = np.asarray(a, dtype=np.float32).reshape(-1, 32)
-    d = np.abs(b).max(axis=1) / 127.0
-    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+    d16 = (np.abs(b).max(axis=1) / np.float32(127.0)).astype(np.float16)
+    d = d16.astype(np.float32)  # codes against the stored scale, as strata's quantizer chooses them
+    inv = np.divide(np.float32(1.0), d, out=np.zeros_like(d), where=d > 0)
     out = np.empty(len(b), dtype=[("d", "<f2"), ("q", "i1", 32)])
-    out["d"] = d.astype(np.float16)
+    out["d"] = d16
     out["q"] = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
     return out.tobytes()
 
@@ -235,8 +236,9 @@ def write_gguf(path, meta, tensors):
 def read_gguf(path):
     """The metadata and float tensors of a file write_gguf wrote: (meta, [(name, array [out, in] or [n])])."""
     meta, infos, data_start = plan.read_gguf(path)
+    meta.pop("__version__", None)  # plan's, not a key of the file
     with open(path, "rb") as f:
-        buf = f.read()
+        buf = memoryview(f.read())
     tensors = []
     for name, ne, kind, off in infos:
         shape, n = list(reversed(ne)), int(np.prod(ne))
