@@ -154,11 +154,7 @@ void setup_serve(CLI::App& sub) {
                        spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
                        : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
                        : spec_choice.kind == strata::SpecKind::DFlash
-                           ? ("DFlash drafter " +
-                              (spec_choice.draft_path.empty() ? strata::dflash_path_for(target.file().path())
-                                                              : spec_choice.draft_path) +
-                              " (cpu)")
-                                 .c_str()
+                           ? ("DFlash drafter " + strata::dflash_file(spec_choice, target) + " (cpu)").c_str()
                            : ("draft model " + spec_choice.draft_path + (draft_gpu ? " (cuda)" : " (cpu)")).c_str(),
                        spec_choice.params.draft_max);
         }

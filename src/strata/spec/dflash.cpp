@@ -149,8 +149,12 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
   const size_t first = c.context > 0 && n_ctx_ > c.context ? static_cast<size_t>(n_ctx_ - c.context) : 0;
   const size_t seen = static_cast<size_t>(n_ctx_) - first;
   const size_t row = static_cast<size_t>(c.n_head_kv) * hd, n_keys = seen + B;
-  std::vector<float> x(B * d), h(B * d), q(B * qw), kb(B * row), vb(B * row), o(B * qw), y(B * d);
+  std::vector<float> x(B * d), h(B * d), q(B * qw), o(B * qw), y(B * d);
   std::vector<float> g(static_cast<size_t>(B) * c.n_ff), u(g.size()), scores(n_keys);
+  // Every block row attends to every context row it sees and every block row: per layer, those keys
+  // and values side by side, the context's first, the block's after them at `blk`.
+  std::vector<float> keys(n_keys * row), vals(n_keys * row);
+  const size_t blk = seen * row;
   embed_tokens(m_.target().weights().token_embd, &anchor, 1, x.data());
   for (int j = 1; j < B; ++j) std::copy(m_.mask.begin(), m_.mask.end(), x.begin() + static_cast<std::ptrdiff_t>(j * d));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -158,36 +162,22 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
     const DFlashLayer& L = m_.layers[l];
     rmsnorm_rows(x.data(), L.attn_norm.data(), c.rms_eps, B, c.n_embd, h.data());
     matmul(L.wq, h.data(), B, q.data());
-    matmul(L.wk, h.data(), B, kb.data());
-    matmul(L.wv, h.data(), B, vb.data());
+    matmul(L.wk, h.data(), B, keys.data() + blk);
+    matmul(L.wv, h.data(), B, vals.data() + blk);
     for (int j = 0; j < B; ++j) {
       norm_rope_heads(q.data() + j * qw, c.n_head, hd, L.q_norm, c.rms_eps, c.rope_dims, end() + j, c.rope_freq_base);
-      norm_rope_heads(kb.data() + j * row, c.n_head_kv, hd, L.k_norm, c.rms_eps, c.rope_dims, end() + j,
+      norm_rope_heads(keys.data() + blk + j * row, c.n_head_kv, hd, L.k_norm, c.rms_eps, c.rope_dims, end() + j,
                       c.rope_freq_base);
     }
-    // Every block row attends to every context row it sees and every block row.
-    // Key p's head kvh in the context rows (ctx) or the block's (blk), for keys and values alike.
-    auto at = [&](const std::vector<float>& ctx, const std::vector<float>& blk, size_t p, int kvh) {
-      return p < seen ? ctx.data() + (first + p) * row + static_cast<size_t>(kvh) * hd
-                      : blk.data() + (p - seen) * row + static_cast<size_t>(kvh) * hd;
-    };
+    std::copy_n(k_[l].data() + first * row, blk, keys.data());
+    std::copy_n(v_[l].data() + first * row, blk, vals.data());
     for (int j = 0; j < B; ++j)
       for (int hh = 0; hh < c.n_head; ++hh) {
-        const float* qh = q.data() + j * qw + static_cast<size_t>(hh) * hd;
-        const int kvh = hh / per_kv;
-        for (size_t p = 0; p < n_keys; ++p) {
-          const float* kp = at(k_[l], kb, p, kvh);
-          float s = 0;
-          for (int i = 0; i < hd; ++i) s += qh[i] * kp[i];
-          scores[p] = s * scale;
-        }
-        softmax_inplace(scores.data(), static_cast<int64_t>(n_keys));
-        float* oh = o.data() + j * qw + static_cast<size_t>(hh) * hd;
-        std::fill(oh, oh + hd, 0.0f);
-        for (size_t p = 0; p < n_keys; ++p) {
-          const float* vp = at(v_[l], vb, p, kvh);
-          for (int i = 0; i < hd; ++i) oh[i] += scores[p] * vp[i];
-        }
+        const size_t kv_off = static_cast<size_t>(hh / per_kv) * hd;
+        attend_one_head(q.data() + j * qw + static_cast<size_t>(hh) * hd,
+                        f32_kv_head(keys.data() + kv_off, static_cast<int64_t>(row)),
+                        f32_kv_head(vals.data() + kv_off, static_cast<int64_t>(row)), static_cast<int64_t>(n_keys), hd,
+                        scale, scores.data(), o.data() + j * qw + static_cast<size_t>(hh) * hd);
       }
     matmul(L.wo, o.data(), B, y.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];

@@ -53,6 +53,10 @@ std::string dflash_path_for(const std::string& model_path) {
   return (has_ext ? model_path.substr(0, model_path.size() - ext.size()) : model_path) + ".dflash.gguf";
 }
 
+std::string dflash_file(const SpecChoice& choice, const Model& target) {
+  return choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
+}
+
 int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp ? 3 : 16; }
 
 SamplerParams draft_sampling(const SamplerParams& target) {
@@ -78,7 +82,7 @@ DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, c
     fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
          ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
   if (kind_ == SpecKind::DFlash) {
-    const std::string path = choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
+    const std::string path = dflash_file(choice, target);
     if (choice.draft_path.empty() && !std::filesystem::exists(path))
       fail("--spec dflash: no drafter next to the model (", path, "); pass --spec dflash:FILE");
     dflash_ = DFlashModel::load(path, target);

@@ -50,6 +50,8 @@ SpecChoice check_spec_options(const SpecOptions& o);
 
 // The DFlash drafter `--spec dflash` (no file) takes for a model: FILE.gguf -> FILE.dflash.gguf.
 std::string dflash_path_for(const std::string& model_path);
+// The drafter file a DFlash choice drafts with: its FILE, or the target's own (dflash_path_for).
+std::string dflash_file(const SpecChoice& choice, const Model& target);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
