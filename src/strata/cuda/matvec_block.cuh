@@ -256,9 +256,10 @@ static __device__ void stage_x(const float* x, int n, float* xs, float* s16, con
 
 // The end of a tile row: the G lanes of a row add their partial sums (across warps through red[] /
 // red2[] when G > 32, in warp order), and lane 0 stores the row by the job's mode.
-// y: the job's output (J.y, or its token's rows in a token-grid launch).
+// y: the job's output (J.y, or its token's rows in a token-grid launch). y_old: y[row] read earlier by
+// the caller (Accumulate), or null to read it here.
 __device__ __forceinline__ void finish_row(const DJob& J, float* y, int row, bool live, int sub, int G, bool skip,
-                                           float a, float a2, float* red, float* red2) {
+                                           float a, float a2, float* red, float* red2, const float* y_old = nullptr) {
   for (int o = (G < 32 ? G : 32) >> 1; o > 0; o >>= 1) {
     a += __shfl_xor_sync(0xffffffffu, a, o);
     a2 += __shfl_xor_sync(0xffffffffu, a2, o);
@@ -287,7 +288,7 @@ __device__ __forceinline__ void finish_row(const DJob& J, float* y, int row, boo
     } else if (J.mode == GemvMode::Store) {
       y[row] = J.conv_w ? conv_silu_channel(J, row, a) : a;
     } else if (J.mode == GemvMode::Accumulate) {
-      y[row] = __ldcg(y + row) + a;
+      y[row] = (y_old ? *y_old : __ldcg(y + row)) + a;
     } else {
       y[row] = silu_dev(a) * a2;
     }
@@ -475,6 +476,10 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
       st.note_staged(J, want_s16, i8a || i8b);
     }
     float a = 0.0f, a2 = 0.0f;
+    // The residual's old value is read before the row's weights, so its L2 round trip overlaps theirs
+    // (single-token launches: the token grid's registers have no room for it).
+    const bool early = !Tokens && J.mode == GemvMode::Accumulate && live && sub == 0 && !skip;
+    const float y_old = early ? __ldcg(J.y + tok * J.y_ts + row) : 0.0f;
     const uint8_t* ra = base + static_cast<size_t>(row_c) * J.row_bytes;
     if (skip) {  // block-uniform: the whole tile is one job's expert
     } else if (J.mode != GemvMode::SwigluPair) {
@@ -488,7 +493,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
         a2 = rows::row_dot_rolled(J.type2, i8b, rb, J.n_cols, X, sub, G);
       }
     }
-    finish_row(J, J.y + tok * J.y_ts, row, live, sub, G, skip, a, a2, S.red, S.red2);
+    finish_row(J, J.y + tok * J.y_ts, row, live, sub, G, skip, a, a2, S.red, S.red2, Tokens ? nullptr : &y_old);
   }
   if (rin.logits && blockIdx.x == 0 && st.routed_from != rin.logits) {  // block-uniform
     route_block<Tokens>(rin, S.route_ids, true);

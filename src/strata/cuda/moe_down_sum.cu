@@ -168,12 +168,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
   const rows::XStage X = stage_view(smem, L);
   const int warp = t >> 5, lane = t & 31;
   for (int row = blockIdx.x * kRowsPerBlock + warp; row < a.d; row += gridDim.x * kRowsPerBlock) {
+    // The residual's old value is read before the row's weights, so its L2 round trip overlaps theirs.
+    const float x_old = lane == 0 ? __ldcg(a.x + tok * a.x_ts + row) : 0.0f;
     float acc = slots_dot(a.type, i8r, base, scale, n_hot, static_cast<size_t>(row) * a.row_bytes, a.ff, X, lane);
     if (a.shared)
       acc += slots_dot(a.shared_type, i8s, base + n_hot, scale + n_hot, 1, static_cast<size_t>(row) * a.shared_row_bytes,
                        a.shared_ff, shifted(X, n_r), lane);
     acc = warp_sum(acc);
-    if (lane == 0) a.x[tok * a.x_ts + row] = __ldcg(a.x + tok * a.x_ts + row) + acc;
+    if (lane == 0) a.x[tok * a.x_ts + row] = x_old + acc;
   }
 }
 

@@ -46,12 +46,22 @@ static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int 
   const int lane = threadIdx.x & 31;
   auto score = [&](int i) { return sigmoid_score(__ldcg(logits + i), rule); };
   if (n_expert <= 32 * kRouteRegs) {
+    // Every logit and bias load is issued before the first score: the scores' branches (tanhf, expf)
+    // kept the compiler from hoisting them, and the block's other warps waited for sixteen L2 round
+    // trips one after another.
+    float lg[kRouteRegs], bs[kRouteRegs];
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m) {
+      const int i = min(lane + 32 * m, n_expert - 1);  // past the experts: a valid address, value unused
+      lg[m] = __ldcg(logits + i);
+      bs[m] = rule.bias ? __ldg(rule.bias + i) : 0.0f;
+    }
     float sc[kRouteRegs], key[kRouteRegs];
 #pragma unroll
     for (int m = 0; m < kRouteRegs; ++m) {
       const int i = lane + 32 * m;
-      sc[m] = i < n_expert ? score(i) : 0.0f;
-      key[m] = i < n_expert ? (rule.bias ? sc[m] + __ldg(rule.bias + i) : sc[m]) : -INFINITY;
+      sc[m] = i < n_expert ? sigmoid_score(lg[m], rule) : 0.0f;
+      key[m] = i < n_expert ? (rule.bias ? sc[m] + bs[m] : sc[m]) : -INFINITY;
     }
     for (int j = 0; j < k; ++j) {
       float best = key[0], best_sc = sc[0];
