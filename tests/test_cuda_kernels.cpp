@@ -1562,6 +1562,93 @@ TEST(CudaKernels, ConvSiluTokensEqualsFusedConvProjectionPerToken) {
   }
 }
 
+// attention_decode_split with an AttnPrep (the decode step's attention in one launch) equals attn_prep
+// followed by attention_decode_split, bit for bit, in the outputs and both caches: f32 and f16 caches;
+// one chunk and several, the current position alone in its chunk, chunks shorter than the launch's
+// largest; a sliding window over a ring whose current row overwrites an old one; partial rotary and
+// YaRN; a gate after the query (q rows of 2 * head_dim) and softplus gates per head; head_dim 128 and
+// 256 (Qwen3.5/3.6's); the query rows are left as they were.
+TEST(CudaKernels, AttentionWithPrepEqualsPrepThenAttentionBitwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(54);
+  const int n_head = 6, n_kv = 2;
+  struct Case {
+    int pos, window, rows, hd, rope_dims, max_ctx;
+    bool yarn, gate_after_query;
+    strata::KvCacheTypes kv;
+  };
+  const strata::KvCacheTypes f32{strata::KvType::F32, strata::KvType::F32};
+  const strata::KvCacheTypes f16{strata::KvType::F16, strata::KvType::F16};
+  const Case cases[] = {
+      {5, 0, 0, 128, 128, 700, false, false, f32},      {5, 0, 0, 128, 64, 700, true, true, f16},
+      {400, 0, 0, 128, 128, 700, false, true, f16},     {400, 0, 0, 128, 64, 700, false, false, f32},
+      {650, 128, 160, 128, 128, 700, true, false, f16}, {650, 128, 160, 128, 128, 700, false, true, f32},
+      {90, 128, 160, 128, 64, 700, false, false, f16},  {32, 0, 0, 128, 128, 700, false, false, f16},
+      {20, 0, 0, 128, 128, 4096, false, true, f32},     {300, 0, 0, 256, 64, 700, false, true, f16},
+      {1000, 0, 0, 256, 64, 4096, true, true, f16}};
+  strata::RopeYarn yarn;
+  yarn.factor = 4.0f, yarn.orig_ctx = 256, yarn.beta_fast = 32.0f, yarn.beta_slow = 1.0f, yarn.mscale = 1.1386f;
+  // A cache of `n` values as stored (the CPU's own row conversion).
+  auto stored = [&](strata::KvType t, size_t n, float sd) {
+    const std::vector<float> x = randn(n, rng, sd);
+    std::vector<uint8_t> b(strata::kv_row_bytes(t, static_cast<int64_t>(n)));
+    strata::quantize_row(strata::kv_ggml_type(t), x.data(), b.data(), static_cast<int64_t>(n));
+    return b;
+  };
+  struct Run {
+    Dev<float> q, out, scratch;
+    Dev<uint8_t> kc, vc;
+    Dev<unsigned int> counters;
+    Run(const std::vector<float>& q0, const std::vector<uint8_t>& k0, const std::vector<uint8_t>& v0, size_t outn,
+        size_t scratch_n, size_t n_counters)
+        : q(q0), out(outn), scratch(scratch_n), kc(k0), vc(v0), counters(std::vector<unsigned int>(n_counters, 0u)) {}
+  };
+  for (const Case& cs : cases) {
+    const int hd = cs.hd, kv_width = n_kv * hd;
+    const int q_stride = cs.gate_after_query ? 2 * hd : hd;
+    const size_t cache_n = static_cast<size_t>(cs.rows > 0 ? cs.rows : cs.max_ctx) * kv_width;
+    const std::vector<float> q = randn(static_cast<size_t>(n_head) * q_stride, rng), kk = randn(kv_width, rng),
+                             vv = randn(kv_width, rng), qn = randn(hd, rng), kn = randn(hd, rng),
+                             gate = randn(n_head, rng);
+    const std::vector<uint8_t> k0 = stored(cs.kv.k, cache_n, 0.2f), v0 = stored(cs.kv.v, cache_n, 1.0f);
+    Dev<float> dqn(qn), dkn(kn), dg(gate), dkk(kk), dvv(vv);
+    Dev<int> dpos(std::vector<int>{cs.pos});
+    sc::AttnOutGate og;
+    if (cs.gate_after_query) {
+      og.kind = sc::AttnOutGate::SigmoidAfterQuery;
+    } else {
+      og.kind = sc::AttnOutGate::SoftplusPerHead, og.g = dg.p;
+    }
+    const float scale = 1.0f / std::sqrt(float(hd));
+    const strata::RopeYarn* y = cs.yarn ? &yarn : nullptr;
+    const size_t per = sc::attention_scratch_floats(n_head, hd, cs.max_ctx);
+    Run fused(q, k0, v0, static_cast<size_t>(n_head) * hd, per, n_head);
+    Run apart(q, k0, v0, static_cast<size_t>(n_head) * hd, per, n_head);
+    sc::AttnPrep prep;
+    prep.kk = dkk.p, prep.vv = dvv.p, prep.q_norm = dqn.p, prep.k_norm = dkn.p, prep.eps = 1e-6f;
+    prep.rope_dims = cs.rope_dims, prep.freq_base = 1e4f, prep.yarn = y;
+    sc::attention_decode_split(fused.q.p, q_stride, fused.kc.p, fused.vc.p, kv_width, n_head, n_kv, hd, scale, og,
+                               dpos.p, cs.max_ctx, fused.scratch.p, fused.counters.p, fused.out.p, nullptr, cs.kv,
+                               cs.window, cs.rows, {}, &prep);
+    sc::attn_prep(apart.q.p, q_stride, dkk.p, dvv.p, apart.kc.p, apart.vc.p, kv_width, n_head, n_kv, hd, dqn.p, dkn.p,
+                  1e-6f, cs.rope_dims, 1e4f, dpos.p, nullptr, cs.kv, cs.rows, y);
+    sc::attention_decode_split(apart.q.p, q_stride, apart.kc.p, apart.vc.p, kv_width, n_head, n_kv, hd, scale, og,
+                               dpos.p, cs.max_ctx, apart.scratch.p, apart.counters.p, apart.out.p, nullptr, cs.kv,
+                               cs.window, cs.rows);
+    const std::string what = "pos " + std::to_string(cs.pos) + " window " + std::to_string(cs.window) + " hd " +
+                             std::to_string(hd) + " max_ctx " + std::to_string(cs.max_ctx) + " " +
+                             strata::kv_type_name(cs.kv.k);
+    const std::vector<float> out = fused.out.get();
+    EXPECT_TRUE(bitwise_equal(out, apart.out.get())) << "outputs, " << what;
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); })) << what;
+    EXPECT_EQ(fused.kc.get(), apart.kc.get()) << "key cache, " << what;
+    EXPECT_EQ(fused.vc.get(), apart.vc.get()) << "value cache, " << what;
+    EXPECT_NE(fused.kc.get(), k0) << "the current key row was stored, " << what;
+    EXPECT_EQ(fused.q.get(), q) << "query rows untouched, " << what;
+    EXPECT_EQ(fused.counters.get(), std::vector<unsigned int>(n_head, 0u)) << what;
+  }
+}
+
 // The token grid of the multi-token step's attention and embedding: attn_prep + attention_decode_split
 // over T tokens at consecutive positions (one launch each; a sliding window, softplus gates per element,
 // a cache long enough for several chunks) equal, bit for bit, the two launches token by token; the
