@@ -4,7 +4,9 @@
 // 2,048-float vector (as a decode launch reads the residual stream), reduces it per block and reads
 // its own slice of B bytes of weights (0, 2, 6 or 12 MiB a step, never re-read: the weights come from
 // DRAM). Prints microseconds per step and the weight bandwidth; a streaming kernel over the same bytes
-// gives the floor. Run: build/launch_chain (CUDA builds only).
+// gives the floor. Last, the PDL chain again with each block staging its input as strata's decode
+// matvec does (RMSNorm with a double sum, the vector in shared memory, its int8 form per 32 values):
+// the difference is that staging's cost per launch. Run: build/launch_chain (CUDA builds only).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,22 +30,65 @@ constexpr int TH = 256;
 __device__ __forceinline__ void pdl_go() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float part[TH / 32];
+// The block's sum of v (every thread gets it), for float or double.
+template <class T>
+__device__ __forceinline__ T block_sum(T v) {
+  __shared__ T part[TH / 32];
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
-  float s = 0;
+  T s = 0;
   for (int i = 0; i < TH / 32; ++i) s += part[i];
   return s;
 }
 
-// One step's work for virtual block b of nb: read x (2048 floats, L2), reduce; read this block's slice of
-// the step's weights; write y[b % N].
+// A decode matvec block's staging of x (N floats, read through L2): rmsnorm with the sum in double,
+// the normed vector in shared memory, then its int8 form (per 32 values: amax over eight lanes, codes,
+// scale). Returns a value that depends on all of it.
+__device__ __forceinline__ float stage_like_strata(const float* x) {
+  __shared__ float xs[N];
+  __shared__ int8_t q[N];
+  __shared__ float d32[N / 32];
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float4 a[2];
+  double ss = 0.0;
+  for (int i = 0; i < 2; ++i) a[i] = __ldcg(x4 + threadIdx.x + i * TH);
+  for (int i = 0; i < 2; ++i)
+    ss += static_cast<double>(a[i].x) * a[i].x + static_cast<double>(a[i].y) * a[i].y +
+          static_cast<double>(a[i].z) * a[i].z + static_cast<double>(a[i].w) * a[i].w;
+  ss = block_sum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / N + 1e-6));
+  for (int i = 0; i < 2; ++i) {
+    const float4 t = make_float4(a[i].x * inv, a[i].y * inv, a[i].z * inv, a[i].w * inv);
+    reinterpret_cast<float4*>(xs)[threadIdx.x + i * TH] = t;
+  }
+  __syncthreads();
+  for (int base = 4 * threadIdx.x; base < N; base += 4 * TH) {
+    const float4 t = *reinterpret_cast<const float4*>(xs + base);
+    float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+    const float r = amax > 0.0f ? 127.0f / amax : 0.0f;
+    q[base] = static_cast<int8_t>(__float2int_rn(t.x * r));
+    q[base + 1] = static_cast<int8_t>(__float2int_rn(t.y * r));
+    q[base + 2] = static_cast<int8_t>(__float2int_rn(t.z * r));
+    q[base + 3] = static_cast<int8_t>(__float2int_rn(t.w * r));
+    if ((threadIdx.x & 7) == 0) d32[base >> 5] = amax / 127.0f;
+  }
+  __syncthreads();
+  return xs[threadIdx.x] + static_cast<float>(q[threadIdx.x]) * d32[threadIdx.x >> 5];
+}
+
+// One step's work for virtual block b of nb: read x (2048 floats, L2), reduce (kStage: stage it as
+// strata does); read this block's slice of the step's weights; write y[b % N].
+template <bool kStage = false>
 __device__ __forceinline__ void step_body(const float* x, float* y, const uint4* w, size_t per_block_u4, int b) {
   float v = 0;
-  for (int i = threadIdx.x; i < N; i += TH) v += __ldcg(x + i);
+  if constexpr (kStage) {
+    v = stage_like_strata(x);
+  } else {
+    for (int i = threadIdx.x; i < N; i += TH) v += __ldcg(x + i);
+  }
   unsigned acc = 0;
   const uint4* p = w + per_block_u4 * b;
   size_t i = threadIdx.x;
@@ -66,12 +111,13 @@ __device__ __forceinline__ void prefetch_slice(const uint4* w, size_t per_block_
   for (size_t o = threadIdx.x * 128; o < bytes; o += TH * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
 
+template <bool kStage = false>
 __global__ void __launch_bounds__(TH, 3)
     chain_kernel(const float* x, float* y, const uint4* w, size_t per_block_u4, int pf) {
   pdl_go();
   if (pf && per_block_u4) prefetch_slice(w, per_block_u4, blockIdx.x);
   pdl_wait();
-  step_body(x, y, w, per_block_u4, blockIdx.x);
+  step_body<kStage>(x, y, w, per_block_u4, blockIdx.x);
 }
 
 struct Bar {
@@ -188,6 +234,22 @@ int main() {
     return cfg;
   };
 
+  // A graph of `steps` dependent launches of kernel, step s reading the vector step s - 1 wrote and its
+  // own weights.
+  auto time_chain = [&](auto kernel, int nb, size_t per_block_u4, size_t step_u4, int pf, int pdl) {
+    return time_graph([&] {
+      for (int s = 0; s < steps; ++s) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = pdl;
+        const cudaLaunchConfig_t cfg = config(nb, at);
+        const float* x = bufs + (s & 1) * N;
+        float* y = bufs + ((s + 1) & 1) * N;
+        CK(cudaLaunchKernelEx(&cfg, kernel, x, y, (const uint4*)(w + step_u4 * s), per_block_u4, pf));
+      }
+    });
+  };
+
   for (size_t step_bytes : {(size_t)0, (size_t)2 << 20, (size_t)6 << 20, (size_t)12 << 20}) {
     for (int blocks_per_sm : {2, 3}) {
       const int nb = nsm * blocks_per_sm;
@@ -196,17 +258,7 @@ int main() {
       for (int pf : {0, 1}) {
         if (step_bytes == 0 && pf) continue;
         for (int pdl : {0, 1}) {
-          const float ms = time_graph([&] {
-            for (int s = 0; s < steps; ++s) {
-              cudaLaunchAttribute at[1];
-              at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-              at[0].val.programmaticStreamSerializationAllowed = pdl;
-              const cudaLaunchConfig_t cfg = config(nb, at);
-              const float* x = bufs + (s & 1) * N;
-              float* y = bufs + ((s + 1) & 1) * N;
-              CK(cudaLaunchKernelEx(&cfg, chain_kernel, x, y, (const uint4*)(w + step_u4 * s), per_block_u4, pf));
-            }
-          });
+          const float ms = time_chain(chain_kernel<false>, nb, per_block_u4, step_u4, pf, pdl);
           printf("chain   bytes/step %5.1f MB  blocks %3d  pf %d pdl %d : %7.2f us/step  (%6.0f GB/s)\n",
                  step_bytes / 1048576.0, nb, pf, pdl, ms * 1000 / steps, step_bytes * steps / (ms * 1e6));
         }
@@ -229,6 +281,15 @@ int main() {
       printf("stream  %.0f MB in one kernel: %.1f GB/s\n", step_bytes * steps / 1048576.0,
              step_bytes * steps / (ms * 1e6));
     }
+  }
+  // The PDL chain with and without strata's staging of the input in every block.
+  for (size_t step_bytes : {(size_t)0, (size_t)6 << 20}) {
+    const int nb = nsm * 2;
+    const size_t per_block_u4 = step_bytes / 16 / nb, step_u4 = step_bytes / 16;
+    const float plain = time_chain(chain_kernel<false>, nb, per_block_u4, step_u4, 1, 1);
+    const float staged = time_chain(chain_kernel<true>, nb, per_block_u4, step_u4, 1, 1);
+    printf("staging bytes/step %5.1f MB  blocks %3d  pf 1 pdl 1 : %7.2f us/step plain, %7.2f staged\n",
+           step_bytes / 1048576.0, nb, plain * 1000 / steps, staged * 1000 / steps);
   }
   CK(cudaDeviceSynchronize());
   return 0;
