@@ -138,6 +138,14 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
 constexpr int kAttnMinChunk = 32;
 // Most chunks of one head (attention_splits; the merge keeps each chunk's statistics in shared memory).
 constexpr int kAttnMaxSplits = 128;
+// Threads of an attention block; a fused prep normalises a head with one thread per dim, so it takes
+// head_dim <= kAttnThreads (attention_prep_fuses).
+constexpr int kAttnThreads = 256;
+
+// attn_prep's shape rule, for its own launch and for the attention launch that does its work.
+void check_prep_shape(int head_dim, int max_head_dim, int rope_dims, const char* what) {
+  check_arg(head_dim <= max_head_dim && rope_dims <= head_dim && rope_dims % 2 == 0, what);
+}
 
 // Positions per chunk when n_ctx positions are split S ways: the kernel's rule for the live context and
 // the launcher's for the largest chunk (its shared memory), one formula so the two cannot drift apart.
@@ -549,7 +557,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     v_now = reinterpret_cast<TV*>(buf + 2 * head_dim);
     norm_rope_head_cs(qh, sq, head_dim, prep.p.q_norm, prep.p.eps, prep.p.rope_dims, cs, buf);
     if (p1 == n_ctx) {  // block-uniform: this chunk holds the current position
-      __syncthreads();  // buf is free again
+      // buf is reused: block_sum_d's barriers inside come before the key's writes to it.
       const float* kg = prep.p.kk + static_cast<int64_t>(g) * head_dim;
       norm_rope_head_cs(kg, k_now, head_dim, prep.p.k_norm, prep.p.eps, prep.p.rope_dims, cs, buf);
       for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
@@ -786,7 +794,7 @@ void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, vo
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
                const RopeYarn* yarn, const AttnTokens& tokens) {
-  check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
+  check_prep_shape(head_dim, 1024, rope_dims, "attn_prep: head_dim/rope_dims");
   check_arg(tokens.n >= 1, "attn_prep: at least one token");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
   const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
@@ -935,12 +943,11 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
   const int S = attention_splits(max_ctx);
   check_arg(S <= kAttnMaxSplits, "attention_decode_split: a context this long needs more chunks than the merge holds");
   const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
-  constexpr int kThreads = 256;
   PrepDev pd;
   if (prep) {
     check_arg(attention_prep_fuses(tokens, head_dim),
               "attention_decode_split: a fused prep takes one token, no tree or row base, head_dim <= 256");
-    check_arg(prep->rope_dims <= head_dim && prep->rope_dims % 2 == 0, "attention_decode_split: rope_dims");
+    check_prep_shape(head_dim, kAttnThreads, prep->rope_dims, "attention_decode_split: head_dim/rope_dims");
     pd.p = *prep;
     pd.yarn = yarn_dev(prep->yarn, prep->rope_dims, prep->freq_base);
   }
@@ -949,9 +956,9 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
     using TK = decltype(tk);
     using TV = decltype(tv);
     auto launch = [&](auto kernel) {
-      launch_pdl("attention_decode_split", kernel, dim3(n_head, S, tokens.n), dim3(kThreads), smem, s, q, q_head_stride,
-                 static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride, n_head / n_head_kv,
-                 head_dim, scale, gate, pos, window, rows, scratch, counters, out, tokens, pd);
+      launch_pdl("attention_decode_split", kernel, dim3(n_head, S, tokens.n), dim3(kAttnThreads), smem, s, q,
+                 q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
+                 n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out, tokens, pd);
     };
     if (prep) {
       launch(attn_split_kernel<TK, TV, true>);
@@ -962,7 +969,7 @@ void attention_decode_split(const float* q, int q_head_stride, const void* k_cac
 }
 
 bool attention_prep_fuses(const AttnTokens& tokens, int head_dim) {
-  return tokens.n == 1 && tokens.path == nullptr && tokens.base == nullptr && head_dim <= 256;
+  return tokens.n == 1 && tokens.path == nullptr && tokens.base == nullptr && head_dim <= kAttnThreads;
 }
 
 }  // namespace strata::cuda
