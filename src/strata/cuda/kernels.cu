@@ -138,14 +138,6 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, bool norm
 constexpr int kAttnMinChunk = 32;
 // Most chunks of one head (attention_splits; the merge keeps each chunk's statistics in shared memory).
 constexpr int kAttnMaxSplits = 128;
-// Threads of an attention block; a fused prep normalises a head with one thread per dim, so it takes
-// head_dim <= kAttnThreads (attention_prep_fuses).
-constexpr int kAttnThreads = 256;
-
-// attn_prep's shape rule, for its own launch and for the attention launch that does its work.
-void check_prep_shape(int head_dim, int max_head_dim, int rope_dims, const char* what) {
-  check_arg(head_dim <= max_head_dim && rope_dims <= head_dim && rope_dims % 2 == 0, what);
-}
 
 // Positions per chunk when n_ctx positions are split S ways: the kernel's rule for the live context and
 // the launcher's for the largest chunk (its shared memory), one formula so the two cannot drift apart.
@@ -476,25 +468,11 @@ __device__ __forceinline__ float out_gate(const AttnOutGate& G, const float* qh,
   }
 }
 
-// attn_prep's work for one token, done by the attention blocks themselves (attention_decode_split with
-// an AttnPrep): its inputs, and its rotary's YaRN parameters for the device (p.yarn is host memory).
-struct PrepDev {
-  AttnPrep p;
-  YarnDev yarn;
-};
-
-// kPrep (one token, no tree): q holds the raw query rows and the cache has no row for *pos yet. Each
-// block normalises and rotates its query head into shared memory as attn_prep_kernel would in place
-// (the same arithmetic: its sums see extra zero lanes only), and the block whose chunk ends at *pos
-// computes that position's key and value rows in shared memory, rounded to the cache's types, and
-// attends to them there; the first head of each KV group also stores them in the cache row. No other
-// block reads that row in this launch (a sliding ring holds at least the window, so the row it
-// overwrites is outside every block's positions). One launch fewer per attention layer.
-template <typename TK, typename TV, bool kPrep>
+template <typename TK, typename TV>
 __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k_cache, const TV* v_cache,
                                   int64_t kv_stride, int group, int head_dim, float scale, AttnOutGate gate,
                                   const int* pos_ptr, int window, int ring_rows, float* scratch, unsigned int* counters,
-                                  float* out, AttnTokens ts, PrepDev prep) {
+                                  float* out, AttnTokens ts) {
   const int tok = static_cast<int>(blockIdx.z);  // a token grid's token (0 in a one-token launch)
   q += tok * ts.q;
   out += tok * ts.out;
@@ -503,7 +481,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   counters += tok * ts.counters;
   pos_ptr += tok;
   pdl_launch_dependents();
-  extern __shared__ float sm[];  // q[head_dim], scores[chunk]; kPrep: then buf, key, value [head_dim] each
+  extern __shared__ float sm[];  // q[head_dim], scores[chunk]
   __shared__ bool last;
   const int h = blockIdx.x, c = blockIdx.y, S = gridDim.y;
   const int g = h / group;
@@ -522,12 +500,6 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   const int n_act = (n_ctx + per - 1) / per;
   if (c >= n_act) return;  // block-uniform
   const int p0 = c * per, p1 = min(n_ctx, p0 + per);
-  // kPrep: the rotary's cos/sin of this thread's pair at *pos, before the wait (as attn_prep_kernel).
-  float2 cs = make_float2(1.0f, 0.0f);
-  if constexpr (kPrep) {
-    if (static_cast<int>(threadIdx.x) < prep.p.rope_dims / 2)
-      cs = rope_cos_sin_at(n_all - 1, threadIdx.x, prep.p.rope_dims, prep.p.freq_base, prep.yarn);
-  }
   {
     // 128-byte lines of a head's key and value rows.
     const int k_lines = (head_dim * static_cast<int>(sizeof(TK)) + 127) / 128;
@@ -547,47 +519,16 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   float* sq = sm;
   float* sc = sm + head_dim;
   const float* qh = q + static_cast<int64_t>(h) * q_head_stride;
-  // kPrep: the current position's key and value (cache types) in shared memory, in the chunk ending there.
-  TK* k_now = nullptr;
-  TV* v_now = nullptr;
-  const int now = n_ctx - 1;  // the current position, relative to lo
-  if constexpr (kPrep) {
-    float* buf = sc + per;  // past this chunk's scores (the launch sizes sm for its largest chunk)
-    k_now = reinterpret_cast<TK*>(buf + head_dim);
-    v_now = reinterpret_cast<TV*>(buf + 2 * head_dim);
-    norm_rope_head_cs(qh, sq, head_dim, prep.p.q_norm, prep.p.eps, prep.p.rope_dims, cs, buf);
-    if (p1 == n_ctx) {  // block-uniform: this chunk holds the current position
-      // buf is reused: block_sum_d's barriers inside come before the key's writes to it.
-      const float* kg = prep.p.kk + static_cast<int64_t>(g) * head_dim;
-      norm_rope_head_cs(kg, k_now, head_dim, prep.p.k_norm, prep.p.eps, prep.p.rope_dims, cs, buf);
-      for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-        kv_store(v_now + d, prep.p.vv[static_cast<int64_t>(g) * head_dim + d]);
-      __syncthreads();
-      if (h % group == 0) {  // one writer per KV head
-        const int64_t e = row_at(lo + now) * kv_stride + static_cast<int64_t>(g) * head_dim;
-        TK* kw = const_cast<TK*>(k_cache) + e;
-        TV* vw = const_cast<TV*>(v_cache) + e;
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-          kw[d] = k_now[d];
-          vw[d] = v_now[d];
-        }
-      }
-    }
-  } else {
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) sq[d] = qh[d];
-  }
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) sq[d] = qh[d];
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   const int64_t koff = static_cast<int64_t>(g) * head_dim;
-  // Positions p0 .. pe come from the cache; kPrep's current position (the chunk's last) from shared
-  // memory, after them, with the same arithmetic.
-  const int pe = kPrep && p1 == n_ctx ? now : p1;
-  for (int p = p0 + warp; p < pe; p += 4 * nw) {
+  for (int p = p0 + warp; p < p1; p += 4 * nw) {
     const TK* k[4];
     float dot[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int pu = p + u * nw < pe ? p + u * nw : p;  // past the chunk: row p again, result dropped
+      const int pu = p + u * nw < p1 ? p + u * nw : p;  // past the chunk: row p again, result dropped
       k[u] = k_cache + row_at(lo + pu) * kv_stride + koff;
       dot[u] = 0.0f;
     }
@@ -600,16 +541,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
-      if (lane == 0 && p + u * nw < pe) sc[p + u * nw - p0] = dot[u] * scale;
-    }
-  }
-  if constexpr (kPrep) {
-    if (pe < p1 && warp == nw - 1) {  // block-uniform pe; the last warp, which the loop above loads least
-      float dot = 0.0f;
-      for (int d = lane; d < head_dim; d += 32) dot += sq[d] * kv_load(k_now + d);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (lane == 0) sc[now - p0] = dot * scale;
+      if (lane == 0 && p + u * nw < p1) sc[p + u * nw - p0] = dot[u] * scale;
     }
   }
   __syncthreads();
@@ -630,17 +562,14 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
     float acc = 0.0f;
     const TV* vd = v_cache + voff + d;
     int p = p0;
-    for (; p + 8 <= pe; p += 8) {
+    for (; p + 8 <= p1; p += 8) {
       float v[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) v[u] = kv_load(vd + row_at(lo + p + u) * kv_stride);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc += sc[p + u - p0] * v[u];
     }
-    for (; p < pe; ++p) acc += sc[p - p0] * kv_load(vd + row_at(lo + p) * kv_stride);
-    if constexpr (kPrep) {
-      if (pe < p1) acc += sc[now - p0] * kv_load(v_now + d);  // the current position, last in order
-    }
+    for (; p < p1; ++p) acc += sc[p - p0] * kv_load(vd + row_at(lo + p) * kv_stride);
     if (n_act == 1) {
       float r = acc * static_cast<float>(1.0 / l);
       if (gate.kind != AttnOutGate::None) r *= out_gate(gate, qh, h, head_dim, d);
@@ -700,6 +629,7 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   }
   if (threadIdx.x == 0) counters[h] = 0;
 }
+
 
 }  // namespace
 
@@ -794,7 +724,7 @@ void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, vo
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
                const RopeYarn* yarn, const AttnTokens& tokens) {
-  check_prep_shape(head_dim, 1024, rope_dims, "attn_prep: head_dim/rope_dims");
+  check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
   check_arg(tokens.n >= 1, "attn_prep: at least one token");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
   const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
@@ -933,43 +863,24 @@ size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx) {
 }
 
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
-                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, AttnOutGate gate,
-                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv, int window, int rows, const AttnTokens& tokens,
-                            const AttnPrep* prep) {
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
+                            AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
+                            float* out, cudaStream_t s, KvCacheTypes kv, int window, int rows,
+                            const AttnTokens& tokens) {
   if (rows <= 0) rows = max_ctx;
   check_arg(tokens.n >= 1, "attention_decode_split: at least one token");
   check_arg(n_head % n_head_kv == 0, "attention_decode_split: n_head must be a multiple of n_head_kv");
   const int S = attention_splits(max_ctx);
   check_arg(S <= kAttnMaxSplits, "attention_decode_split: a context this long needs more chunks than the merge holds");
   const int chunk = attention_chunk(max_ctx, S);  // the kernel's largest chunk
-  PrepDev pd;
-  if (prep) {
-    check_arg(attention_prep_fuses(tokens, head_dim),
-              "attention_decode_split: a fused prep takes one token, no tree or row base, head_dim <= 256");
-    check_prep_shape(head_dim, kAttnThreads, prep->rope_dims, "attention_decode_split: head_dim/rope_dims");
-    pd.p = *prep;
-    pd.yarn = yarn_dev(prep->yarn, prep->rope_dims, prep->freq_base);
-  }
-  const size_t smem = (static_cast<size_t>(head_dim) * (prep ? 4 : 1) + chunk) * sizeof(float);
+  const size_t smem = (static_cast<size_t>(head_dim) + chunk) * sizeof(float);
   with_kv_types(kv, [&](auto tk, auto tv) {
     using TK = decltype(tk);
     using TV = decltype(tv);
-    auto launch = [&](auto kernel) {
-      launch_pdl("attention_decode_split", kernel, dim3(n_head, S, tokens.n), dim3(kAttnThreads), smem, s, q,
-                 q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
-                 n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out, tokens, pd);
-    };
-    if (prep) {
-      launch(attn_split_kernel<TK, TV, true>);
-    } else {
-      launch(attn_split_kernel<TK, TV, false>);
-    }
+    launch_pdl("attention_decode_split", attn_split_kernel<TK, TV>, dim3(n_head, S, tokens.n), dim3(256), smem, s, q,
+               q_head_stride, static_cast<const TK*>(k_cache), static_cast<const TV*>(v_cache), kv_stride,
+               n_head / n_head_kv, head_dim, scale, gate, pos, window, rows, scratch, counters, out, tokens);
   });
-}
-
-bool attention_prep_fuses(const AttnTokens& tokens, int head_dim) {
-  return tokens.n == 1 && tokens.path == nullptr && tokens.base == nullptr && head_dim <= kAttnThreads;
 }
 
 }  // namespace strata::cuda

@@ -214,31 +214,12 @@ struct AttnOutGate {
 // kernel of the stream: it must have been written before that kernel started (a copy or an earlier step).
 int attention_splits(int max_ctx);
 size_t attention_scratch_floats(int n_head, int head_dim, int max_ctx);
-// attn_prep's inputs for attention_decode_split to do its work in the same launch: the token's raw key
-// and value rows (kk, vv: n_head_kv * head_dim floats each) and the norms and rotary of attn_prep.
-struct AttnPrep {
-  const float* kk = nullptr;
-  const float* vv = nullptr;
-  const float* q_norm = nullptr;
-  const float* k_norm = nullptr;
-  float eps = 0.0f;
-  int rope_dims = 0;
-  float freq_base = 0.0f;
-  const RopeYarn* yarn = nullptr;
-};
-// Whether attention_decode_split takes an AttnPrep for this launch: one token, no tree or row base,
-// head_dim <= 256.
-bool attention_prep_fuses(const AttnTokens& tokens, int head_dim);
-
 // The caches hold kv's types, as attn_prep writes them. window > 0: only positions *pos - window + 1 ..
 // *pos are attended (a sliding layer); rows > 0: position p is cache row p % rows (its ring).
-// prep set (attention_prep_fuses): q holds the raw query rows (left as they are) and the cache holds no
-// row for *pos yet; the launch computes what attn_prep would (the outputs and the cache row are bit for
-// bit those of attn_prep followed by this call without prep).
 void attention_decode_split(const float* q, int q_head_stride, const void* k_cache, const void* v_cache,
-                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale, AttnOutGate gate,
-                            const int* pos, int max_ctx, float* scratch, unsigned int* counters, float* out,
-                            cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0,
-                            const AttnTokens& tokens = {}, const AttnPrep* prep = nullptr);
+                            int64_t kv_stride, int n_head, int n_head_kv, int head_dim, float scale,
+                            AttnOutGate gate, const int* pos, int max_ctx, float* scratch, unsigned int* counters,
+                            float* out, cudaStream_t s, KvCacheTypes kv = {}, int window = 0, int rows = 0,
+                            const AttnTokens& tokens = {});
 
 }  // namespace strata::cuda
