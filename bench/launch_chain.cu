@@ -6,13 +6,15 @@
 // DRAM). Prints microseconds per step and the weight bandwidth; a streaming kernel over the same bytes
 // gives the floor. Last, the PDL chain again with each block staging its input as strata's decode
 // matvec does (RMSNorm with a double sum, the vector in shared memory, its int8 form per 32 values):
-// the difference is that staging's cost per launch. Run: build/launch_chain (CUDA builds only).
+// the difference is that staging's cost per launch; then staged with the block's first weights loaded into
+// registers before the staging. Run: build/launch_chain [staging] (CUDA builds only).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CK(x)                                                               \
@@ -80,9 +82,12 @@ __device__ __forceinline__ float stage_like_strata(const float* x) {
 }
 
 // One step's work for virtual block b of nb: read x (2048 floats, L2), reduce (kStage: stage it as
-// strata does); read this block's slice of the step's weights; write y[b % N].
-template <bool kStage = false>
-__device__ __forceinline__ void step_body(const float* x, float* y, const uint4* w, size_t per_block_u4, int b) {
+// strata does); read this block's slice of the step's weights; write y[b % N]. pre: the first
+// kPre * TH units of the slice, already loaded into registers by the caller (kPre 0: none).
+constexpr int kPre = 8;
+template <bool kStage = false, bool kHasPre = false>
+__device__ __forceinline__ void step_body(const float* x, float* y, const uint4* w, size_t per_block_u4, int b,
+                                          const uint4* pre = nullptr) {
   float v = 0;
   if constexpr (kStage) {
     v = stage_like_strata(x);
@@ -92,6 +97,11 @@ __device__ __forceinline__ void step_body(const float* x, float* y, const uint4*
   unsigned acc = 0;
   const uint4* p = w + per_block_u4 * b;
   size_t i = threadIdx.x;
+  if constexpr (kHasPre) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) acc += pre[u].x ^ pre[u].y ^ pre[u].z ^ pre[u].w;
+    i += kPre * TH;
+  }
   for (; i + 3 * TH < per_block_u4; i += 4 * TH) {
     uint4 a0 = __ldcs(p + i), a1 = __ldcs(p + i + TH), a2 = __ldcs(p + i + 2 * TH), a3 = __ldcs(p + i + 3 * TH);
     acc +=
@@ -103,6 +113,16 @@ __device__ __forceinline__ void step_body(const float* x, float* y, const uint4*
   }
   float s = block_sum(v + (acc & 1) * 1e-30f);
   if (threadIdx.x == 0) y[b % N] = s * 1e-3f + 1.0f;
+}
+
+// The first kPre * TH units of block b's slice into registers (zeros past its end).
+__device__ __forceinline__ void load_pre(const uint4* w, size_t per_block_u4, int b, uint4* pre) {
+  const uint4* p = w + per_block_u4 * b;
+#pragma unroll
+  for (int u = 0; u < kPre; ++u) {
+    const size_t i = threadIdx.x + static_cast<size_t>(u) * TH;
+    pre[u] = i < per_block_u4 ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
+  }
 }
 
 __device__ __forceinline__ void prefetch_slice(const uint4* w, size_t per_block_u4, int b) {
@@ -118,6 +138,20 @@ __global__ void __launch_bounds__(TH, 3)
   if (pf && per_block_u4) prefetch_slice(w, per_block_u4, blockIdx.x);
   pdl_wait();
   step_body<kStage>(x, y, w, per_block_u4, blockIdx.x);
+}
+
+// The staged chain with the block's first weights loaded into registers before the staging: before
+// the wait (kBeforeWait: weights no kernel writes) or right after it.
+template <bool kBeforeWait>
+__global__ void __launch_bounds__(TH, 3)
+    chain_pre_kernel(const float* x, float* y, const uint4* w, size_t per_block_u4, int pf) {
+  pdl_go();
+  uint4 pre[kPre];
+  if constexpr (kBeforeWait) load_pre(w, per_block_u4, blockIdx.x, pre);
+  if (pf && per_block_u4 > kPre * TH) prefetch_slice(w + kPre * TH, per_block_u4 - kPre * TH, blockIdx.x);
+  pdl_wait();
+  if constexpr (!kBeforeWait) load_pre(w, per_block_u4, blockIdx.x, pre);
+  step_body<true, true>(x, y, w, per_block_u4, blockIdx.x, pre);
 }
 
 struct Bar {
@@ -170,7 +204,9 @@ __global__ void stream_kernel(const uint4* w, size_t n_u4, unsigned* out) {
   if (acc == 0x12345) out[0] = acc;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  // `launch_chain staging`: the staging table only.
+  const bool staging_only = argc > 1 && std::strcmp(argv[1], "staging") == 0;
   const int steps = 280;
   int nsm = 0;
   CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
@@ -251,6 +287,7 @@ int main() {
   };
 
   for (size_t step_bytes : {(size_t)0, (size_t)2 << 20, (size_t)6 << 20, (size_t)12 << 20}) {
+    if (staging_only) break;
     for (int blocks_per_sm : {2, 3}) {
       const int nb = nsm * blocks_per_sm;
       const size_t per_block_u4 = step_bytes / 16 / nb;
@@ -282,14 +319,22 @@ int main() {
              step_bytes * steps / (ms * 1e6));
     }
   }
-  // The PDL chain with and without strata's staging of the input in every block.
-  for (size_t step_bytes : {(size_t)0, (size_t)6 << 20}) {
-    const int nb = nsm * 2;
-    const size_t per_block_u4 = step_bytes / 16 / nb, step_u4 = step_bytes / 16;
-    const float plain = time_chain(chain_kernel<false>, nb, per_block_u4, step_u4, 1, 1);
-    const float staged = time_chain(chain_kernel<true>, nb, per_block_u4, step_u4, 1, 1);
-    printf("staging bytes/step %5.1f MB  blocks %3d  pf 1 pdl 1 : %7.2f us/step plain, %7.2f staged\n",
-           step_bytes / 1048576.0, nb, plain * 1000 / steps, staged * 1000 / steps);
+  // The PDL chain with and without strata's staging of the input in every block, and staged with the
+  // block's first kPre x 16 bytes a thread of weights in registers before the staging (loaded before or
+  // after the wait).
+  for (size_t step_bytes : {(size_t)0, (size_t)2 << 20, (size_t)6 << 20}) {
+    for (int blocks_per_sm : {2, 3}) {
+      const int nb = nsm * blocks_per_sm;
+      const size_t per_block_u4 = step_bytes / 16 / nb, step_u4 = step_bytes / 16;
+      const float plain = time_chain(chain_kernel<false>, nb, per_block_u4, step_u4, 1, 1);
+      const float staged = time_chain(chain_kernel<true>, nb, per_block_u4, step_u4, 1, 1);
+      const float pre_after = time_chain(chain_pre_kernel<false>, nb, per_block_u4, step_u4, 1, 1);
+      const float pre_before = time_chain(chain_pre_kernel<true>, nb, per_block_u4, step_u4, 1, 1);
+      printf("staging bytes/step %5.1f MB  blocks %3d  pf 1 pdl 1 : %7.2f us/step plain, %7.2f staged, %7.2f staged "
+             "+ registers after the wait, %7.2f before it\n",
+             step_bytes / 1048576.0, nb, plain * 1000 / steps, staged * 1000 / steps, pre_after * 1000 / steps,
+             pre_before * 1000 / steps);
+    }
   }
   CK(cudaDeviceSynchronize());
   return 0;
