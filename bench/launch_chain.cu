@@ -6,8 +6,8 @@
 // DRAM). Prints microseconds per step and the weight bandwidth; a streaming kernel over the same bytes
 // gives the floor. Last, the PDL chain again with each block staging its input as strata's decode
 // matvec does (RMSNorm with a double sum, the vector in shared memory, its int8 form per 32 values):
-// the difference is that staging's cost per launch; then staged with the block's first weights loaded into
-// registers before the staging. Run: build/launch_chain [staging] (CUDA builds only).
+// the difference is that staging's cost per launch; then staged with the block's weights (its first
+// kPre x 16 bytes a thread: at these sizes the whole slice) loaded into registers before the staging. Run: build/launch_chain [staging] (CUDA builds only).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -83,7 +83,7 @@ __device__ __forceinline__ float stage_like_strata(const float* x) {
 
 // One step's work for virtual block b of nb: read x (2048 floats, L2), reduce (kStage: stage it as
 // strata does); read this block's slice of the step's weights; write y[b % N]. pre: the first
-// kPre * TH units of the slice, already loaded into registers by the caller (kPre 0: none).
+// kPre * TH units of the slice, already loaded into registers by the caller (kHasPre).
 constexpr int kPre = 8;
 template <bool kStage = false, bool kHasPre = false>
 __device__ __forceinline__ void step_body(const float* x, float* y, const uint4* w, size_t per_block_u4, int b,
@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(TH, 3)
   pdl_go();
   uint4 pre[kPre];
   if constexpr (kBeforeWait) load_pre(w, per_block_u4, blockIdx.x, pre);
-  if (pf && per_block_u4 > kPre * TH) prefetch_slice(w + kPre * TH, per_block_u4 - kPre * TH, blockIdx.x);
+  if (pf && per_block_u4 > kPre * TH)  // the rest of this block's slice
+    prefetch_slice(w + per_block_u4 * blockIdx.x + kPre * TH, per_block_u4 - kPre * TH, 0);
   pdl_wait();
   if constexpr (!kBeforeWait) load_pre(w, per_block_u4, blockIdx.x, pre);
   step_body<true, true>(x, y, w, per_block_u4, blockIdx.x, pre);
@@ -321,7 +322,7 @@ int main(int argc, char** argv) {
   }
   // The PDL chain with and without strata's staging of the input in every block, and staged with the
   // block's first kPre x 16 bytes a thread of weights in registers before the staging (loaded before or
-  // after the wait).
+  // after the wait). Up to 6 MiB a step the slices are smaller than that: the whole slice is in registers.
   for (size_t step_bytes : {(size_t)0, (size_t)2 << 20, (size_t)6 << 20}) {
     for (int blocks_per_sm : {2, 3}) {
       const int nb = nsm * blocks_per_sm;
