@@ -322,6 +322,28 @@ TEST(LagunaModel, GpuBackendRefusesWhatItDoesNotImplement) {
                                                 "multiples of 4 up to 256)");
   c.head_dim = 30;
   EXPECT_NE(gpu_prefill_unsupported_feature(c), "");
+  // Inputs wider than the decode matvec stages are refused when the model loads, naming the projection
+  // (128 heads of 192 values feed a 24,576-column output projection); so are heads longer than a block.
+  c = model->config();
+  for (LayerSpec& l : c.layers) l.n_head = 128;
+  c.head_dim = c.head_dim_v = 192;
+  EXPECT_EQ(gpu_unsupported_feature(c),
+            "layer 0's attention output projection of 24576 columns (the decode step's "
+            "matvec takes inputs up to 16384 wide)");
+  c = model->config();
+  c.n_ff = kGpuMaxMatvecCols + 256;
+  ASSERT_EQ(c.layers[0].ffn, FfnKind::Dense);  // laguna's first layer
+  EXPECT_EQ(gpu_unsupported_feature(c),
+            "layer 0's dense down projection of 16640 columns (the decode step's matvec "
+            "takes inputs up to 16384 wide)");
+  c = model->config();
+  c.head_dim = kGpuMaxHeadDim + 4;
+  EXPECT_NE(gpu_unsupported_feature(c).find("attention heads of 1028 dims"), std::string::npos);
+  // Expert rows the prefill's grouped products cannot take send prompts through the decode step.
+  c = model->config();
+  c.n_ff_exp = 48;
+  EXPECT_NE(gpu_prefill_unsupported_feature(c).find("multiples of 32"), std::string::npos);
+  EXPECT_EQ(gpu_unsupported_feature(c), "");
 }
 
 // Routing traces record the routed layers only: laguna's dense first layer routes nothing. A trace's

@@ -13,11 +13,12 @@
 #include "strata/cuda/decode_lookahead.cuh"
 #include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/device_math.cuh"
-#include "strata/cuda/route_warp.cuh"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/kv_cache.cuh"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
+#include "strata/cuda/route_warp.cuh"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 namespace {
@@ -724,7 +725,7 @@ void attn_prep(float* q, int q_head_stride, const float* kk, const float* vv, vo
                int kv_width, int n_head, int n_kv, int head_dim, const float* q_norm, const float* k_norm, float eps,
                int rope_dims, float freq_base, const int* pos, cudaStream_t s, KvCacheTypes kv, int rows,
                const RopeYarn* yarn, const AttnTokens& tokens) {
-  check_arg(head_dim <= 1024 && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
+  check_arg(head_dim <= kGpuMaxHeadDim && rope_dims <= head_dim && rope_dims % 2 == 0, "attn_prep: head_dim/rope_dims");
   check_arg(tokens.n >= 1, "attn_prep: at least one token");
   if (rows <= 0) rows = std::numeric_limits<int>::max();
   const YarnDev y = yarn_dev(yarn, rope_dims, freq_base);
@@ -753,7 +754,7 @@ size_t deltanet_scratch_doubles(int n_v_heads, int dv) { return static_cast<size
 static void deltanet_step_columns(float* S, const float* mixed, const float* b, const float* alpha, const float* a,
                                   const float* dt_bias, const float* norm_w, const float* z, float eps, int n_k_heads,
                                   int n_v_heads, int dk, int dv, float* out, cudaStream_t s) {
-  check_arg(dv <= 1024, "deltanet_step_fast: value head dim > 1024");
+  check_arg(dv <= kGpuMaxHeadDim, "deltanet_step_fast: value head dim > 1024");
   deltanet_step_kernel<<<n_v_heads, warp_round(dv), 2 * dk * sizeof(float), s>>>(S, mixed, b, alpha, a, dt_bias,
                                                                                    norm_w, z, eps, n_k_heads, dk, dv,
                                                                                    out);

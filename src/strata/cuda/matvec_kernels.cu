@@ -12,6 +12,7 @@
 #include "strata/cuda/decode_pdl.cuh"
 #include "strata/cuda/matvec_block.cuh"
 #include "strata/cuda/matvec_kernels.h"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda {
 namespace mv {
@@ -263,6 +264,7 @@ int tokens_per_block(const DJob* jobs, int n_jobs, int n_tokens, bool i8, int ma
 }  // namespace mv
 
 int64_t max_gemv_cols() { return mv::kMaxCols; }
+static_assert(mv::kMaxCols == kGpuMaxMatvecCols, "gpu_unsupported_feature checks the matvec's width");
 
 size_t gemv_local_bytes() {
   cudaFuncAttributes a{}, t{}, s{};

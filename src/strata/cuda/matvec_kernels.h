@@ -178,7 +178,8 @@ struct GemvDownSum {
   int64_t x_token_stride = 0;
 };
 // Whether gemv_down_sum takes this shape (ff a multiple of 64, k + 1 <= 64, every input within max_gemv_cols
-// in total, supported types); the session falls back to gemv_batch + GemvCombine otherwise.
+// in total, supported types; with K-quant rows the total a multiple of 256, and with a slot map ff and the
+// shared width multiples of 128); the session falls back to gemv_batch + GemvCombine otherwise.
 bool gemv_down_sum_fits(const GemvDownSum& a);
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s);
 

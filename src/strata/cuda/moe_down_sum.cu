@@ -207,6 +207,9 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
     n += s.n_cols;
   }
   const bool k_quant = rows::int8_path_type(w.type) || (a.shared && rows::int8_path_type(a.shared->type));
+  // With a slot map the staged width is n_hot * ff + shared_ff for the step's resident count n_hot: the
+  // int8 staging's last pass takes whole warps (128 values) only if every such width is a multiple of 128.
+  if (k_quant && a.slot_of_expert && (w.n_cols % 128 != 0 || (a.shared && a.shared->n_cols % 128 != 0))) return false;
   return a.k + (a.shared ? 1 : 0) <= mv::kMaxDownSlots && n <= mv::kMaxCols && (!k_quant || n % 256 == 0);
 }
 

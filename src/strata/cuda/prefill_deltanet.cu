@@ -18,6 +18,7 @@
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/prefill_common.cuh"
 #include "strata/cuda/prefill_kernels.h"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda::prefill {
 namespace {
@@ -136,7 +137,7 @@ void launch_staged(float* S, const float* mixed, int64_t ms, const float* b, con
 void deltanet_scan(float* S, const float* mixed, int64_t mixed_stride, const float* b, const float* alpha,
                    const float* a, const float* dt_bias, int n, int n_k_heads, int n_v_heads, int dk, int dv,
                    float* o, cudaStream_t s, float* steps) {
-  check_arg(dk >= 1 && dk <= 256, "deltanet_scan: key head dim must be 1..256");
+  check_arg(dk >= 1 && dk <= kGpuPrefillMaxDeltaNetHeadK, "deltanet_scan: key head dim must be 1..256");
   if (dk <= 32) {
     launch_staged<1>(S, mixed, mixed_stride, b, alpha, a, dt_bias, n, n_k_heads, n_v_heads, dk, dv, o, steps, s);
   } else if (dk <= 64) {

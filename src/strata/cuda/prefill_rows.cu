@@ -12,6 +12,7 @@
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/quant_decode.cuh"
 #include "strata/cuda/route_warp.cuh"
+#include "strata/moe/gpu_support.h"
 
 namespace strata::cuda::prefill {
 namespace {
@@ -140,6 +141,7 @@ __global__ void conv_chunk_kernel(const float* x, const float* weight, int K, in
 }
 
 constexpr int kMaxConvK = 16;
+static_assert(kMaxConvK == kGpuPrefillMaxConvK, "gpu_prefill_unsupported_feature checks the conv length");
 
 // After the chunk: state row j = in(n - (K-1) + j). Reads every old value before writing (one thread per
 // channel owns its column).

@@ -4,6 +4,36 @@
 
 namespace strata {
 
+namespace {
+
+// The first matvec input of c wider than the decode step stages, as "<what> of <n> columns", or "".
+std::string too_wide_input(const ModelConfig& c) {
+  const auto wide = [](int64_t n) { return n > kGpuMaxMatvecCols; };
+  if (wide(c.n_embd)) return cat("a hidden size of ", c.n_embd);
+  if (c.n_mtp > 0 && wide(2 * static_cast<int64_t>(c.n_embd)))
+    return cat("an MTP input projection of ", 2 * static_cast<int64_t>(c.n_embd), " columns");
+  const int head_v = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerSpec& l = c.layer(il);
+    if (is_attention(l.mixer) && wide(static_cast<int64_t>(l.n_head) * head_v))
+      return cat("layer ", il, "'s attention output projection of ", static_cast<int64_t>(l.n_head) * head_v,
+                 " columns");
+    if (l.mixer == LayerKind::DeltaNet && wide(static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_v))
+      return cat("layer ", il, "'s DeltaNet output projection of ", static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_v,
+                 " columns");
+    if (l.ffn == FfnKind::Dense && wide(c.n_ff))
+      return cat("layer ", il, "'s dense down projection of ", c.n_ff, " columns");
+    if (l.ffn == FfnKind::Moe && (wide(c.n_ff_exp) || wide(c.n_ff_shexp)))
+      return cat("layer ", il, "'s expert down projections of ", c.n_ff_exp, " / ", c.n_ff_shexp, " columns");
+  }
+  if (c.n_mtp > 0 && is_attention(c.mtp_layer.mixer) && wide(static_cast<int64_t>(c.mtp_layer.n_head) * head_v))
+    return cat("the MTP layer's attention output projection of ", static_cast<int64_t>(c.mtp_layer.n_head) * head_v,
+               " columns");
+  return "";
+}
+
+}  // namespace
+
 std::string gpu_unsupported_feature(const ModelConfig& c) {
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerSpec& l = c.layer(il);
@@ -11,6 +41,13 @@ std::string gpu_unsupported_feature(const ModelConfig& c) {
     if (is_attention(l.mixer) && l.n_head_kv != c.n_head_kv)
       return cat("layer ", il, " has its own key/value head count");
   }
+  // The decode step's attention prep and DeltaNet step give each head's dims one thread of a block.
+  if (c.n_attention_layers() > 0 && c.head_dim > kGpuMaxHeadDim)
+    return cat("attention heads of ", c.head_dim, " dims (the decode step takes up to ", kGpuMaxHeadDim, ")");
+  if (c.n_deltanet_layers() > 0 && c.ssm_head_v > kGpuMaxHeadDim)
+    return cat("DeltaNet value heads of ", c.ssm_head_v, " dims (the decode step takes up to ", kGpuMaxHeadDim, ")");
+  const std::string wide = too_wide_input(c);
+  if (!wide.empty()) return cat(wide, " (the decode step's matvec takes inputs up to ", kGpuMaxMatvecCols, " wide)");
   return "";
 }
 
@@ -18,6 +55,15 @@ std::string gpu_prefill_unsupported_feature(const ModelConfig& c) {
   if (c.n_attention_layers() > 0 && (c.head_dim % 4 != 0 || c.head_dim > kGpuPrefillMaxHeadDim))
     return cat("attention heads of ", c.head_dim, " dims (the tiled prefill attention takes multiples of 4 up to ",
                kGpuPrefillMaxHeadDim, ")");
+  if (c.n_deltanet_layers() > 0 && c.ssm_head_k > kGpuPrefillMaxDeltaNetHeadK)
+    return cat("DeltaNet key heads of ", c.ssm_head_k, " dims (the prefill's scan takes up to ",
+               kGpuPrefillMaxDeltaNetHeadK, ")");
+  if (c.n_deltanet_layers() > 0 && c.ssm_conv_kernel > kGpuPrefillMaxConvK)
+    return cat("a DeltaNet convolution of ", c.ssm_conv_kernel, " taps (the prefill takes up to ", kGpuPrefillMaxConvK,
+               ")");
+  if (c.n_expert > 0 && (c.n_embd % 32 != 0 || c.n_ff_exp % 32 != 0))
+    return cat("expert rows of ", c.n_embd, " / ", c.n_ff_exp,
+               " columns (the prefill's grouped expert products take multiples of 32)");
   return "";
 }
 
