@@ -1127,6 +1127,40 @@ TEST(ConvertTokenizer, TokenizerFilesGoIntoTheGgufPaddedToVocabSize) {
   EXPECT_EQ(g.get_string_array("tokenizer.ggml.merges"), std::vector<std::string>{"a b"});
   EXPECT_EQ(g.get_u32("tokenizer.ggml.eos_token_id"), 4u);
   EXPECT_EQ(g.get_string("tokenizer.chat_template"), "{{ messages }}");
+  // A chat_template.jinja beside it wins, as transformers reads it.
+  std::ofstream(dir + "/chat_template.jinja") << "{{ jinja }}";
+  run_convert(dir, dir + "/out2.gguf", "f32");
+  EXPECT_EQ(GgufFile::open(dir + "/out2.gguf").get_string("tokenizer.chat_template"), "{{ jinja }}");
+}
+
+// Config forms real checkpoints carry: norm_topk_prob absent is transformers' Qwen3MoeConfig default
+// (false) and reaches the engine through the GGUF; rope scaling under the older "type" key is refused
+// as under rope_type; a null tie_word_embeddings is the default.
+TEST(ConvertQwen3Moe, ConfigFormsOfRealCheckpoints) {
+  Qwen3MoeDims d;
+  d.layers = 1;
+  for (const bool given : {false, true}) {
+    const std::string dir = make_qwen3moe(given ? "form_topk_true" : "form_topk_absent", d);
+    json c = qwen3moe_config(d);
+    if (given) {
+      c["norm_topk_prob"] = true;
+    } else {
+      c.erase("norm_topk_prob");
+    }
+    c["tie_word_embeddings"] = nullptr;
+    write_json(dir + "/config.json", c);
+    run_convert(dir, dir + "/o.gguf", "f32");
+    EXPECT_EQ(GgufFile::open(dir + "/o.gguf").get_bool_or("qwen3moe.expert_weights_norm", !given), given);
+    EXPECT_EQ(Model::load(dir + "/o.gguf")->config().norm_topk, given);
+  }
+  for (const char* dict : {"rope_scaling", "rope_parameters"}) {
+    const std::string dir = make_qwen3moe(std::string("form_rope_") + dict, d);
+    json c = qwen3moe_config(d);
+    c[dict] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096}};
+    write_json(dir + "/config.json", c);
+    const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+    EXPECT_NE(e.find(std::string(dict) + ".type 'yarn'"), std::string::npos) << e;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -83,13 +83,17 @@ void write_model_metadata(const HfConfig& c, const std::string& model_name, uint
   w.set(a + ".expert_count", u32(c.n_expert));
   w.set(a + ".expert_used_count", u32(c.n_expert_used));
   w.set(a + ".expert_feed_forward_length", u32(c.n_ff_exp));
-  if (c.arch == HfArch::Qwen3Moe) return;
+  if (c.arch == HfArch::Qwen3Moe) {
+    w.set(a + ".expert_weights_norm", GgufValue::boolean(c.norm_topk_prob));
+    return;
+  }
   if (c.arch == HfArch::Laguna) {
     write_laguna_metadata(c, w);
     return;
   }
 
   w.set(a + ".expert_shared_feed_forward_length", u32(c.n_ff_shexp));
+  w.set(a + ".expert_weights_norm", GgufValue::boolean(c.norm_topk_prob));
   w.set(a + ".rope.dimension_count", u32(c.rope_dims));
   w.set(a + ".rope.dimension_sections", GgufValue::i32_array({c.mrope_sections.begin(), c.mrope_sections.end()}));
   w.set(a + ".ssm.conv_kernel", u32(c.conv_kernel));

@@ -223,7 +223,9 @@ HfConfig load_hf_config(const std::string& dir) {
   c.head_dim = f.has("head_dim") ? f.get_int("head_dim") : c.arch == HfArch::Laguna ? 128 : c.n_embd / c.n_head;
   c.rms_eps = static_cast<float>(f.get_num("rms_norm_eps"));
   c.intermediate_size = f.get_int_or("intermediate_size", 0);
-  c.tie_embeddings = f.get_bool_or("tie_word_embeddings", top.value("tie_word_embeddings", false));
+  const bool top_tie = top.contains("tie_word_embeddings") && top["tie_word_embeddings"].is_boolean() &&
+                       top["tie_word_embeddings"].get<bool>();
+  c.tie_embeddings = f.get_bool_or("tie_word_embeddings", top_tie);
 
   // rope_theta: top level (transformers 4) or inside rope_parameters / rope_scaling (transformers 5).
   const json* rope = nullptr;
@@ -238,17 +240,25 @@ HfConfig load_hf_config(const std::string& dir) {
   } else {
     fail(where, ": missing field 'rope_theta' (top level or in rope_parameters)");
   }
-  if (c.arch != HfArch::Laguna && rope != nullptr && rope->contains("rope_type") && (*rope)["rope_type"].is_string()) {
-    const std::string rt = (*rope)["rope_type"].get<std::string>();
-    if (rt != "default" && rt != "mrope")
-      fail(where, ": rope_type '", rt, "' (rope scaling) is not supported by strata convert (supported: default)");
+  // Rotary scaling may sit in either dict, its kind under rope_type or (older configs) type.
+  for (const char* dict : {"rope_parameters", "rope_scaling"}) {
+    if (c.arch == HfArch::Laguna || !merged.contains(dict) || !merged[dict].is_object()) continue;
+    for (const char* key : {"rope_type", "type"}) {
+      const json& r = merged[dict];
+      if (!r.contains(key) || !r[key].is_string()) continue;
+      const std::string rt = r[key].get<std::string>();
+      if (rt != "default" && rt != "mrope")
+        fail(where, ": ", dict, ".", key, " '", rt,
+             "' (rope scaling) is not supported by strata convert (supported: default)");
+    }
   }
 
   // transformers 5 names the expert count num_local_experts for qwen3_moe; older configs num_experts.
   c.n_expert = f.has("num_local_experts") ? f.get_int("num_local_experts") : f.get_int("num_experts");
   c.n_expert_used = f.get_int("num_experts_per_tok");
   c.n_ff_exp = f.get_int("moe_intermediate_size");
-  c.norm_topk_prob = f.get_bool_or("norm_topk_prob", true);
+  // Absent: transformers' defaults (Qwen3MoeConfig false; the Qwen3.5 MoE configs renormalise).
+  c.norm_topk_prob = f.get_bool_or("norm_topk_prob", c.arch != HfArch::Qwen3Moe);
 
   if (c.arch == HfArch::Laguna) {
     read_laguna(f, rope, c);

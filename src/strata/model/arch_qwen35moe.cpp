@@ -30,7 +30,7 @@ std::vector<bool> flag_array(const GgufFile& f, const std::string& key) {
 }
 
 void read_qwen35moe(const GgufFile& f, const std::string& p, ModelConfig& c) {
-  c.norm_topk = true;
+  c.norm_topk = f.get_bool_or(p + "expert_weights_norm", true);  // absent (llama.cpp's files): renormalised
   c.attn_output_gate = true;
   c.n_ff_shexp = gguf_positive(f, p + "expert_shared_feed_forward_length");
   c.ssm_conv_kernel = gguf_positive(f, p + "ssm.conv_kernel");

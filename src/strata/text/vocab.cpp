@@ -203,7 +203,8 @@ Vocab vocab_from_hf_dir(const std::string& dir) {
       }
     }
   }
-  if (v.chat_template.empty() && file_exists(dir + "/chat_template.jinja")) {
+  // transformers lets chat_template.jinja override the template in tokenizer_config.json.
+  if (file_exists(dir + "/chat_template.jinja")) {
     v.chat_template = read_text_file(dir + "/chat_template.jinja");
   }
   validate_vocab(v, tok_path);
