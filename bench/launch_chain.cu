@@ -7,7 +7,8 @@
 // gives the floor. Last, the PDL chain again with each block staging its input as strata's decode
 // matvec does (RMSNorm with a double sum, the vector in shared memory, its int8 form per 32 values):
 // the difference is that staging's cost per launch; then staged with the block's weights (its first
-// kPre x 16 bytes a thread: at these sizes the whole slice) loaded into registers before the staging. Run: build/launch_chain [staging] (CUDA builds only).
+// kPre x 16 bytes a thread: at these sizes the whole slice) loaded into registers before the staging.
+// Run: build/launch_chain [staging] (CUDA builds only).
 #include <cuda_runtime.h>
 
 #include <algorithm>

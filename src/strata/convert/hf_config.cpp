@@ -243,8 +243,8 @@ HfConfig load_hf_config(const std::string& dir) {
   // Rotary scaling may sit in either dict, its kind under rope_type or (older configs) type.
   for (const char* dict : {"rope_parameters", "rope_scaling"}) {
     if (c.arch == HfArch::Laguna || !merged.contains(dict) || !merged[dict].is_object()) continue;
+    const json& r = merged[dict];
     for (const char* key : {"rope_type", "type"}) {
-      const json& r = merged[dict];
       if (!r.contains(key) || !r[key].is_string()) continue;
       const std::string rt = r[key].get<std::string>();
       if (rt != "default" && rt != "mrope")

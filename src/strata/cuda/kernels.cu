@@ -631,7 +631,6 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   if (threadIdx.x == 0) counters[h] = 0;
 }
 
-
 }  // namespace
 
 bool supported_type(GgmlType type) {

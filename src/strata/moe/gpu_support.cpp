@@ -13,11 +13,13 @@ std::string too_wide_input(const ModelConfig& c) {
   if (c.n_mtp > 0 && wide(2 * static_cast<int64_t>(c.n_embd)))
     return cat("an MTP input projection of ", 2 * static_cast<int64_t>(c.n_embd), " columns");
   const int head_v = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  // An attention layer's output projection takes its heads' values side by side.
+  const auto attn_out = [&](const LayerSpec& l) {
+    return is_attention(l.mixer) ? static_cast<int64_t>(l.n_head) * head_v : int64_t{0};
+  };
   for (int il = 0; il < c.n_layer; ++il) {
     const LayerSpec& l = c.layer(il);
-    if (is_attention(l.mixer) && wide(static_cast<int64_t>(l.n_head) * head_v))
-      return cat("layer ", il, "'s attention output projection of ", static_cast<int64_t>(l.n_head) * head_v,
-                 " columns");
+    if (wide(attn_out(l))) return cat("layer ", il, "'s attention output projection of ", attn_out(l), " columns");
     if (l.mixer == LayerKind::DeltaNet && wide(static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_v))
       return cat("layer ", il, "'s DeltaNet output projection of ", static_cast<int64_t>(c.ssm_v_heads) * c.ssm_head_v,
                  " columns");
@@ -26,9 +28,8 @@ std::string too_wide_input(const ModelConfig& c) {
     if (l.ffn == FfnKind::Moe && (wide(c.n_ff_exp) || wide(c.n_ff_shexp)))
       return cat("layer ", il, "'s expert down projections of ", c.n_ff_exp, " / ", c.n_ff_shexp, " columns");
   }
-  if (c.n_mtp > 0 && is_attention(c.mtp_layer.mixer) && wide(static_cast<int64_t>(c.mtp_layer.n_head) * head_v))
-    return cat("the MTP layer's attention output projection of ", static_cast<int64_t>(c.mtp_layer.n_head) * head_v,
-               " columns");
+  if (c.n_mtp > 0 && wide(attn_out(c.mtp_layer)))
+    return cat("the MTP layer's attention output projection of ", attn_out(c.mtp_layer), " columns");
   return "";
 }
 
