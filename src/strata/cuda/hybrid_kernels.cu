@@ -70,14 +70,21 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   // Every thread's writes reach host memory before the doorbell.
   __threadfence_system();
   __syncthreads();
+  // The doorbell needs no fence after it: the store leaves at once, and one would only hold the kernel's
+  // end (and the hot experts' launch after it) until the host acknowledged it.
   if (threadIdx.x == 0) {
     volatile HostJob* j = r.job;
     j->doorbell = seq;
-    __threadfence_system();
   }
 }
 
 // ---- cold add --------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
                                 HybridRing r, unsigned long long timeout_ns) {
   const unsigned long long want = r.wait_seq[il];
@@ -85,10 +92,11 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
   __shared__ int order[kHybridMaxK];
   __shared__ int n_cold;
   if (threadIdx.x == 0) {
-    // __ldcv: fetch again every time (the line lives in host memory and the CPU rewrites it).
     const unsigned long long* done = &r.job->done;
     const unsigned long long t0 = global_ns();
-    while (__ldcv(done) < want) {
+    // An acquire load: the rows the CPU wrote before `done` are read after it (a relaxed poll and the
+    // block barrier alone would not order this thread's load before the other threads' row reads).
+    while (ld_acquire_sys(done) < want) {
       if (global_ns() - t0 > timeout_ns) {
         if (blockIdx.x == 0) {
           printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
@@ -110,10 +118,18 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= d) return;
+  // Every cold row's value requested before the first is used (each is a PCIe round trip: one at a time
+  // they were a chain of them), then added in the engine's order.
+  constexpr int kBatch = 8;
   float acc = 0.0f;
-  for (int q = 0; q < n_cold; ++q) {
-    const int o = order[q];
-    acc += weights[o] * __ldcv(r.ye_cold + static_cast<int64_t>(o) * d + j);
+  for (int q0 = 0; q0 < n_cold; q0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      v[i] = q0 + i < n_cold ? __ldcv(r.ye_cold + static_cast<int64_t>(order[q0 + i]) * d + j) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (q0 + i < n_cold) acc += weights[order[q0 + i]] * v[i];
   }
   x[j] += acc;
 }
