@@ -31,9 +31,11 @@ void DecodeProfile::mark(const char* what, cudaStream_t s) {
     check_cuda(cudaEventCreate(&e), "cudaEventCreate(profile)");
     events_.push_back(e);
     names_.push_back(nullptr);
+    tags_.emplace_back();
   }
   check_cuda(cudaEventRecord(events_[used_], s), "cudaEventRecord(profile)");
   names_[used_] = what;
+  tags_[used_] = tag;
   ++used_;
 }
 
@@ -42,32 +44,35 @@ void DecodeProfile::collect() {
   for (size_t i = 1; i < used_; ++i) {
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "cudaEventElapsedTime(profile)");
-    Total& t = totals_[names_[i] ? names_[i] : "?"];
+    Total& t = totals_[tags_[0]][names_[i] ? names_[i] : "?"];
     t.ms += ms;
     ++t.calls;
   }
+  ++steps_[tags_[0]];
   used_ = 0;
-  ++steps_;
 }
 
 void DecodeProfile::release() {
-  if ((on || graph_on) && steps_ > 0) {
-    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
+  for (const auto& [tg, totals] : totals_) {
+    const long steps = steps_[tg];
+    if (!(on || graph_on) || steps == 0) continue;
+    std::vector<std::pair<std::string, Total>> rows(totals.begin(), totals.end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     double sum = 0;
     for (const auto& r : rows) sum += r.second.ms;
-    std::fprintf(stderr, "[gpu-profile] %ld steps, %.1f us per step (%s)\n", steps_, 1e3 * sum / steps_,
+    std::fprintf(stderr, "[gpu-profile] %s%ld steps, %.1f us per step (%s)\n", tg.c_str(), steps, 1e3 * sum / steps,
                  graph_on ? "CUDA graph, device time of whole steps" : "direct launches, events between operations");
     for (const auto& r : rows)
-      std::fprintf(stderr, "[gpu-profile] %-28s %9.1f us/step %6.1f%% %6.1f calls/step %7.2f us/call\n", r.first.c_str(),
-                   1e3 * r.second.ms / steps_, 100.0 * r.second.ms / sum, double(r.second.calls) / steps_,
-                   1e3 * r.second.ms / r.second.calls);
+      std::fprintf(stderr, "[gpu-profile] %s%-28s %9.1f us/step %6.1f%% %6.1f calls/step %7.2f us/call\n", tg.c_str(),
+                   r.first.c_str(), 1e3 * r.second.ms / steps, 100.0 * r.second.ms / sum,
+                   double(r.second.calls) / steps, 1e3 * r.second.ms / r.second.calls);
   }
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
   names_.clear();
+  tags_.clear();
   totals_.clear();
-  steps_ = 0;
+  steps_.clear();
   on = false;
   graph_on = false;
 }

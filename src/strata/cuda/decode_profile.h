@@ -30,6 +30,8 @@ class DecodeProfile {
   // Prints the table (when on and anything was measured) and frees the events.
   void release();
 
+  // Steps recorded while a tag is set are timed apart (e.g. "T8: " for the multi-token step).
+  std::string tag;
   bool on = false;        // per-operation events (direct launches)
   bool graph_on = false;  // whole graph steps only
 
@@ -41,8 +43,9 @@ class DecodeProfile {
   std::vector<cudaEvent_t> events_;
   std::vector<const char*> names_;
   size_t used_ = 0;
-  long steps_ = 0;
-  std::map<std::string, Total> totals_;
+  std::vector<std::string> tags_;
+  std::map<std::string, long> steps_;
+  std::map<std::string, std::map<std::string, Total>> totals_;
 };
 
 }  // namespace strata::cuda

@@ -717,6 +717,7 @@ struct GpuSession::Impl {
 
   // Every kernel of the multi-token step of T tokens (d_mio: the tokens, then their positions).
   void enqueue_multi(int T) {
+    if (prof.on) prof.tag = "T" + std::to_string(T) + ": ";
     prof.mark(nullptr, stream);  // step start
     // The prefill's embedding of token rows: the decode step's row decoding, T rows in one launch.
     prefill::embed_rows(dm.token_embd, d_mio, T, multi.x, stream);
@@ -727,6 +728,7 @@ struct GpuSession::Impl {
     } clear{tree_io};
     tree_io = d_mio;
     enqueue_layers(multi, T);
+    if (prof.on) prof.tag.clear();
   }
 
   // Every kernel of one decode step, reading the token and position from d_io.
