@@ -122,16 +122,6 @@ GemvMath g_math = GemvMath::Int8;
 // (docs/PERF.md compares 4, 8 and 16).
 constexpr int kUnitsPerThread = 8;
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    return sms;
-  }();
-  return n;
-}
-
 bool int8_math() { return g_math == GemvMath::Int8; }
 
 // The device form of one job, checked (its tiling is set by tile_jobs).
@@ -263,6 +253,22 @@ int tokens_per_block(const DJob* jobs, int n_jobs, int n_tokens, bool i8, int ma
 }  // namespace
 }  // namespace mv
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    return sms;
+  }();
+  return n;
+}
+
+int token_grid_blocks(int blocks, int resident, int n_tokens) {
+  if (n_tokens <= 1) return blocks;
+  // Rounded down: a few blocks past the wave would cost a whole extra round of tiles.
+  return std::max(1, std::min(blocks, resident / n_tokens));
+}
+
 int64_t max_gemv_cols() { return mv::kMaxCols; }
 static_assert(mv::kMaxCols == kGpuMaxMatvecCols, "gpu_unsupported_feature checks the matvec's width");
 
@@ -374,7 +380,8 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   // The tiling above does not depend on n_tokens: each token's blocks run the single-token launch's tiles.
   if (tokens)
-    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(grid, n_tokens), dim3(kThreads), smem, s, b);
+    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(token_grid_blocks(grid, capacity, n_tokens), n_tokens),
+               dim3(kThreads), smem, s, b);
   else
     launch_pdl("gemv_batch", gemv_kernel<false>, dim3(grid), dim3(kThreads), smem, s, b);
 }

@@ -139,6 +139,12 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
                 const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
                 const GemvRoute* route_in = nullptr, int n_tokens = 1);
 int64_t max_gemv_cols();
+// The device's SM count (cached).
+int sm_count();
+// Blocks per token of a token-grid launch whose single-token launch takes `blocks` blocks (each striding
+// over the launch's rows, so the block count changes no result): at most `resident` blocks in all, about
+// one wave, so that each block stages its token's input and routes once rather than once per wave.
+int token_grid_blocks(int blocks, int resident, int n_tokens);
 // A token grid goes token-shared only when its jobs read at least this many weight bytes: a token-shared
 // block stages its tokens one after another before its first row, which costs more than the grid's
 // re-reads of a small launch's rows (L2 catches part of them); lm_head-sized launches gain

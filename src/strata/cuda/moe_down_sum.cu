@@ -213,6 +213,14 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
   return a.k + (a.shared ? 1 : 0) <= mv::kMaxDownSlots && n <= mv::kMaxCols && (!k_quant || n % 256 == 0);
 }
 
+// Resident token-grid down-sum blocks per SM for this shared-memory size.
+static int down_sum_tokens_resident(size_t smem) {
+  int b = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, mv::down_sum_kernel<false, true>, mv::kThreads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(down_sum)");
+  return std::max(1, b);
+}
+
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   using namespace mv;
   check_arg(gemv_down_sum_fits(a), "gemv_down_sum: unsupported shape (see gemv_down_sum_fits)");
@@ -239,7 +247,9 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   if (d.slot_of)
     launch_pdl("gemv_down_sum", down_sum_kernel<true, false>, dim3(grid), dim3(kThreads), smem, s, d);
   else if (a.n_tokens > 1)
-    launch_pdl("gemv_down_sum", down_sum_kernel<false, true>, dim3(grid, a.n_tokens), dim3(kThreads), smem, s, d);
+    launch_pdl("gemv_down_sum", down_sum_kernel<false, true>,
+               dim3(token_grid_blocks(grid, sm_count() * down_sum_tokens_resident(smem), a.n_tokens), a.n_tokens),
+               dim3(kThreads), smem, s, d);
   else
     launch_pdl("gemv_down_sum", down_sum_kernel<false, false>, dim3(grid), dim3(kThreads), smem, s, d);
 }
