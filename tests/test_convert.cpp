@@ -1163,6 +1163,41 @@ TEST(ConvertQwen3Moe, ConfigFormsOfRealCheckpoints) {
   }
 }
 
+// A config without head_dim takes its architecture's transformers default: 256 for the Qwen3.5 MoE text
+// config, 128 for Laguna, hidden_size / num_attention_heads for qwen3_moe (whose config has no such
+// field). The shapes are chosen so that hidden_size / num_attention_heads differs from the first two.
+TEST(ConvertConfig, AbsentHeadDimTakesTheArchitectureDefault) {
+  // Converts `config` without its head_dim over `tensors`.
+  auto convert_without_head_dim = [](const std::string& name, json config, const TensorMap& tensors) {
+    (config.contains("text_config") ? config["text_config"] : config).erase("head_dim");
+    const std::string dir = fresh_dir(name);
+    write_json(dir + "/config.json", config);
+    write_safetensors(dir + "/model.safetensors", tensors);
+    run_convert(dir, dir + "/o.gguf", "f32");
+    return GgufFile::open(dir + "/o.gguf");
+  };
+  {
+    Qwen35Dims d;
+    d.head_dim = 256;  // hidden 256 / 2 heads would give 128
+    const GgufFile g = convert_without_head_dim("head_dim_q35", qwen35_config(d), qwen35_tensors(d));
+    EXPECT_EQ(g.get_u32("qwen35moe.attention.key_length"), 256u);
+    EXPECT_EQ(g.get_u32("qwen35moe.rope.dimension_count"), 64u);  // 256 x partial_rotary_factor 0.25
+  }
+  {
+    LagunaDims d;
+    d.head_dim = 128;
+    d.heads = {4, 4, 4, 4};  // hidden 256 / 4 heads would give 64
+    const GgufFile g = convert_without_head_dim("head_dim_laguna", laguna_config(d), laguna_tensors(d));
+    EXPECT_EQ(g.get_u32("laguna.attention.key_length"), 128u);
+  }
+  {
+    Qwen3MoeDims d;  // head_dim 64 = hidden 256 / 4 heads, neither of the defaults above
+    d.layers = 1;
+    const GgufFile g = convert_without_head_dim("head_dim_q3", qwen3moe_config(d), qwen3moe_tensors(d));
+    EXPECT_EQ(g.get_u32("qwen3moe.attention.key_length"), 64u);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // laguna and the qwen3_5 layout read from layer_types.
 

@@ -220,7 +220,12 @@ HfConfig load_hf_config(const std::string& dir) {
   c.n_ctx = f.get_int_or("max_position_embeddings", 0);
   c.n_head = f.get_int("num_attention_heads");
   c.n_head_kv = f.get_int_or("num_key_value_heads", c.n_head);
-  c.head_dim = f.has("head_dim") ? f.get_int("head_dim") : c.arch == HfArch::Laguna ? 128 : c.n_embd / c.n_head;
+  // Absent: the architecture's transformers default. Qwen3MoeConfig has no head_dim field, so its attention
+  // takes hidden_size / num_attention_heads; the Qwen3.5 MoE and Laguna configs carry their own defaults.
+  int default_head_dim = c.n_head > 0 ? c.n_embd / c.n_head : 0;
+  if (c.arch == HfArch::Qwen35Moe) default_head_dim = 256;
+  if (c.arch == HfArch::Laguna) default_head_dim = 128;
+  c.head_dim = f.get_int_or("head_dim", default_head_dim);
   c.rms_eps = static_cast<float>(f.get_num("rms_norm_eps"));
   c.intermediate_size = f.get_int_or("intermediate_size", 0);
   const bool top_tie = top.contains("tie_word_embeddings") && top["tie_word_embeddings"].is_boolean() &&
