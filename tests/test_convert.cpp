@@ -9,9 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -35,7 +37,7 @@ namespace {
 // Synthetic checkpoint construction.
 
 struct HfTensor {
-  std::string dtype = "F32";  // F32, F16, BF16, I32
+  std::string dtype = "F32";  // F32, F16, BF16, I32, F8_E4M3 / F8_E5M2 (bytes only: every value 0)
   std::vector<int64_t> shape;
   std::vector<float> values;  // row-major, HF order
 };
@@ -49,6 +51,8 @@ std::vector<uint8_t> encode(const HfTensor& t) {
       uint32_t u;
       std::memcpy(&u, &v, 4);
       for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(u >> (8 * b)));
+    } else if (t.dtype.rfind("F8_", 0) == 0) {
+      out.push_back(0);
     } else if (t.dtype == "I32") {
       const int32_t i = static_cast<int32_t>(v);
       for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(static_cast<uint32_t>(i) >> (8 * b)));
@@ -165,6 +169,17 @@ TensorMap qwen3moe_tensors(const Qwen3MoeDims& d) {
     }
   }
   return m;
+}
+
+// A qwen3_moe checkpoint whose tensors `edit` changes before they are written.
+std::string make_qwen3moe_edited(const std::string& name, const Qwen3MoeDims& d,
+                                 const std::function<void(TensorMap&)>& edit) {
+  const std::string dir = fresh_dir(name);
+  write_json(dir + "/config.json", qwen3moe_config(d));
+  TensorMap m = qwen3moe_tensors(d);
+  edit(m);
+  write_safetensors(dir + "/model.safetensors", m);
+  return dir;
 }
 
 std::string make_qwen3moe(const std::string& name, const Qwen3MoeDims& d, TensorMap* out = nullptr) {
@@ -1019,6 +1034,69 @@ TEST(ConvertErrors, BadInputsGiveClearMessages) {
     write_json(dir + "/config.json", c);
     const std::string e = error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
     EXPECT_NE(e.find("mlp_only_layers"), std::string::npos) << e;
+  }
+}
+
+// Quantized checkpoints are refused before anything is planned or written: by their config's
+// quantization_config (top level or text_config), and by their tensors when the config says nothing.
+TEST(ConvertErrors, QuantizedCheckpointsAreRefusedAndNothingIsWritten) {
+  auto refused = [](const std::string& dir) {
+    const std::string out = dir + "/o.gguf";
+    const std::string e = error_of([&] { run_convert(dir, out, "q8_0"); });
+    EXPECT_NE(e.find("strata convert needs an unquantized checkpoint (bf16, f16 or f32 weights)"), std::string::npos)
+        << e;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    return e;
+  };
+  Qwen3MoeDims d;
+  d.layers = 1;
+  {
+    const std::string dir = make_qwen3moe("quant_cfg_fp8", d);
+    json c = qwen3moe_config(d);
+    c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+    write_json(dir + "/config.json", c);
+    const std::string e = refused(dir);
+    EXPECT_NE(e.find("quantization_config.quant_method 'fp8'"), std::string::npos) << e;
+    EXPECT_NE(e.find("config.json"), std::string::npos) << e;
+  }
+  {
+    Qwen35Dims q;
+    const std::string dir = make_qwen35("quant_cfg_gptq", q);
+    json c = qwen35_config(q);
+    c["text_config"]["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+    write_json(dir + "/config.json", c);
+    EXPECT_NE(refused(dir).find("quant_method 'gptq'"), std::string::npos);
+  }
+  {
+    const std::string dir = make_qwen3moe("quant_cfg_unnamed", d);
+    json c = qwen3moe_config(d);
+    c["quantization_config"] = {{"load_in_4bit", true}};
+    write_json(dir + "/config.json", c);
+    EXPECT_NE(refused(dir).find("quantized (quantization_config)"), std::string::npos);
+  }
+  {
+    // fp8 weights with their scales, the config stripped of quantization_config.
+    const std::string e = refused(make_qwen3moe_edited("quant_f8", d, [](TensorMap& m) {
+      m["model.layers.0.self_attn.q_proj.weight"].dtype = "F8_E4M3";
+      m["model.layers.0.self_attn.q_proj.weight_scale_inv"] = rnd({2, 2}, 11);
+    }));
+    EXPECT_NE(e.find("2 tensor(s)"), std::string::npos) << e;
+    EXPECT_NE(e.find("'model.layers.0.self_attn.q_proj.weight': dtype F8_E4M3"), std::string::npos) << e;
+  }
+  {
+    // GPTQ-style packed weights instead of a float q_proj.weight.
+    const std::string e = refused(make_qwen3moe_edited("quant_gptq_tensors", d, [](TensorMap& m) {
+      const std::string p = "model.layers.0.self_attn.q_proj.";
+      m.erase(p + "weight");
+      const std::pair<const char*, const char*> packed[] = {{"qweight", "I32"}, {"qzeros", "I32"}, {"scales", "F16"}};
+      for (const auto& [name, dtype] : packed) {
+        m[p + name] = rnd({2, 32}, 12);
+        m[p + name].dtype = dtype;
+      }
+    }));
+    EXPECT_NE(e.find("GPTQ/AWQ-style 'qweight'"), std::string::npos) << e;
+    EXPECT_EQ(e.find("is missing"), std::string::npos) << e;
   }
 }
 

@@ -213,6 +213,15 @@ HfConfig load_hf_config(const std::string& dir) {
   }
   const std::string where = top.contains("text_config") ? path + " (text_config)" : path;
   Fields f{merged, where};
+  // Quantized weights (packed integers, fp8 with scales) cannot be read as floats: say so before a
+  // missing or odd tensor does, less clearly.
+  if (f.has("quantization_config")) {
+    const json& q = f.j["quantization_config"];
+    const bool named = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string();
+    fail(where, ": the checkpoint is quantized (quantization_config",
+         named ? cat(".quant_method '", q["quant_method"].get<std::string>(), "'") : std::string(), "); ",
+         kNeedUnquantized);
+  }
 
   c.n_layer = f.get_int("num_hidden_layers");
   c.n_embd = f.get_int("hidden_size");

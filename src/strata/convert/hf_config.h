@@ -11,6 +11,10 @@ namespace strata::convert {
 
 enum class HfArch { Qwen3Moe, Qwen35Moe, Laguna };
 
+// The end of every refusal of a quantized checkpoint (its config or its tensors).
+inline constexpr const char* kNeedUnquantized =
+    "strata convert needs an unquantized checkpoint (bf16, f16 or f32 weights)";
+
 // GGUF architecture name ("qwen3moe" / "qwen35moe" / "laguna").
 const char* gguf_arch_name(HfArch arch);
 // model_type values accepted, for error messages: "qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, laguna".
@@ -78,9 +82,9 @@ struct HfConfig {
 int layout_period(const std::vector<bool>& special, bool offset_last);
 
 // Reads <dir>/config.json. A missing file, a model_type not in supported_model_types(), a missing or
-// ill-typed field, or a layout GGUF cannot express (dense layers in a qwen3_moe, qwen3_5 layer_types
-// that no full_attention_interval describes, laguna dense layers after a sparse one, rotary scaling)
-// throws strata::Error naming the file and field.
+// ill-typed field, a quantization_config (a quantized checkpoint), or a layout GGUF cannot express
+// (dense layers in a qwen3_moe, qwen3_5 layer_types that no full_attention_interval describes, laguna
+// dense layers after a sparse one, rotary scaling) throws strata::Error naming the file and field.
 HfConfig load_hf_config(const std::string& dir);
 
 }  // namespace strata::convert

@@ -1,7 +1,9 @@
 #include "strata/convert/tensor_plan.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "strata/base/error.h"
 #include "strata/convert/head_order.h"
@@ -43,6 +45,53 @@ std::string dims_string(const std::vector<int64_t>& d) {
   for (size_t i = 0; i < d.size(); ++i) s << (i ? ", " : "") << d[i];
   s << ")";
   return s.str();
+}
+
+// What marks `t` as part of a quantized checkpoint ("" when nothing does): fp8 storage, or a tensor
+// that packed-integer and fp8 formats keep beside or instead of a float weight.
+std::string quantized_sign(const StTensor& t) {
+  if (t.dtype == StDtype::F8_E4M3 || t.dtype == StDtype::F8_E5M2) return cat("dtype ", st_dtype_name(t.dtype));
+  static const std::pair<const char*, const char*> kCompanions[] = {
+      {".qweight", "GPTQ/AWQ"},
+      {".qzeros", "GPTQ/AWQ"},
+      {".scales", "GPTQ/AWQ"},
+      {".g_idx", "GPTQ"},
+      {".weight_scale", "fp8"},
+      {".weight_scale_inv", "fp8"},
+      {".input_scale", "fp8"},
+      {".weight_packed", "compressed-tensors"},
+      {".weight_zero_point", "compressed-tensors"},
+      {".weight_global_scale", "compressed-tensors"},
+      {".absmax", "bitsandbytes"},
+      {".nested_absmax", "bitsandbytes"},
+      {".quant_map", "bitsandbytes"},
+      {".SCB", "bitsandbytes"},
+  };
+  const std::string& n = t.name;
+  for (const auto& [suffix, format] : kCompanions) {
+    const size_t len = std::strlen(suffix);
+    if (n.size() > len && n.compare(n.size() - len, len, suffix) == 0) return cat(format, "-style '", suffix + 1, "'");
+  }
+  if (n.find(".quant_state.") != std::string::npos) return "bitsandbytes-style 'quant_state'";
+  return "";
+}
+
+// Refuses a checkpoint whose tensors are quantized (a config without quantization_config can still
+// hold them), naming one such tensor.
+void refuse_quantized_tensors(const HfCheckpoint& ck) {
+  size_t count = 0;
+  std::string first, sign;
+  for (const auto& name : ck.names()) {
+    const std::string s = quantized_sign(ck.get(name));
+    if (s.empty()) continue;
+    if (count++ == 0) {
+      first = name;
+      sign = s;
+    }
+  }
+  if (count > 0)
+    fail(ck.dir(), ": the checkpoint holds quantized weights (", count, " tensor(s), e.g. '", first, "': ", sign, "); ",
+         kNeedUnquantized);
 }
 
 // Builds the plan for one checkpoint; `ck` lookups also mark tensors used.
@@ -325,6 +374,7 @@ void Planner::check_leftovers() {
 }
 
 ConversionPlan Planner::run() {
+  refuse_quantized_tensors(ck_);
   add_globals();
   for (int il = 0; il < cfg_.n_layer; ++il) {
     if (cfg_.arch == HfArch::Laguna) {

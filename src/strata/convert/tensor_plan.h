@@ -57,9 +57,11 @@ struct ConversionPlan {
   std::vector<std::string> ignored;  // HF tensors deliberately not converted ("name: reason")
 };
 
-// Builds the plan and marks every HF tensor it reads or deliberately ignores. Throws when a needed
-// HF tensor is missing or has the wrong shape, and when the checkpoint holds tensors the plan neither
-// uses nor knows to ignore (listing them), so no weight is dropped silently.
+// Builds the plan and marks every HF tensor it reads or deliberately ignores. Throws when the
+// checkpoint's tensors are quantized (fp8 dtypes, GPTQ/AWQ, bitsandbytes or compressed-tensors
+// companions such as qweight / scales), when a needed HF tensor is missing or has the wrong shape, and
+// when the checkpoint holds tensors the plan neither uses nor knows to ignore (listing them), so no
+// weight is dropped silently.
 ConversionPlan plan_conversion(const HfConfig& cfg, const HfCheckpoint& ck);
 
 }  // namespace strata::convert
