@@ -3,6 +3,7 @@
 // transforms are those of llama.cpp's GGUF files, restated in the test as explicit small cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -793,6 +794,60 @@ TEST(ConvertQwen35Moe, MtpHeadUnderNextnNames) {
   cfg["text_config"]["mtp_num_hidden_layers"] = 2;
   write_json(dir + "/config.json", cfg);
   EXPECT_THROW(run_convert(dir, dir + "/out3.gguf", "f32"), Error);
+}
+
+// A config declaring an MTP layer over a checkpoint without any mtp.* tensor (re-uploads often strip
+// them): the trunk converts alone, with one note (on stderr from the CLI) that --spec mtp is not
+// available. Some MTP tensors without the rest are still refused.
+TEST(ConvertQwen35Moe, DeclaredMtpWithoutMtpTensorsConvertsTheTrunkWithANote) {
+  Qwen35Dims d;
+  json cfg = qwen35_config(d);
+  cfg["text_config"]["mtp_num_hidden_layers"] = 1;
+  TensorMap m = qwen35_tensors(d);
+  m.erase("mtp.fc.weight");
+  const std::string dir = fresh_dir("q35_mtp_stripped");
+  write_json(dir + "/config.json", cfg);
+  write_safetensors(dir + "/model.safetensors", m);
+  std::vector<std::string> notes;
+  const auto sum = run_convert(dir, dir + "/out.gguf", "f32", &notes);
+  auto mtp_notes = [](const std::vector<std::string>& v) {
+    return std::count_if(v.begin(), v.end(), [](const std::string& n) {
+      return n.find("no MTP weights") != std::string::npos &&
+             n.find("--spec mtp will not be available") != std::string::npos;
+    });
+  };
+  EXPECT_EQ(mtp_notes(notes), 1);      // as reported while converting
+  EXPECT_EQ(mtp_notes(sum.notes), 1);  // and in the summary
+
+  const GgufFile g = GgufFile::open(dir + "/out.gguf");
+  EXPECT_EQ(g.get_u32("qwen35moe.block_count"), 4u);
+  EXPECT_FALSE(g.has("qwen35moe.nextn_predict_layers"));
+  // The same tensors as the checkpoint without the MTP declaration.
+  const std::string plain = make_qwen35("q35_mtp_stripped_plain", d);
+  run_convert(plain, plain + "/out.gguf", "f32");
+  const GgufFile p = GgufFile::open(plain + "/out.gguf");
+  ASSERT_EQ(g.tensors().size(), p.tensors().size());
+  for (const auto& t : p.tensors()) EXPECT_NE(g.find_tensor(t.name), nullptr) << t.name;
+  EXPECT_EQ(Model::load(dir + "/out.gguf")->config().n_mtp, 0);
+
+  // The CLI prints the note on stderr.
+  const std::string cmd = std::string(STRATA_CLI) + " convert --hf " + dir + " -o " + dir + "/cli.gguf --type f32 > " +
+                          dir + "/stdout.txt 2> " + dir + "/stderr.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream err(dir + "/stderr.txt");
+  const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("note: config.json declares mtp_num_hidden_layers = 1 but the checkpoint has no MTP weights"),
+            std::string::npos)
+      << text;
+
+  // One MTP tensor (mtp.fc.weight) without the rest: refused, naming a missing one, nothing written.
+  const std::string partial = fresh_dir("q35_mtp_partial");
+  write_json(partial + "/config.json", cfg);
+  write_safetensors(partial + "/model.safetensors", qwen35_tensors(d));
+  const std::string e = error_of([&] { run_convert(partial, partial + "/out.gguf", "f32"); });
+  EXPECT_NE(e.find("of the MTP head is missing while other mtp.* tensors are present"), std::string::npos) << e;
+  EXPECT_NE(e.find("'mtp."), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(partial + "/out.gguf"));
 }
 
 TEST(ConvertQwen3Moe, ShardedCheckpointEqualsSingleFile) {

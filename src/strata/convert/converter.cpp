@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -58,8 +59,15 @@ ConvertSummary convert_hf_to_gguf(const ConvertOptions& opt) {
   if (opt.threads > 0) omp_set_num_threads(opt.threads);
 
   const TypeRequest req = parse_type_request(opt.type);
-  const HfConfig cfg = load_hf_config(opt.hf_dir);
+  HfConfig cfg = load_hf_config(opt.hf_dir);
   const HfCheckpoint ck = HfCheckpoint::open(opt.hf_dir);
+  // Re-uploads often strip the MTP head but keep mtp_num_hidden_layers: with no mtp.* tensor at all the
+  // trunk converts alone; some of them without the rest is still refused (the planner names one missing).
+  const int declared_mtp = cfg.n_mtp;
+  const auto names = ck.names();
+  const bool mtp_absent = cfg.n_mtp > 0 && std::none_of(names.begin(), names.end(),
+                                                        [](const std::string& n) { return n.rfind("mtp.", 0) == 0; });
+  if (mtp_absent) cfg.n_mtp = 0;
   const ConversionPlan plan = plan_conversion(cfg, ck);
 
   ConvertSummary sum;
@@ -72,6 +80,10 @@ ConvertSummary convert_hf_to_gguf(const ConvertOptions& opt) {
   for (const auto& s : plan.ignored) {
     if (opt.on_note) opt.on_note("ignored " + s);
   }
+  if (mtp_absent)
+    note(cat("config.json declares mtp_num_hidden_layers = ", declared_mtp,
+             " but the checkpoint has no MTP weights (no mtp.* tensors): converted without the MTP layer, so "
+             "--spec mtp will not be available with this GGUF"));
 
   GgufWriter writer;
   std::string name = fs::path(opt.hf_dir).filename().string();

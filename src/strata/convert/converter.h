@@ -29,7 +29,8 @@ struct ConvertOptions {
   std::string type = "bf16";  // see supported_type_names() in type_policy.h
   int threads = 0;            // 0: OpenMP default
   std::function<void(const TensorProgress&)> on_tensor;  // optional
-  std::function<void(const std::string&)> on_note;       // optional: fallbacks, ignored tensors, vocab
+  std::function<void(const std::string&)> on_note;       // optional: fallbacks, ignored tensors, vocab, a
+                                                         // declared MTP head without weights
 };
 
 struct ConvertSummary {

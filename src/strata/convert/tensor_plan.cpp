@@ -108,6 +108,10 @@ class Planner {
   // Fetches an HF tensor, checks its HF shape, marks it used.
   const StTensor& take(const std::string& name, const std::vector<int64_t>& hf_shape) {
     const StTensor* t = ck_.find(name);
+    if (t == nullptr && name.rfind("mtp.", 0) == 0)
+      fail(ck_.dir(), ": tensor '", name, "' of the MTP head is missing while other mtp.* tensors are present ",
+           "(config.json declares mtp_num_hidden_layers = ", cfg_.n_mtp, "); a partial MTP head is refused ",
+           "(a checkpoint with no mtp.* tensors converts without MTP)");
     if (t == nullptr) fail(ck_.dir(), ": tensor '", name, "' is missing (needed for ", gguf_arch_name(cfg_.arch), ")");
     if (t->shape != hf_shape)
       fail(t->file, ": tensor '", name, "' has shape ", t->shape_string(), ", expected ", dims_string(hf_shape),
