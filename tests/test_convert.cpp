@@ -1461,6 +1461,77 @@ TEST(ConvertLaguna, PerElementGateAndLayoutsGgufCannotExpress) {
   }
 }
 
+// Laguna's rope settings are read as transformers reads them: rope_parameters keyed by layer type,
+// LagunaConfig's defaults when absent. A flat rope_parameters, keys beside the per-type entries, a
+// top-level rope key, or a missing entry for a layer type in use are refused, naming the key.
+TEST(ConvertLaguna, RopeParametersKeyedByLayerTypeOnly) {
+  LagunaDims d;  // layers 0 and 3 full, 1 and 2 sliding; head_dim 64
+  const std::string dir = make_laguna("laguna_rope_forms", d);
+  const json base = laguna_config(d);
+  auto convert_with = [&](const json& c) {
+    write_json(dir + "/config.json", c);
+    fs::remove(dir + "/o.gguf");
+    return error_of([&] { run_convert(dir, dir + "/o.gguf", "f32"); });
+  };
+  // The written rope keys: full-attention theta and rotary dims, then the sliding layers'.
+  auto expect_rope = [&](float theta, uint32_t dims, float theta_swa, uint32_t dims_swa) {
+    const GgufFile g = GgufFile::open(dir + "/o.gguf");
+    EXPECT_EQ(g.get_f32("laguna.rope.freq_base"), theta);
+    EXPECT_EQ(g.get_u32("laguna.rope.dimension_count"), dims);
+    EXPECT_EQ(g.get_f32("laguna.rope.freq_base_swa"), theta_swa);
+    EXPECT_EQ(g.get_u32("laguna.rope.dimension_count_swa"), dims_swa);
+  };
+  {
+    json c = base;
+    c["rope_parameters"] = {
+        {"full_attention", {{"rope_type", "default"}, {"rope_theta", 250000.0}, {"partial_rotary_factor", 0.25}}},
+        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 20000.0}, {"partial_rotary_factor", 0.5}}}};
+    ASSERT_EQ(convert_with(c), "<no error>");
+    expect_rope(250000.0f, 16, 20000.0f, 32);
+  }
+  {
+    json c = base;  // absent: LagunaConfig's defaults for both types
+    c.erase("rope_parameters");
+    ASSERT_EQ(convert_with(c), "<no error>");
+    expect_rope(500000.0f, 32, 10000.0f, 64);
+  }
+  {
+    json c = base;  // flat: one dict for every layer type
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}, {"partial_rotary_factor", 0.5}};
+    const std::string e = convert_with(c);
+    EXPECT_NE(e.find("rope_parameters is not keyed by layer type"), std::string::npos) << e;
+    EXPECT_NE(e.find("rope_parameters.full_attention and rope_parameters.sliding_attention"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(dir + "/o.gguf"));
+  }
+  {
+    json c = base;
+    c["rope_parameters"]["rope_theta"] = 1000000.0;
+    const std::string e = convert_with(c);
+    EXPECT_NE(e.find("rope_parameters.rope_theta sits beside the per-layer-type entries"), std::string::npos) << e;
+  }
+  for (const char* key : {"rope_theta", "partial_rotary_factor"}) {
+    json c = base;
+    c[key] = 0.5;
+    const std::string e = convert_with(c);
+    EXPECT_NE(e.find(cat("'", key, "' at the top level is not read for laguna")), std::string::npos) << e;
+  }
+  {
+    json c = base;
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    const std::string e = convert_with(c);
+    EXPECT_NE(e.find("'rope_scaling' at the top level"), std::string::npos) << e;
+  }
+  {
+    json c = base;  // sliding layers without their entry
+    c["rope_parameters"].erase("sliding_attention");
+    const std::string e = convert_with(c);
+    EXPECT_NE(e.find("rope_parameters has no 'sliding_attention' entry, which layer 1"), std::string::npos) << e;
+    // Without sliding layers the entry is not needed.
+    c["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+    EXPECT_EQ(convert_with(c), "<no error>");
+  }
+}
+
 TEST(ConvertQwen35Moe, IntervalDerivedFromLayerTypesAlone) {
   Qwen35Dims d;
   d.interval = 2;

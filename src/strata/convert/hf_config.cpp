@@ -99,8 +99,38 @@ void laguna_rope(const Fields& f, const json* rope, const char* kind, float def_
     fail(f.path, ": rope_parameters.", kind, ": ", dims, " rotary dims (head_dim x partial_rotary_factor) must be even and in (0, head_dim]");
 }
 
+// Laguna's rope settings as transformers reads them: rope_parameters keyed by layer type, the layers of
+// each type reading their entry (its rotary embedding looks every type in layer_types up); absent, both
+// types take LagunaConfig's defaults. Nothing else is read (no top-level rope_theta /
+// partial_rotary_factor / rope_scaling, no flat dict), so such keys are refused rather than guessed at.
+const json* laguna_rope_parameters(const Fields& f, const HfConfig& c) {
+  for (const char* key : {"rope_theta", "partial_rotary_factor", "rope_scaling"})
+    if (f.has(key))
+      fail(f.path, ": '", key, "' at the top level is not read for laguna (its rope settings live only in ",
+           "rope_parameters.full_attention and rope_parameters.sliding_attention); move it there or remove it");
+  if (!f.has("rope_parameters")) return nullptr;
+  const json& r = f.j["rope_parameters"];
+  if (!r.is_object()) fail(f.path, ": 'rope_parameters' is not an object");
+  const bool keyed = r.contains("full_attention") || r.contains("sliding_attention");
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    if (it.key() == "full_attention" || it.key() == "sliding_attention") continue;
+    if (!keyed)
+      fail(f.path, ": rope_parameters is not keyed by layer type (it has '", it.key(), "' at its top level); ",
+           "laguna reads one entry per layer type, rope_parameters.full_attention and ",
+           "rope_parameters.sliding_attention");
+    fail(f.path, ": rope_parameters.", it.key(), " sits beside the per-layer-type entries, which alone are read; ",
+         "move it into rope_parameters.full_attention / rope_parameters.sliding_attention or remove it");
+  }
+  for (int i = 0; i < c.n_layer; ++i) {
+    const char* kind = c.is_sliding[static_cast<size_t>(i)] ? "sliding_attention" : "full_attention";
+    if (!r.contains(kind))
+      fail(f.path, ": rope_parameters has no '", kind, "' entry, which layer ", i, " (", kind, ") reads");
+  }
+  return &r;
+}
+
 // The laguna fields (HF LagunaConfig; defaults as its __post_init__ sets them).
-void read_laguna(const Fields& f, const json* rope, HfConfig& c) {
+void read_laguna(const Fields& f, HfConfig& c) {
   const int n = c.n_layer;
   if (f.get_bool_or("attention_bias", false)) fail(f.path, ": attention_bias is true: biases are not supported");
   if (f.get_bool_or("moe_apply_router_weight_on_input", false))
@@ -151,6 +181,7 @@ void read_laguna(const Fields& f, const json* rope, HfConfig& c) {
   } else {
     fail(f.path, ": 'gating' must be true, false, \"per-head\" or \"per-element\"");
   }
+  const json* rope = laguna_rope_parameters(f, c);
   laguna_rope(f, rope, "full_attention", 500000.0f, 0.5f, c.head_dim, c.rope_theta, c.rope_dims, &c);
   laguna_rope(f, rope, "sliding_attention", 10000.0f, 1.0f, c.head_dim, c.rope_theta_swa, c.rope_dims_swa);
 }
@@ -246,7 +277,7 @@ HfConfig load_hf_config(const std::string& dir) {
   if (merged.contains("rope_parameters") && merged["rope_parameters"].is_object()) rope = &merged["rope_parameters"];
   else if (merged.contains("rope_scaling") && merged["rope_scaling"].is_object()) rope = &merged["rope_scaling"];
   if (c.arch == HfArch::Laguna) {
-    // Keyed by layer type; read with the other laguna fields below.
+    // Keyed by layer type: read_laguna.
   } else if (f.has("rope_theta")) {
     c.rope_theta = static_cast<float>(f.get_num("rope_theta"));
   } else if (rope != nullptr && rope->contains("rope_theta") && (*rope)["rope_theta"].is_number()) {
@@ -275,7 +306,7 @@ HfConfig load_hf_config(const std::string& dir) {
   c.norm_topk_prob = f.get_bool_or("norm_topk_prob", c.arch != HfArch::Qwen3Moe);
 
   if (c.arch == HfArch::Laguna) {
-    read_laguna(f, rope, c);
+    read_laguna(f, c);
     return c;
   }
 
