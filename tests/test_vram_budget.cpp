@@ -2,12 +2,14 @@
 // the core does not fit, and the model footprint checked against the engine's own buffers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
 
 #include "strata/base/error.h"
+#include "strata/convert/synth.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/moe/placement.h"
@@ -249,6 +251,57 @@ TEST(ModelFootprint, MatchesTheEngineBuffersAndTheFile) {
   counts.reset(c.n_layer + 1, c.n_expert);
   counts.n_tokens = 1;
   EXPECT_THROW(placement_input(f, &counts, c.n_expert_used, 1000), Error);
+}
+
+// A model mixing sliding-window and full-attention layers (synth tiny-laguna, window 4): the KV budget
+// counts ctx rows per full layer and the ring (window plus one forward's tokens, at most ctx) per
+// sliding layer, as the engine's caches hold them; below the ring size both kinds cost ctx rows.
+TEST(ModelFootprint, SlidingWindowLayersCostTheirRingNotTheContext) {
+  convert::SynthOptions o;
+  o.preset = "tiny-laguna";
+  o.quant = "f32";
+  o.threads = 2;
+  o.out_path = (std::filesystem::path(testing::TempDir()) / "vram_tiny_laguna.gguf").string();
+  convert::synth_model(o);
+  auto model = Model::load(o.out_path);
+  const ModelConfig& c = model->config();
+  int n_full = 0, n_sliding = 0;
+  for (int il = 0; il < c.n_layer; ++il) {
+    if (c.mixer(il) == LayerKind::FullAttention) ++n_full;
+    if (c.mixer(il) == LayerKind::SlidingAttention) {
+      ++n_sliding;
+      ASSERT_EQ(c.layer(il).window, 4);
+    }
+  }
+  ASSERT_GT(n_full, 0);
+  ASSERT_GT(n_sliding, 0);
+  // K and V rows in f32: kv heads x head_dim floats each.
+  const uint64_t row = 2ull * static_cast<uint64_t>(c.n_head_kv) * c.head_dim * sizeof(float);
+  const uint64_t ring = 4 + 512 - 1;  // the window plus one forward's tokens (kSlidingForwardTokens), less one
+  for (const int ctx : {96, 2000}) {
+    const uint64_t sliding_rows = std::min<uint64_t>(static_cast<uint64_t>(ctx), ring);
+    const uint64_t expected =
+        row * (static_cast<uint64_t>(n_full) * ctx + static_cast<uint64_t>(n_sliding) * sliding_rows);
+    const ModelFootprint f = model_footprint(*model, ctx, 2);
+    EXPECT_EQ(f.kv_cache_bytes, 2 * expected) << "ctx " << ctx;
+    EXPECT_EQ(f.kv_bytes_per_token, row * static_cast<uint64_t>(n_full));
+    // The engine's own buffers for the same context.
+    Session s(*model, ctx);
+    uint64_t kv = 0;
+    for (const LayerState& l : s.state().layers) kv += l.k.size() + l.v.size();
+    EXPECT_EQ(f.kv_cache_bytes, 2 * kv) << "ctx " << ctx;
+    // Nothing recurrent in a model without DeltaNet layers.
+    EXPECT_EQ(f.recurrent_state_bytes, 0u);
+    VramInputs in;
+    in.gpu_total = in.gpu_free = 80ull << 30;
+    in.model = f;
+    const std::string text = format_receipt(compute_vram_receipt(in), nullptr);
+    const uint64_t rings = 2 * row * static_cast<uint64_t>(n_sliding) * sliding_rows;
+    EXPECT_NE(
+        text.find(cat(f.kv_bytes_per_token, " bytes/token + ", format_binary_size(rings), " sliding-window rings")),
+        std::string::npos)
+        << text;
+  }
 }
 
 }  // namespace

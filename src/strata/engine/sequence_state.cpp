@@ -18,6 +18,17 @@ int forward_token_limit(const ModelConfig& c, int max_ctx, int sliding_forward) 
   return max_ctx;
 }
 
+uint64_t kv_cache_bytes(const ModelConfig& c, const KvCacheTypes& types, int max_ctx, int sliding_forward) {
+  uint64_t n = 0;
+  for (int il = 0; il < c.n_layer; ++il) {
+    if (!is_attention(c.mixer(il))) continue;
+    const int64_t width = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
+    const uint64_t row = kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
+    n += row * static_cast<uint64_t>(attention_cache_rows(c, il, max_ctx, sliding_forward));
+  }
+  return n;
+}
+
 SequenceState::SequenceState(const ModelConfig& c, int max_ctx_, KvCacheTypes kv_types_, int sliding_forward)
     : max_ctx(max_ctx_), kv_types(kv_types_) {
   if (max_ctx <= 0) fail("context size must be positive, got ", max_ctx);

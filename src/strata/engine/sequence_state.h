@@ -44,6 +44,10 @@ constexpr int kSlidingForwardTokens = 512;
 int64_t attention_cache_rows(const ModelConfig& c, int il, int max_ctx, int sliding_forward = kSlidingForwardTokens);
 // The most tokens one forward may add: max_ctx, or sliding_forward when some layer is such a ring.
 int forward_token_limit(const ModelConfig& c, int max_ctx, int sliding_forward = kSlidingForwardTokens);
+// K and V bytes of one sequence's attention caches for a context of max_ctx tokens, as the backends
+// allocate them: attention_cache_rows rows per attention layer, so a sliding layer costs its ring.
+uint64_t kv_cache_bytes(const ModelConfig& c, const KvCacheTypes& types, int max_ctx,
+                        int sliding_forward = kSlidingForwardTokens);
 
 struct SequenceState {
   int max_ctx = 0;

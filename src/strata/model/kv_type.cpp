@@ -43,11 +43,12 @@ void check_kv_types(const ModelConfig& c, const KvCacheTypes& types) {
 
 uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types) {
   // Both engines store values at the key length per head (the supported architectures have equal lengths).
-  const int64_t width = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-  const uint64_t per_layer = kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
   uint64_t n = 0;
-  for (int il = 0; il < c.n_layer; ++il)
-    if (c.mixer(il) == LayerKind::FullAttention) n += per_layer;
+  for (int il = 0; il < c.n_layer; ++il) {
+    if (c.mixer(il) != LayerKind::FullAttention) continue;
+    const int64_t width = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
+    n += kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
+  }
   return n;
 }
 

@@ -8,6 +8,7 @@
 
 #include "strata/base/error.h"
 #include "strata/engine/model.h"
+#include "strata/engine/sequence_state.h"
 #include "strata/gguf/model_summary.h"
 #include "strata/moe/placement.h"
 
@@ -152,9 +153,9 @@ ModelFootprint model_footprint(const Model& model, int ctx, int slots, KvCacheTy
   }
   f.kv_types = kv_types;
   f.kv_bytes_per_token = kv_bytes_per_token(c, kv_types);
-  f.kv_cache_bytes = f.kv_bytes_per_token * static_cast<uint64_t>(ctx) * static_cast<uint64_t>(slots);
+  f.kv_cache_bytes = kv_cache_bytes(c, kv_types, ctx) * static_cast<uint64_t>(slots);
   for (int il = 0; il < c.n_layer; ++il) {
-    if (c.mixer(il) != LayerKind::FullAttention) {
+    if (c.mixer(il) == LayerKind::DeltaNet) {
       const uint64_t floats = static_cast<uint64_t>(c.ssm_conv_kernel - 1) * c.ssm_conv_channels() +
                               static_cast<uint64_t>(c.ssm_v_heads) * c.ssm_head_k * c.ssm_head_v;
       f.recurrent_state_bytes += floats * sizeof(float) * static_cast<uint64_t>(slots);
@@ -251,9 +252,13 @@ std::string format_receipt(const VramReceipt& r, const ExpertPlan* plan) {
   s += line("limit", format_binary_size(r.limit), r.limit_source + (r.limit_available ? "" : " (MORE THAN IS FREE)"));
   s += line("- safety reserve", format_binary_size(r.reserve), r.reserve_source);
   s += line("- core weights", format_binary_size(r.core_weights), "non-expert tensors");
+  // The cache beyond the full-attention layers' bytes per token is the sliding-window layers' rings.
+  const uint64_t full = r.kv_bytes_per_token * static_cast<uint64_t>(r.ctx) * static_cast<uint64_t>(r.slots);
+  const std::string rings =
+      r.kv_cache > full ? cat(" + ", format_binary_size(r.kv_cache - full), " sliding-window rings") : std::string();
   s += line("- KV cache", format_binary_size(r.kv_cache),
             cat("ctx ", r.ctx, " x ", r.slots, " slot(s), K ", kv_type_name(r.kv_types.k), " + V ",
-                kv_type_name(r.kv_types.v), ", ", r.kv_bytes_per_token, " bytes/token"));
+                kv_type_name(r.kv_types.v), ", ", r.kv_bytes_per_token, " bytes/token", rings));
   s += line("- recurrent state", format_binary_size(r.recurrent_state), "DeltaNet conv + state");
   s += line("- workspaces", format_binary_size(r.workspaces));
   if (r.prefill_cache > 0 || !r.prefill_cache_note.empty())

@@ -49,7 +49,8 @@ struct ModelFootprint {
                                     // DeltaNet, norms, routers, shared experts, output head)
   uint64_t all_expert_bytes = 0;    // every routed expert
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]: gate + up + down bytes; empty row: none
-  uint64_t kv_cache_bytes = 0;         // full-attention K and V for ctx positions x slots
+  // K and V x slots: ctx positions per full-attention layer, its ring (at most ctx) per sliding one.
+  uint64_t kv_cache_bytes = 0;
   uint64_t kv_bytes_per_token = 0;     // K + V of one token over every full-attention layer
   KvCacheTypes kv_types;               // how the cache stores them
   uint64_t recurrent_state_bytes = 0;  // DeltaNet conv window + recurrent state x slots
