@@ -717,7 +717,11 @@ struct GpuSession::Impl {
 
   // Every kernel of the multi-token step of T tokens (d_mio: the tokens, then their positions).
   void enqueue_multi(int T) {
-    if (prof.on) prof.tag = "T" + std::to_string(T) + ": ";
+    if (prof.on) {
+      char tag[16];
+      std::snprintf(tag, sizeof tag, "T%d: ", T);
+      prof.tag = tag;
+    }
     prof.mark(nullptr, stream);  // step start
     // The prefill's embedding of token rows: the decode step's row decoding, T rows in one launch.
     prefill::embed_rows(dm.token_embd, d_mio, T, multi.x, stream);
