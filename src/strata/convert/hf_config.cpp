@@ -99,7 +99,7 @@ void laguna_rope(const Fields& f, const json* rope, const char* kind, float def_
     fail(f.path, ": rope_parameters.", kind, ": ", dims, " rotary dims (head_dim x partial_rotary_factor) must be even and in (0, head_dim]");
 }
 
-// Laguna's rope settings as transformers reads them: rope_parameters keyed by layer type, the layers of
+// Laguna's rope settings in the form LagunaConfig documents: rope_parameters keyed by layer type, the layers of
 // each type reading their entry (its rotary embedding looks every type in layer_types up); absent, both
 // types take LagunaConfig's defaults. Nothing else is read (no top-level rope_theta /
 // partial_rotary_factor / rope_scaling, no flat dict), so such keys are refused rather than guessed at.

@@ -70,8 +70,8 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   // Every thread's writes reach host memory before the doorbell.
   __threadfence_system();
   __syncthreads();
-  // The doorbell needs no fence after it: the store leaves at once, and one would only hold the kernel's
-  // end (and the hot experts' launch after it) until the host acknowledged it.
+  // The doorbell needs no fence after it: the store leaves at once, and a system-scope fence would only
+  // hold the kernel's end (and the hot experts' launch after it) until the store is performed.
   if (threadIdx.x == 0) {
     volatile HostJob* j = r.job;
     j->doorbell = seq;
@@ -118,8 +118,8 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= d) return;
-  // Every cold row's value requested before the first is used (each is a PCIe round trip: one at a time
-  // they were a chain of them), then added in the engine's order.
+  // Up to eight cold rows' values requested before any is used (each is a PCIe round trip; loading one
+  // per use would serialise them), then added in the engine's order.
   constexpr int kBatch = 8;
   float acc = 0.0f;
   for (int q0 = 0; q0 < n_cold; q0 += kBatch) {
