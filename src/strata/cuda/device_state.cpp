@@ -24,16 +24,6 @@ size_t kv_bytes(const ModelConfig& c, int64_t rows, KvType t) {
 
 }  // namespace
 
-size_t DeviceSequenceState::bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv) {
-  size_t n = 0;
-  for (int il = 0; il < c.n_layer; ++il) {
-    const int64_t rows = attention_cache_rows(c, il, max_ctx);
-    n += is_attention(c.mixer(il)) ? kv_bytes(c, rows, kv.k) + kv_bytes(c, rows, kv.v)
-                                   : (conv_floats(c) + ssm_floats(c)) * sizeof(float);
-  }
-  return n;
-}
-
 void* alloc_state_bytes(size_t bytes, int max_ctx) {
   if (bytes == 0) bytes = 1;
   void* p = device_alloc(bytes, cat("the sequence state (context ", max_ctx, ")"));

@@ -91,8 +91,6 @@ class DeviceSequenceState {
   int max_ctx() const { return max_ctx_; }
   int kv_width() const { return c_.n_head_kv * c_.head_dim; }
   size_t bytes() const { return bytes_; }
-  // Bytes this state needs for a model and context, without allocating (for the VRAM budget receipt).
-  static size_t bytes_needed(const ModelConfig& c, int max_ctx, KvCacheTypes kv = {});
 
   std::vector<DeviceLayerState> layers;
   int n_past = 0;  // tokens already in the state
