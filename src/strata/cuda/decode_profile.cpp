@@ -25,17 +25,18 @@ void DecodeProfile::mark_graph(const char* what, cudaStream_t s) {
 
 void DecodeProfile::mark(const char* what, cudaStream_t s) {
   if (!on) return;
-  if (what == nullptr) used_ = 0;  // a step starts
+  if (what == nullptr) {  // a step starts
+    used_ = 0;
+    step_tag_ = tag;
+  }
   if (used_ == events_.size()) {
     cudaEvent_t e = nullptr;
     check_cuda(cudaEventCreate(&e), "cudaEventCreate(profile)");
     events_.push_back(e);
     names_.push_back(nullptr);
-    tags_.emplace_back();
   }
   check_cuda(cudaEventRecord(events_[used_], s), "cudaEventRecord(profile)");
   names_[used_] = what;
-  tags_[used_] = tag;
   ++used_;
 }
 
@@ -44,11 +45,11 @@ void DecodeProfile::collect() {
   for (size_t i = 1; i < used_; ++i) {
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "cudaEventElapsedTime(profile)");
-    Total& t = totals_[tags_[0]][names_[i] ? names_[i] : "?"];
+    Total& t = totals_[step_tag_][names_[i] ? names_[i] : "?"];
     t.ms += ms;
     ++t.calls;
   }
-  ++steps_[tags_[0]];
+  ++steps_[step_tag_];
   used_ = 0;
 }
 
@@ -70,7 +71,6 @@ void DecodeProfile::release() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
   names_.clear();
-  tags_.clear();
   totals_.clear();
   steps_.clear();
   on = false;

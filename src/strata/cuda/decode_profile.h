@@ -43,7 +43,7 @@ class DecodeProfile {
   std::vector<cudaEvent_t> events_;
   std::vector<const char*> names_;
   size_t used_ = 0;
-  std::vector<std::string> tags_;
+  std::string step_tag_;  // `tag` when the recorded step started
   std::map<std::string, long> steps_;
   std::map<std::string, std::map<std::string, Total>> totals_;
 };

@@ -22,9 +22,8 @@ uint64_t kv_cache_bytes(const ModelConfig& c, const KvCacheTypes& types, int max
   uint64_t n = 0;
   for (int il = 0; il < c.n_layer; ++il) {
     if (!is_attention(c.mixer(il))) continue;
-    const int64_t width = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
-    const uint64_t row = kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
-    n += row * static_cast<uint64_t>(attention_cache_rows(c, il, max_ctx, sliding_forward));
+    const auto rows = static_cast<uint64_t>(attention_cache_rows(c, il, max_ctx, sliding_forward));
+    n += kv_layer_row_bytes(c, il, types) * rows;
   }
   return n;
 }

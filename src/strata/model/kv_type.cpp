@@ -41,14 +41,16 @@ void check_kv_types(const ModelConfig& c, const KvCacheTypes& types) {
   check(types.v, c.head_dim, "value");
 }
 
-uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types) {
+uint64_t kv_layer_row_bytes(const ModelConfig& c, int il, const KvCacheTypes& types) {
   // Both engines store values at the key length per head (the supported architectures have equal lengths).
+  const int64_t width = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
+  return kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
+}
+
+uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types) {
   uint64_t n = 0;
-  for (int il = 0; il < c.n_layer; ++il) {
-    if (c.mixer(il) != LayerKind::FullAttention) continue;
-    const int64_t width = static_cast<int64_t>(c.layer(il).n_head_kv) * c.head_dim;
-    n += kv_row_bytes(types.k, width) + kv_row_bytes(types.v, width);
-  }
+  for (int il = 0; il < c.n_layer; ++il)
+    if (c.mixer(il) == LayerKind::FullAttention) n += kv_layer_row_bytes(c, il, types);
   return n;
 }
 

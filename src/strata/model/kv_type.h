@@ -34,6 +34,9 @@ void check_kv_types(const ModelConfig& c, const KvCacheTypes& types);
 // Refuses types the GPU backend does not store (q8_0), naming those it does: the GPU sequence state
 // checks it, and the backend options check it with --gpu before any model is loaded.
 void check_gpu_kv_types(const KvCacheTypes& types);
+// K and V bytes of one cached position of attention layer il (its own KV head
+// count).
+uint64_t kv_layer_row_bytes(const ModelConfig& c, int il, const KvCacheTypes& types);
 // K and V bytes each token of context adds over the full-attention layers (the sliding-window layers'
 // rings stop growing at their size: kv_cache_bytes in engine/sequence_state.h counts them).
 uint64_t kv_bytes_per_token(const ModelConfig& c, const KvCacheTypes& types);
