@@ -1321,7 +1321,12 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
   const std::vector<uint8_t> wacc = make_weights(GgmlType::F16, d, d, rng);
   const std::vector<uint8_t> wdown = make_weights(GgmlType::Q4_K, int64_t{d} * n_expert, ff, rng);
   const std::vector<uint8_t> wsdown = make_weights(GgmlType::Q6_K, d, ff, rng);
+  // The shared expert's gate/up pair rides in the routed launch, as in the decode step: a token grid's block
+  // may run it after routed tiles of the same input.
+  const std::vector<uint8_t> wsgate = make_weights(GgmlType::Q4_K, ff, d, rng);
+  const std::vector<uint8_t> wsup = make_weights(GgmlType::Q4_K, ff, d, rng);
   Dev<uint8_t> dbig(wbig), drouter(wrouter), dgate(wgate), dup(wup), dacc(wacc), ddown(wdown), dsdown(wsdown);
+  Dev<uint8_t> dsgate(wsgate), dsup(wsup);
   const sc::DevMatrix mbig = dev_matrix(GgmlType::Q4_K, dbig, big, d);
   const sc::DevMatrix mrouter = dev_matrix(GgmlType::F32, drouter, n_expert, d);
   const sc::DevMatrix mgate = dev_matrix(GgmlType::Q4_K, dgate, ff, d, n_expert);
@@ -1329,6 +1334,8 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
   const sc::DevMatrix macc = dev_matrix(GgmlType::F16, dacc, d, d);
   const sc::DevMatrix mdown = dev_matrix(GgmlType::Q4_K, ddown, d, ff, n_expert);
   const sc::DevMatrix msdown = dev_matrix(GgmlType::Q6_K, dsdown, d, ff);
+  const sc::DevMatrix msgate = dev_matrix(GgmlType::Q4_K, dsgate, ff, d);
+  const sc::DevMatrix msup = dev_matrix(GgmlType::Q4_K, dsup, ff, d);
   const std::vector<float> x = randn(static_cast<size_t>(T) * d, rng, 3.0f), nw = randn(d, rng);
   const std::vector<float> res = randn(static_cast<size_t>(T) * d, rng), hs = randn(static_cast<size_t>(T) * ff, rng);
   const std::vector<float> sg = randn(T, rng);
@@ -1338,12 +1345,13 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
     if (i8) int8 = std::make_unique<Int8Gemv>();
     // Outputs of the token grid (grid) and of T single launches (one).
     struct Out {
-      Dev<float> ybig, logits, g, wts, res, xs;
+      Dev<float> ybig, logits, g, wts, res, xs, gsh;
       Dev<int> ids;
       Dev<unsigned long long> counts;
       Out(int T_, int big_, int ne, int k_, int ff_, const std::vector<float>& r)
           : ybig(static_cast<size_t>(T_) * big_), logits(static_cast<size_t>(T_) * ne),
             g(static_cast<size_t>(T_) * k_ * ff_), wts(static_cast<size_t>(T_) * k_), res(r), xs(r),
+            gsh(static_cast<size_t>(T_) * ff_),
             ids(static_cast<size_t>(T_) * k_), counts(std::vector<unsigned long long>(static_cast<size_t>(ne), 0)) {}
     };
     Out grid(T, big, n_expert, k, ff, res), one(T, big, n_expert, k, ff, res);
@@ -1367,7 +1375,12 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
         a.x = dx.p + at * d, a.norm_w = dn.p, a.norm_eps = 1e-6f, a.y = o.g.p + (at * k + j) * ff;
         a.x_token_stride = d, a.y_token_stride = int64_t{k} * ff, a.ids_token_stride = k;
       }
-      sc::gemv_batch(up.data(), k, nullptr, nullptr, nullptr, nullptr, &rt, n_tok);
+      sc::GemvJob shared;
+      shared.w = &msgate, shared.w2 = &msup, shared.mode = sc::GemvMode::SwigluPair;
+      shared.x = dx.p + at * d, shared.norm_w = dn.p, shared.norm_eps = 1e-6f, shared.y = o.gsh.p + at * ff;
+      shared.x_token_stride = d, shared.y_token_stride = ff;
+      up.push_back(shared);
+      sc::gemv_batch(up.data(), k + 1, nullptr, nullptr, nullptr, nullptr, &rt, n_tok);
       sc::GemvJob acc;
       acc.w = &macc, acc.x = dx.p + at * d, acc.y = o.res.p + at * d, acc.mode = sc::GemvMode::Accumulate;
       acc.x_token_stride = d, acc.y_token_stride = d;
@@ -1385,6 +1398,7 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
     EXPECT_EQ(grid.ids.get(), one.ids.get()) << "int8 " << i8;
     EXPECT_TRUE(bitwise_equal(grid.wts.get(), one.wts.get())) << "int8 " << i8;
     EXPECT_TRUE(bitwise_equal(grid.g.get(), one.g.get())) << "int8 " << i8;
+    EXPECT_TRUE(bitwise_equal(grid.gsh.get(), one.gsh.get())) << "int8 " << i8;
     EXPECT_TRUE(bitwise_equal(grid.res.get(), one.res.get())) << "int8 " << i8;
     EXPECT_TRUE(bitwise_equal(grid.xs.get(), one.xs.get())) << "int8 " << i8;
     EXPECT_EQ(grid.counts.get(), one.counts.get()) << "int8 " << i8;

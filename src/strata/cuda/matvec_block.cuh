@@ -354,6 +354,7 @@ struct BlockStage {
   bool i8 = false;
   bool s16 = false;
   const float* routed_from = nullptr;  // the route_in logits route_ids[] was computed from
+  bool by_group = false;               // staged by warps 1.. while warp 0 routed (run_tiles)
   __device__ void note_staged(const DJob& J, bool sums, bool int8) {
     x = J.x;
     n = J.n_cols;
@@ -445,12 +446,17 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     const uint8_t* base = J.w;
     const uint8_t* base2 = J.w2;
     bool skip = false;
-    if (J.ids && rin.logits && st.routed_from != rin.logits && restage && blockDim.x > 32) {  // block-uniform
-      // Both the picks and the staged input are needed before the rows: warp 0 routes while the other
-      // warps stage (the routing took a third of the expert launch's time with the block waiting).
+    // A routed tile of a launch that routes itself is staged by warps 1.. (warp 0 routes meanwhile: the
+    // routing took a third of the expert launch's time with the block waiting), any other tile by the whole
+    // block. The two forms add the rmsnorm sum in different orders, so a tile whose input was staged in
+    // the other form restages: every tile sees the staging a block that runs it alone gives it, whatever
+    // tiles its block ran before (a token grid's blocks run several).
+    const bool group_tile = J.ids && rin.logits && blockDim.x > 32;
+    if (group_tile != st.by_group) restage = true;
+    if (group_tile && restage) {  // block-uniform
       __syncthreads();  // the previous tile's readers of the staged input are done
       if (threadIdx.x < 32) {
-        route_warp0<Tokens>(rin, S.route_ids, blockIdx.x == 0);
+        if (st.routed_from != rin.logits) route_warp0<Tokens>(rin, S.route_ids, blockIdx.x == 0);
       } else {
         const Group g{static_cast<int>(threadIdx.x) - 32, static_cast<int>(blockDim.x) - 32, 1};
         stage_input<3>(J, jx, L, want_s16, i8a || i8b, smem, g);
@@ -458,6 +464,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
       __syncthreads();
       st.routed_from = rin.logits;
       st.note_staged(J, want_s16, i8a || i8b);
+      st.by_group = true;
       restage = false;
     }
     if (J.ids) {
@@ -474,6 +481,7 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
       stage_input<2>(J, jx, L, want_s16, i8a || i8b, smem, whole_block());
       __syncthreads();
       st.note_staged(J, want_s16, i8a || i8b);
+      st.by_group = false;
     }
     float a = 0.0f, a2 = 0.0f;
     // The residual's old value is read before the row's weights, so its L2 round trip overlaps theirs

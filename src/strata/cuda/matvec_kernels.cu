@@ -379,13 +379,9 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   const int grid = std::max(1, std::min(tiles, capacity));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   // The tiling above does not depend on n_tokens: each token's blocks run the single-token launch's tiles.
-  // A launch that routes itself keeps one grid per token: its blocks stage a routed tile's input with a
-  // 224-thread group while warp 0 routes, and a block that went on to an unrouted tile of the same input
-  // (the shared expert) would reuse that staging where the single-token launch stages with the whole block.
   if (tokens)
-    launch_pdl("gemv_batch", gemv_kernel<true>,
-               dim3(route_in ? grid : token_grid_blocks(grid, capacity, n_tokens), n_tokens), dim3(kThreads), smem,
-               s, b);
+    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(token_grid_blocks(grid, capacity, n_tokens), n_tokens),
+               dim3(kThreads), smem, s, b);
   else
     launch_pdl("gemv_batch", gemv_kernel<false>, dim3(grid), dim3(kThreads), smem, s, b);
 }

@@ -144,7 +144,7 @@ int sm_count();
 // Blocks per token of a token-grid launch whose single-token launch takes `blocks` blocks: at most
 // `resident` blocks in all, about one wave, so that each block stages its token's input once rather than
 // once per wave. Only for launches whose blocks stride over the rows and stage every input alike whatever
-// tiles they ran before (not gemv_batch's route_in launches), so the block count changes no result.
+// tiles they ran before, so the block count changes no result.
 int token_grid_blocks(int blocks, int resident, int n_tokens);
 // A token grid goes token-shared only when its jobs read at least this many weight bytes: a token-shared
 // block stages its tokens one after another before its first row, which costs more than the grid's
