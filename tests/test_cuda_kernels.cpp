@@ -1497,7 +1497,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
       std::vector<sc::GemvJob> js = jobs_of(launch, shared, 0);
       const int per = sc::gemv_tokens_per_block(js.data(), static_cast<int>(js.size()), T);
       EXPECT_GE(per, 1) << "T " << T << " launch " << launch << ": not token-shared";
-      EXPECT_LE(per, 8);
+      EXPECT_LE(per, sc::kGemvSharedTokens);
       sc::gemv_batch(js.data(), static_cast<int>(js.size()), nullptr, nullptr, nullptr, nullptr, nullptr, T);
       for (int t = 0; t < T; ++t) {
         std::vector<sc::GemvJob> jt = jobs_of(launch, one, t);
@@ -1526,7 +1526,8 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
   sc::set_gemv_math(sc::GemvMath::Float);
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 4), 0) << "float arithmetic";
   sc::set_gemv_math(sc::GemvMath::Int8);
-  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 5) << "nine tokens in two blocks of five and four";
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 9) << "nine tokens in one block";
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 17), 9) << "17 tokens in two blocks of nine and eight";
   sc::set_gemv_tokens_min_bytes(sc::kGemvTokensMinBytes);
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 0) << "a launch of a few MB keeps the token grid";
 }

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) gemv_kernel(const _
 
 // The token-shared launch of a token grid (gemv_batch): up to NT tokens per block, each weight unit read once
 // for all of them. Two resident blocks' registers: NT partial sums (two per token for a gate/up pair).
-constexpr int kSharedTokens = 8;
+constexpr int kSharedTokens = kGemvSharedTokens;
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tokens_kernel(const __grid_constant__ DBatch b) {
   pdl_launch_dependents();

@@ -320,31 +320,52 @@ __device__ __forceinline__ int dot16_i8(const uint32_t v[4], const int8_t* q) {
 
 // Q4_K / Q5_K unit on int8 activations: the codes (0..31) times q in integers, then per 16 weights
 // d * scale * d32 * dot - dmin * min * sum16 (the CPU fused kernel's terms).
-template <bool kFive>
-__device__ __forceinline__ float k45_compute_i8(const K45Raw& r, int u, const XStage& X) {
-  const K45Unit k = k45_unpack<kFive>(r, u);
+__device__ __forceinline__ float k45_dot_i8(const K45Unit& k, const XStage& X) {
   const int dot0 = dot16_i8(k.lo, X.q + k.x0);
   const int dot1 = dot16_i8(k.hi, X.q + k.x1);
   const float s0 = k.dl0 * X.d32[k.x0 >> 5], s1 = k.dl1 * X.d32[k.x1 >> 5];
   return (s0 * static_cast<float>(dot0) - k.ml0 * X.sum16[k.x0 >> 4]) +
          (s1 * static_cast<float>(dot1) - k.ml1 * X.sum16[k.x1 >> 4]);
 }
+template <bool kFive>
+__device__ __forceinline__ float k45_compute_i8(const K45Raw& r, int u, const XStage& X) {
+  return k45_dot_i8(k45_unpack<kFive>(r, u), X);
+}
 
 // Q6_K unit on int8 activations: per run of 16, d * scale * d32 * (dot of the 0..63 codes - 32 * isum16),
 // the offset folded in exact integers.
-__device__ __forceinline__ float q6k_compute_i8(const Q6Raw& r, int u, const XStage& X) {
+// A Q6_K unit unpacked: each quarter's codes and d * scale, and where its activations start.
+struct Q6Unit {
+  uint32_t v[4][4];
+  float ds[4];
+  int x0;
+};
+
+__device__ __forceinline__ Q6Unit q6k_unpack(const Q6Raw& r, int u) {
   const int sb = u >> 2, n = (u >> 1) & 1, t = u & 1;
-  const int x0 = sb * 256 + 128 * n + 16 * t;
+  Q6Unit k;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    q6k_codes(r, q, k.v[q]);
+    k.ds[q] = r.d * static_cast<float>(r.sc[q]);
+  }
+  k.x0 = sb * 256 + 128 * n + 16 * t;
+  return k;
+}
+
+__device__ __forceinline__ float q6k_dot_i8(const Q6Unit& k, const XStage& X) {
   float acc = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    uint32_t v[4];
-    q6k_codes(r, k, v);
-    const int xk = x0 + 32 * k;
-    const int dot = dot16_i8(v, X.q + xk) - 32 * X.isum16[xk >> 4];
-    acc += (r.d * static_cast<float>(r.sc[k]) * X.d32[xk >> 5]) * static_cast<float>(dot);
+  for (int q = 0; q < 4; ++q) {
+    const int xk = k.x0 + 32 * q;
+    const int dot = dot16_i8(k.v[q], X.q + xk) - 32 * X.isum16[xk >> 4];
+    acc += (k.ds[q] * X.d32[xk >> 5]) * static_cast<float>(dot);
   }
   return acc;
+}
+
+__device__ __forceinline__ float q6k_compute_i8(const Q6Raw& r, int u, const XStage& X) {
+  return q6k_dot_i8(q6k_unpack(r, u), X);
 }
 
 // Whether weights of type t take the int8 path when it is on (the K-quants, as on the CPU).
@@ -362,6 +383,9 @@ struct Unit<GgmlType::Q4_K> {
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<false>(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<false>(r, u, X.xs, X.s16); }
   __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<false>(r, u, X); }
+  using Unpacked = K45Unit;
+  __device__ static Unpacked unpack(const Raw& r, int u) { return k45_unpack<false>(r, u); }
+  __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return k45_dot_i8(k, X); }
 };
 template <>
 struct Unit<GgmlType::Q5_K> {
@@ -369,6 +393,9 @@ struct Unit<GgmlType::Q5_K> {
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<true>(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<true>(r, u, X.xs, X.s16); }
   __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<true>(r, u, X); }
+  using Unpacked = K45Unit;
+  __device__ static Unpacked unpack(const Raw& r, int u) { return k45_unpack<true>(r, u); }
+  __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return k45_dot_i8(k, X); }
 };
 template <>
 struct Unit<GgmlType::Q6_K> {
@@ -376,6 +403,9 @@ struct Unit<GgmlType::Q6_K> {
   __device__ static Raw load(const uint8_t* row, int u, int) { return q6k_load(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return q6k_compute(r, u, X.xs); }
   __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return q6k_compute_i8(r, u, X); }
+  using Unpacked = Q6Unit;
+  __device__ static Unpacked unpack(const Raw& r, int u) { return q6k_unpack(r, u); }
+  __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return q6k_dot_i8(k, X); }
 };
 template <>
 struct Unit<GgmlType::Q8_0> {
@@ -541,9 +571,11 @@ __device__ __forceinline__ void row_dot_tokens_t(const uint8_t* row, int n_cols,
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for_each_unit<T, 2>(row, n_cols, sub, G, [&](const typename Unit<T>::Raw& r, int u) {
+    // Unpacked once for all the tokens (compute_i8 is unpack then dot_i8, so each sum is its own).
+    const typename Unit<T>::Unpacked k = Unit<T>::unpack(r, u);
 #pragma unroll
     for (int t = 0; t < NT; ++t)
-      if (t < nt) acc[t] += Unit<T>::compute_i8(r, u, token_view(tok0 + t * tok_stride, n_cols));
+      if (t < nt) acc[t] += Unit<T>::dot_i8(k, token_view(tok0 + t * tok_stride, n_cols));
   });
 }
 
@@ -558,14 +590,14 @@ __device__ __forceinline__ void row_dot2_tokens_t(const uint8_t* ra, const uint8
   for (int t = 0; t < NT; ++t) a[t] = b[t] = 0.0f;
 #pragma unroll 1
   for (int u = sub; u < U; u += G) {
-    const typename Op::Raw x = Op::load(ra, u, n_cols);
-    const typename Op::Raw y = Op::load(rb, u, n_cols);
+    const typename Op::Unpacked x = Op::unpack(Op::load(ra, u, n_cols), u);
+    const typename Op::Unpacked y = Op::unpack(Op::load(rb, u, n_cols), u);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t < nt) {
         const XStage X = token_view(tok0 + t * tok_stride, n_cols);
-        a[t] += Op::compute_i8(x, u, X);
-        b[t] += Op::compute_i8(y, u, X);
+        a[t] += Op::dot_i8(x, X);
+        b[t] += Op::dot_i8(y, X);
       }
     }
   }
