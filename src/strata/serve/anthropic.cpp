@@ -204,7 +204,11 @@ class AnthropicWriter final : public ChatEventWriter {
     msg["content"] = OrderedJson::array();
     msg["stop_reason"] = nullptr;
     msg["stop_sequence"] = nullptr;
-    msg["usage"] = {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}};
+    // The cache split is known only at the end: message_delta carries it; the sum is right either way.
+    msg["usage"] = {{"input_tokens", prompt_tokens_},
+                    {"cache_creation_input_tokens", 0},
+                    {"cache_read_input_tokens", 0},
+                    {"output_tokens", 0}};
     out += sse_event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}});
     out += sse_event("ping", {{"type", "ping"}});
   }
@@ -226,7 +230,8 @@ class AnthropicWriter final : public ChatEventWriter {
       open(Block::ToolUse,
            {{"type", "tool_use"}, {"id", make_response_id("toolu_")}, {"name", call.name}, {"input", OrderedJson::object()}},
            out);
-      send_delta({{"type", "input_json_delta"}, {"partial_json", call.arguments}}, out);
+      // The same input the whole message carries, as JSON: clients parse partial_json as they go.
+      send_delta({{"type", "input_json_delta"}, {"partial_json", dump_json(tool_input(call))}}, out);
     }
     close(out);
     const bool tools = !last.tool_calls.empty();
