@@ -300,6 +300,32 @@ TEST(AnthropicStream, ToolInputIsValidJsonMatchingTheMessage) {
   EXPECT_EQ(streamed, whole["content"][0]["input"]);
 }
 
+TEST(AnthropicRequest, AdaptiveThinkingAndDisplay) {
+  const std::string msgs = R"("max_tokens": 5, "messages": [{"role": "user", "content": "x"}])";
+  const ChatRequest adaptive =
+      parse_anthropic_request(R"({"thinking": {"type": "adaptive"}, )" + msgs + "}", kVocab, false);
+  EXPECT_EQ(adaptive.enable_thinking, std::optional<bool>(true));
+  const ChatRequest shown = parse_anthropic_request(
+      R"({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "summarized"}, )" + msgs + "}", kVocab,
+      false);
+  EXPECT_EQ(shown.enable_thinking, std::optional<bool>(true));
+  EXPECT_EQ(error_of([&] {
+              parse_anthropic_request(R"({"thinking": {"type": "adaptive", "display": "omitted"}, )" + msgs + "}",
+                                      kVocab, false);
+            }).first,
+            0);
+  const auto [status, message] = error_of([&] {
+    parse_anthropic_request(R"({"thinking": {"type": "adaptive", "display": "loud"}, )" + msgs + "}", kVocab, false);
+  });
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(message.find("display"), std::string::npos) << message;
+  EXPECT_EQ(error_of([&] {
+              parse_anthropic_request(R"({"thinking": {"type": "disabled", "display": "summarized"}, )" + msgs + "}",
+                                      kVocab, false);
+            }).first,
+            400);
+}
+
 // ---- OpenAI Responses -----------------------------------------------------------------------
 
 TEST(ResponsesRequest, TranslatesItemsToTheChatRequest) {

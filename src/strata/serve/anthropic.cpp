@@ -145,14 +145,26 @@ void apply_tool_choice(const OrderedJson& v, ChatRequest& r) {
 void apply_thinking(const OrderedJson& v, ChatRequest& r) {
   const OrderedJson& t = get_object(v, "thinking");
   const std::string& type = get_string(required(t, "type", "thinking"), "thinking.type");
+  const bool on = type == "enabled" || type == "adaptive";
   for (const auto& [key, value] : t.items()) {
     // The budget is accepted but not enforced: the model thinks until it closes its think block.
-    if (key == "budget_tokens" && type == "enabled") get_integer(value, "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max());
-    else if (key != "type") bad_request("thinking", "unknown field 'thinking.", key, "'");
+    if (key == "budget_tokens" && type == "enabled") {
+      get_integer(value, "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max());
+    } else if (key == "display" && on) {
+      // Only a presentation choice: the thinking text is returned either way.
+      if (!value.is_null() && get_string(value, "thinking.display") != "summarized" && value != "omitted")
+        bad_request("thinking", "'thinking.display' must be 'summarized' or 'omitted', got ", value);
+    } else if (key != "type") {
+      bad_request("thinking", "unknown field 'thinking.", key, "'");
+    }
   }
-  if (type == "enabled") r.enable_thinking = true;
-  else if (type == "disabled") r.enable_thinking = false;
-  else bad_request("thinking", "'thinking.type' must be 'enabled' or 'disabled', got '", type, "'");
+  if (on) {
+    r.enable_thinking = true;
+  } else if (type == "disabled") {
+    r.enable_thinking = false;
+  } else {
+    bad_request("thinking", "'thinking.type' must be 'enabled', 'adaptive' or 'disabled', got '", type, "'");
+  }
 }
 
 std::vector<std::string> parse_stop_sequences(const OrderedJson& v) {
