@@ -217,6 +217,33 @@ TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
   expect_healthy();
 }
 
+// Under /v1/messages even the router's errors come in Anthropic's shape; count_tokens counts a
+// prompt too long to run (clients count to learn whether to shorten it) while /v1/messages refuses it.
+TEST_F(Serve, AnthropicRouteErrorsAndCountsBeyondTheContext) {
+  const int port = server_->port();
+  const std::string not_found = R"({"type":"error","error":{"type":"not_found_error")";
+  const HttpResult get = http(port, "GET", "/v1/messages");
+  EXPECT_EQ(get.status, 404);
+  EXPECT_EQ(get.body.rfind(not_found, 0), 0u) << get.body;
+  const HttpResult batches = http(port, "POST", "/v1/messages/batches", "{}");
+  EXPECT_EQ(batches.status, 404);
+  EXPECT_EQ(batches.body.rfind(not_found, 0), 0u) << batches.body;
+  EXPECT_EQ(http(port, "GET", "/v1/nothing").body.find("\"type\":\"error\""), std::string::npos);
+
+  std::string words;
+  for (int i = 0; i < 1500; ++i) words += "apple ";
+  const std::string msgs = R"({"messages":[{"role":"user","content":")" + words + R"("}])";
+  const HttpResult counted = http(port, "POST", "/v1/messages/count_tokens", msgs + "}");
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  const size_t at = counted.body.find("\"input_tokens\":");
+  ASSERT_NE(at, std::string::npos) << counted.body;
+  EXPECT_GT(std::stol(counted.body.substr(at + 15)), 1024) << counted.body;
+  const HttpResult run = http(port, "POST", "/v1/messages", msgs + R"(,"max_tokens":4})");
+  EXPECT_EQ(run.status, 400);
+  EXPECT_NE(run.body.find(R"("type":"error","error":{"type":"invalid_request_error")"), std::string::npos) << run.body;
+  expect_healthy();
+}
+
 TEST_F(Serve, StructuredOutputJsonSchemaJsonObjectAndRequiredTools) {
   require_node();
   int code = 0;
