@@ -53,6 +53,23 @@ TEST_F(Serve, HealthModelsAndMetrics) {
   }
 }
 
+// Anthropic's SDK lists models too: its fields sit beside OpenAI's, and its errors come in its shape.
+TEST_F(Serve, ModelsInAnthropicShape) {
+  const std::string anthropic = "anthropic-version: 2023-06-01\r\n";
+  const HttpResult list = http(server_->port(), "GET", "/v1/models", "", anthropic);
+  ASSERT_EQ(list.status, 200);
+  for (const char* field : {R"("type":"model")", R"("display_name":"tiny")", R"("created_at":")", R"("has_more":false)",
+                            R"("first_id":"tiny")", R"("last_id":"tiny")", R"("object":"list")"})
+    EXPECT_NE(list.body.find(field), std::string::npos) << field << " in " << list.body;
+  const HttpResult one = http(server_->port(), "GET", "/v1/models/tiny", "", anthropic);
+  EXPECT_NE(one.body.find(R"("type":"model")"), std::string::npos) << one.body;
+  const HttpResult missing = http(server_->port(), "GET", "/v1/models/other", "", anthropic);
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.body.rfind(R"({"type":"error","error":{"type":"not_found_error")", 0), 0u) << missing.body;
+  // Without the header the error stays in OpenAI's shape.
+  EXPECT_EQ(http(server_->port(), "GET", "/v1/models/other").body.rfind(R"({"error":)", 0), 0u);
+}
+
 TEST_F(Serve, PlainChatOverRawHttp) {
   const HttpResult r = http(server_->port(), "POST", "/v1/chat/completions", kChat);
   ASSERT_EQ(r.status, 200) << r.body;

@@ -635,6 +635,10 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   m["object"] = "model";
   m["created"] = 0;
   m["owned_by"] = "strata";
+  // Anthropic's model object beside OpenAI's (each SDK ignores the other's fields); no release date.
+  m["type"] = "model";
+  m["display_name"] = opt_.model_name;
+  m["created_at"] = "1970-01-01T00:00:00Z";
   if (req.matches.size() > 1) {
     check_model(req.matches[1].str());
     res.set_content(dump_json(m), kJson);
@@ -643,6 +647,9 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   OrderedJson j;
   j["object"] = "list";
   j["data"] = OrderedJson::array({m});
+  j["has_more"] = false;  // Anthropic's paging fields
+  j["first_id"] = opt_.model_name;
+  j["last_id"] = opt_.model_name;
   res.set_content(dump_json(j), kJson);
 }
 
@@ -740,8 +747,13 @@ void ApiServer::install_routes() {
     http_.Get("/", guarded([this](const auto&, auto& res) { handle_webui("index.html", res); }));
     http_.Get(R"(/webui/([A-Za-z0-9._-]+))", guarded([this](const auto& req, auto& res) { handle_webui(req.matches[1].str(), res); }));
   }
-  http_.Get("/v1/models", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
-  http_.Get(R"(/v1/models/(.+))", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
+  // Anthropic's SDK sends anthropic-version with every request and reads errors in its own shape.
+  const auto models = [this](const httplib::Request& req, httplib::Response& res) {
+    const ErrorFormat format = req.has_header("anthropic-version") ? anthropic_error_body : ErrorFormat(error_body);
+    answer_errors(res, [&] { handle_models(req, res); }, format);
+  };
+  http_.Get("/v1/models", models);
+  http_.Get(R"(/v1/models/(.+))", models);
   const size_t limit = opt_.max_body_bytes;
   http_.Post("/v1/chat/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_chat(body, res); }));
   http_.Post("/v1/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_completion(body, res); }));
