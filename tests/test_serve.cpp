@@ -53,6 +53,23 @@ TEST_F(Serve, HealthModelsAndMetrics) {
   }
 }
 
+// Anthropic's SDK lists models too: its fields sit beside OpenAI's, and its errors come in its shape.
+TEST_F(Serve, ModelsInAnthropicShape) {
+  const std::string anthropic = "anthropic-version: 2023-06-01\r\n";
+  const HttpResult list = http(server_->port(), "GET", "/v1/models", "", anthropic);
+  ASSERT_EQ(list.status, 200);
+  for (const char* field : {R"("type":"model")", R"("display_name":"tiny")", R"("created_at":")", R"("has_more":false)",
+                            R"("first_id":"tiny")", R"("last_id":"tiny")", R"("object":"list")"})
+    EXPECT_NE(list.body.find(field), std::string::npos) << field << " in " << list.body;
+  const HttpResult one = http(server_->port(), "GET", "/v1/models/tiny", "", anthropic);
+  EXPECT_NE(one.body.find(R"("type":"model")"), std::string::npos) << one.body;
+  const HttpResult missing = http(server_->port(), "GET", "/v1/models/other", "", anthropic);
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.body.rfind(R"({"type":"error","error":{"type":"not_found_error")", 0), 0u) << missing.body;
+  // Without the header the error stays in OpenAI's shape.
+  EXPECT_EQ(http(server_->port(), "GET", "/v1/models/other").body.rfind(R"({"error":)", 0), 0u);
+}
+
 TEST_F(Serve, PlainChatOverRawHttp) {
   const HttpResult r = http(server_->port(), "POST", "/v1/chat/completions", kChat);
   ASSERT_EQ(r.status, 200) << r.body;
@@ -214,6 +231,33 @@ TEST_F(Serve, MessagesAndResponsesRefuseBadBodies) {
     EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
     EXPECT_TRUE(has_error_shape(r.body)) << r.body;
   }
+  expect_healthy();
+}
+
+// Under /v1/messages even the router's errors come in Anthropic's shape; count_tokens counts a
+// prompt too long to run (clients count to learn whether to shorten it) while /v1/messages refuses it.
+TEST_F(Serve, AnthropicRouteErrorsAndCountsBeyondTheContext) {
+  const int port = server_->port();
+  const std::string not_found = R"({"type":"error","error":{"type":"not_found_error")";
+  const HttpResult get = http(port, "GET", "/v1/messages");
+  EXPECT_EQ(get.status, 404);
+  EXPECT_EQ(get.body.rfind(not_found, 0), 0u) << get.body;
+  const HttpResult batches = http(port, "POST", "/v1/messages/batches", "{}");
+  EXPECT_EQ(batches.status, 404);
+  EXPECT_EQ(batches.body.rfind(not_found, 0), 0u) << batches.body;
+  EXPECT_EQ(http(port, "GET", "/v1/nothing").body.find("\"type\":\"error\""), std::string::npos);
+
+  std::string words;
+  for (int i = 0; i < 1500; ++i) words += "apple ";
+  const std::string msgs = R"({"messages":[{"role":"user","content":")" + words + R"("}])";
+  const HttpResult counted = http(port, "POST", "/v1/messages/count_tokens", msgs + "}");
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  const size_t at = counted.body.find("\"input_tokens\":");
+  ASSERT_NE(at, std::string::npos) << counted.body;
+  EXPECT_GT(std::stol(counted.body.substr(at + 15)), 1024) << counted.body;
+  const HttpResult run = http(port, "POST", "/v1/messages", msgs + R"(,"max_tokens":4})");
+  EXPECT_EQ(run.status, 400);
+  EXPECT_NE(run.body.find(R"("type":"error","error":{"type":"invalid_request_error")"), std::string::npos) << run.body;
   expect_healthy();
 }
 

@@ -257,6 +257,12 @@ TEST(AnthropicStream, EventSequence) {
   EXPECT_EQ(ev[14].second["delta"]["stop_reason"], "tool_use");
   EXPECT_EQ(ev[14].second["usage"]["output_tokens"], 9);
 
+  // message_start's usage has every counter the final usage has, summing to the prompt.
+  const OrderedJson& start_usage = ev[0].second["message"]["usage"];
+  ASSERT_TRUE(start_usage.contains("cache_read_input_tokens")) << start_usage;
+  ASSERT_TRUE(start_usage.contains("cache_creation_input_tokens")) << start_usage;
+  EXPECT_EQ(start_usage["input_tokens"].get<int>() + start_usage["cache_read_input_tokens"].get<int>(), 12);
+
   // A failed generation ends the stream with an error event in Anthropic's shape.
   auto f = anthropic_stream_writer({"msg_2", 0, "m"}, 3);
   std::string fout;
@@ -267,6 +273,57 @@ TEST(AnthropicStream, EventSequence) {
   EXPECT_EQ(fev[fev.size() - 2].first, "content_block_stop");
   EXPECT_EQ(fev.back().first, "error");
   EXPECT_EQ(fev.back().second["error"]["type"], "overloaded_error");
+}
+
+// A tool call whose arguments the model wrote as a string that is not JSON: clients parse
+// partial_json as JSON, so the stream must send valid JSON, and the same input the whole message has.
+TEST(AnthropicStream, ToolInputIsValidJsonMatchingTheMessage) {
+  const strata::ToolCall call{"call_0", "f", "city=Paris"};
+  strata::AssistantOutput a;
+  a.tool_calls.push_back(call);
+  const JobOutcome o = finished(StopReason::EndOfGeneration, 4, 3);
+  const OrderedJson whole = anthropic_message_json({"msg_1", 0, "m"}, a, o);
+  ASSERT_EQ(whole["content"].size(), 1u);
+
+  auto w = anthropic_stream_writer({"msg_1", 0, "m"}, 4);
+  std::string out;
+  w->begin(out);
+  AssistantStreamSplitter::Final last;
+  last.tool_calls.push_back(call);
+  w->end(last, o, out);
+  std::string partial;
+  for (const auto& [name, data] : parse_sse(out))
+    if (name == "content_block_delta" && data["delta"]["type"] == "input_json_delta")
+      partial += data["delta"]["partial_json"].get<std::string>();
+  const OrderedJson streamed = OrderedJson::parse(partial, nullptr, false);
+  ASSERT_FALSE(streamed.is_discarded()) << partial;
+  EXPECT_EQ(streamed, whole["content"][0]["input"]);
+}
+
+TEST(AnthropicRequest, AdaptiveThinkingAndDisplay) {
+  const std::string msgs = R"("max_tokens": 5, "messages": [{"role": "user", "content": "x"}])";
+  const ChatRequest adaptive =
+      parse_anthropic_request(R"({"thinking": {"type": "adaptive"}, )" + msgs + "}", kVocab, false);
+  EXPECT_EQ(adaptive.enable_thinking, std::optional<bool>(true));
+  const ChatRequest shown = parse_anthropic_request(
+      R"({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "summarized"}, )" + msgs + "}", kVocab,
+      false);
+  EXPECT_EQ(shown.enable_thinking, std::optional<bool>(true));
+  EXPECT_EQ(error_of([&] {
+              parse_anthropic_request(R"({"thinking": {"type": "adaptive", "display": "omitted"}, )" + msgs + "}",
+                                      kVocab, false);
+            }).first,
+            0);
+  const auto [status, message] = error_of([&] {
+    parse_anthropic_request(R"({"thinking": {"type": "adaptive", "display": "loud"}, )" + msgs + "}", kVocab, false);
+  });
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(message.find("display"), std::string::npos) << message;
+  EXPECT_EQ(error_of([&] {
+              parse_anthropic_request(R"({"thinking": {"type": "disabled", "display": "summarized"}, )" + msgs + "}",
+                                      kVocab, false);
+            }).first,
+            400);
 }
 
 // ---- OpenAI Responses -----------------------------------------------------------------------

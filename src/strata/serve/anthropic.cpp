@@ -145,14 +145,26 @@ void apply_tool_choice(const OrderedJson& v, ChatRequest& r) {
 void apply_thinking(const OrderedJson& v, ChatRequest& r) {
   const OrderedJson& t = get_object(v, "thinking");
   const std::string& type = get_string(required(t, "type", "thinking"), "thinking.type");
+  const bool on = type == "enabled" || type == "adaptive";
   for (const auto& [key, value] : t.items()) {
     // The budget is accepted but not enforced: the model thinks until it closes its think block.
-    if (key == "budget_tokens" && type == "enabled") get_integer(value, "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max());
-    else if (key != "type") bad_request("thinking", "unknown field 'thinking.", key, "'");
+    if (key == "budget_tokens" && type == "enabled") {
+      get_integer(value, "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max());
+    } else if (key == "display" && on) {
+      // Only a presentation choice: the thinking text is returned either way.
+      if (!value.is_null() && get_string(value, "thinking.display") != "summarized" && value != "omitted")
+        bad_request("thinking", "'thinking.display' must be 'summarized' or 'omitted', got ", value);
+    } else if (key != "type") {
+      bad_request("thinking", "unknown field 'thinking.", key, "'");
+    }
   }
-  if (type == "enabled") r.enable_thinking = true;
-  else if (type == "disabled") r.enable_thinking = false;
-  else bad_request("thinking", "'thinking.type' must be 'enabled' or 'disabled', got '", type, "'");
+  if (on) {
+    r.enable_thinking = true;
+  } else if (type == "disabled") {
+    r.enable_thinking = false;
+  } else {
+    bad_request("thinking", "'thinking.type' must be 'enabled', 'adaptive' or 'disabled', got '", type, "'");
+  }
 }
 
 std::vector<std::string> parse_stop_sequences(const OrderedJson& v) {
@@ -204,7 +216,11 @@ class AnthropicWriter final : public ChatEventWriter {
     msg["content"] = OrderedJson::array();
     msg["stop_reason"] = nullptr;
     msg["stop_sequence"] = nullptr;
-    msg["usage"] = {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}};
+    // The cache split is known only at the end: message_delta carries it; the sum is right either way.
+    msg["usage"] = {{"input_tokens", prompt_tokens_},
+                    {"cache_creation_input_tokens", 0},
+                    {"cache_read_input_tokens", 0},
+                    {"output_tokens", 0}};
     out += sse_event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}});
     out += sse_event("ping", {{"type", "ping"}});
   }
@@ -226,7 +242,8 @@ class AnthropicWriter final : public ChatEventWriter {
       open(Block::ToolUse,
            {{"type", "tool_use"}, {"id", make_response_id("toolu_")}, {"name", call.name}, {"input", OrderedJson::object()}},
            out);
-      send_delta({{"type", "input_json_delta"}, {"partial_json", call.arguments}}, out);
+      // The same input the whole message carries, as JSON: clients parse partial_json as they go.
+      send_delta({{"type", "input_json_delta"}, {"partial_json", dump_json(tool_input(call))}}, out);
     }
     close(out);
     const bool tools = !last.tool_calls.empty();

@@ -52,6 +52,16 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(error_body(status, error_type_for_status(status), message, param, code), kJson);
 }
 
+// Anthropic's routes answer every error in Anthropic's shape, which its SDK reads.
+bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+// An error the router or the HTTP library raises (no handler ran), in the shape of the path's API.
+void send_route_error(const httplib::Request& req, httplib::Response& res, int status, const std::string& message) {
+  if (!anthropic_route(req.path)) return send_error(res, status, message);
+  res.status = status;
+  res.set_content(anthropic_error_body(ApiError(status, error_type_for_status(status), "", "", message)), kJson);
+}
+
 // Routes named in metrics (anything else counts as "other", so clients cannot grow the label set).
 std::string route_label(const std::string& path) {
   static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
@@ -202,7 +212,8 @@ class ApiServer {
     bool tools_on = false;
   };
   // Also sets r.gen.grammar for a required or named tool call.
-  ChatPrompt chat_prompt(ChatRequest& r) const;
+  // check_fit: refuse a prompt the context cannot hold (off for counting a prompt's tokens).
+  ChatPrompt chat_prompt(ChatRequest& r, bool check_fit = true) const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
   std::string collect(Job& job) const;
@@ -479,7 +490,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<ChatEventStream> st) {
 
 // ---- handlers --------------------------------------------------------------------------------
 
-ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
+ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r, bool check_fit) const {
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
   ChatOptions co;
@@ -504,7 +515,7 @@ ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
     bad_request("messages", e.what());
   }
   ChatPrompt p{encode_chat(rendered, forced), forced, tools_on};
-  check_context(p.tokens.size());
+  if (check_fit) check_context(p.tokens.size());
   return p;
 }
 
@@ -550,9 +561,10 @@ void ApiServer::handle_messages(const std::string& body, httplib::Response& res)
 void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& res) {
   ChatRequest r = parse_anthropic_request(body, n_vocab_, true);
   check_model(r.model);
-  // The prompt /v1/messages would run for the same request (a forced tool call's start included).
+  // The prompt /v1/messages would run for the same request (a forced tool call's start included),
+  // counted even when it is too long to run: clients count to find out whether it fits.
   OrderedJson j;
-  j["input_tokens"] = chat_prompt(r).tokens.size();
+  j["input_tokens"] = chat_prompt(r, false).tokens.size();
   res.set_content(dump_json(j), kJson);
 }
 
@@ -623,6 +635,10 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   m["object"] = "model";
   m["created"] = 0;
   m["owned_by"] = "strata";
+  // Anthropic's model object beside OpenAI's (each SDK ignores the other's fields); no release date.
+  m["type"] = "model";
+  m["display_name"] = opt_.model_name;
+  m["created_at"] = "1970-01-01T00:00:00Z";
   if (req.matches.size() > 1) {
     check_model(req.matches[1].str());
     res.set_content(dump_json(m), kJson);
@@ -631,6 +647,9 @@ void ApiServer::handle_models(const httplib::Request& req, httplib::Response& re
   OrderedJson j;
   j["object"] = "list";
   j["data"] = OrderedJson::array({m});
+  j["has_more"] = false;  // Anthropic's paging fields
+  j["first_id"] = opt_.model_name;
+  j["last_id"] = opt_.model_name;
   res.set_content(dump_json(j), kJson);
 }
 
@@ -681,8 +700,7 @@ void ApiServer::install_routes() {
     // with every API call); they are there while the model loads, too.
     if (opt_.webui && req.method == "GET" && (req.path == "/" || req.path.rfind("/webui/", 0) == 0))
       return httplib::Server::HandlerResponse::Unhandled;
-    // Anthropic's routes answer errors in Anthropic's shape, which its SDK reads.
-    const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
+    const bool anthropic = anthropic_route(req.path);
     const auto refuse = [&](int status, const std::string& message, const std::string& code) {
       if (conn && has_body) conn->close_after_answer();  // its body is not read
       if (status == 503) res.set_header("Retry-After", "1");
@@ -729,8 +747,13 @@ void ApiServer::install_routes() {
     http_.Get("/", guarded([this](const auto&, auto& res) { handle_webui("index.html", res); }));
     http_.Get(R"(/webui/([A-Za-z0-9._-]+))", guarded([this](const auto& req, auto& res) { handle_webui(req.matches[1].str(), res); }));
   }
-  http_.Get("/v1/models", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
-  http_.Get(R"(/v1/models/(.+))", guarded([this](const auto& req, auto& res) { handle_models(req, res); }));
+  // Anthropic's SDK sends anthropic-version with every request and reads errors in its own shape.
+  const auto models = [this](const httplib::Request& req, httplib::Response& res) {
+    const ErrorFormat format = req.has_header("anthropic-version") ? anthropic_error_body : ErrorFormat(error_body);
+    answer_errors(res, [&] { handle_models(req, res); }, format);
+  };
+  http_.Get("/v1/models", models);
+  http_.Get(R"(/v1/models/(.+))", models);
   const size_t limit = opt_.max_body_bytes;
   http_.Post("/v1/chat/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_chat(body, res); }));
   http_.Post("/v1/completions", guarded_body(limit, [this](const auto& body, auto& res) { handle_completion(body, res); }));
@@ -744,7 +767,7 @@ void ApiServer::install_routes() {
   // unbounded when chunked, before finding no route).
   const auto no_route = [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
     if (Connection* conn = current_connection()) conn->close_after_answer();
-    send_error(res, 404, cat("unknown route: ", req.method, " ", req.path));
+    send_route_error(req, res, 404, cat("unknown route: ", req.method, " ", req.path));
   };
   http_.Post(".*", no_route);
   http_.Put(".*", no_route);
@@ -752,7 +775,7 @@ void ApiServer::install_routes() {
   http_.Delete(".*", no_route);
 
   // Statuses the library sets itself (404 no route, 413 body too large, 400 bad request line, ...)
-  // get an OpenAI-shaped body too.
+  // get an error body too, in the route's API shape.
   http_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string message;
@@ -762,10 +785,10 @@ void ApiServer::install_routes() {
       case 414: message = "the request URI is too long"; break;
       default: message = cat("HTTP ", res.status); break;
     }
-    res.set_content(error_body(res.status, error_type_for_status(res.status), message), kJson);
+    send_route_error(req, res, res.status, message);
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http_.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown";
     try {
       if (ep) std::rethrow_exception(ep);
@@ -773,7 +796,7 @@ void ApiServer::install_routes() {
       what = e.what();
     } catch (...) {
     }
-    send_error(res, 500, cat("internal error: ", what));
+    send_route_error(req, res, 500, cat("internal error: ", what));
   });
   http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     if (Connection* conn = current_connection()) conn->answer_written();
