@@ -194,7 +194,7 @@ class ApiServer {
   // BOS when the vocabulary asks for it, then the conversation with control tokens only where the
   // template wrote them (all of them with --parse-special), then `suffix` as plain text.
   std::vector<int32_t> encode_chat(const RenderedChat& chat, const std::string& suffix) const;
-  void check_context(size_t prompt_tokens) const;
+  void check_context(size_t prompt_tokens, const char* param) const;
   // A chat request's prompt, as every chat API (chat completions, messages, responses) builds it.
   struct ChatPrompt {
     std::vector<int32_t> tokens;
@@ -317,11 +317,11 @@ std::vector<int32_t> ApiServer::encode_prompt(const std::string& text, bool add_
   return ids;
 }
 
-void ApiServer::check_context(size_t prompt_tokens) const {
-  if (prompt_tokens == 0) bad_request("prompt", "the prompt is empty");
+void ApiServer::check_context(size_t prompt_tokens, const char* param) const {
+  if (prompt_tokens == 0) bad_request(param, "the prompt is empty");
   // At least one position must stay free for the first generated token.
   if (prompt_tokens >= static_cast<size_t>(ctx_)) {
-    throw ApiError(400, "invalid_request_error", "messages", "context_length_exceeded",
+    throw ApiError(400, "invalid_request_error", param, "context_length_exceeded",
                    cat("this model's context is ", ctx_, " tokens per sequence, but the prompt has ", prompt_tokens,
                        " tokens; shorten the prompt"));
   }
@@ -390,21 +390,26 @@ OrderedJson delta_json(const AssistantDelta& d) {
 
 // Produces the next piece of the event stream; returns true when the stream is complete.
 bool next_events(StreamState& st, std::string& out) {
+  // With include_usage every chunk but the last carries "usage": null.
+  const auto chunk = [&](OrderedJson j) {
+    if (st.include_usage) j["usage"] = nullptr;
+    out += sse_data(j);
+  };
   std::string text;
   const bool finished = st.job->take(text, 500ms);
   if (!st.started) {
     st.started = true;
     if (st.chat) {
-      out += sse_data(chat_chunk_json(st.meta, {{"role", "assistant"}, {"content", ""}}, nullptr));
+      chunk(chat_chunk_json(st.meta, {{"role", "assistant"}, {"content", ""}}, nullptr));
       if (!st.forced_prefix.empty()) st.splitter.push(st.forced_prefix);
     }
   }
   if (!text.empty()) {
     if (st.chat) {
       const AssistantDelta d = st.splitter.push(text);
-      if (!d.reasoning.empty() || !d.content.empty()) out += sse_data(chat_chunk_json(st.meta, delta_json(d), nullptr));
+      if (!d.reasoning.empty() || !d.content.empty()) chunk(chat_chunk_json(st.meta, delta_json(d), nullptr));
     } else {
-      out += sse_data(completion_chunk_json(st.meta, text, nullptr));
+      chunk(completion_chunk_json(st.meta, text, nullptr));
     }
   }
   if (!finished) return false;
@@ -421,14 +426,15 @@ bool next_events(StreamState& st, std::string& out) {
   bool tool_calls = false;
   if (st.chat) {
     AssistantStreamSplitter::Final f = st.splitter.finish();
-    if (!f.delta.reasoning.empty() || !f.delta.content.empty()) out += sse_data(chat_chunk_json(st.meta, delta_json(f.delta), nullptr));
+    if (!f.delta.reasoning.empty() || !f.delta.content.empty())
+      chunk(chat_chunk_json(st.meta, delta_json(f.delta), nullptr));
     if (!f.tool_calls.empty()) {
       tool_calls = true;
-      out += sse_data(chat_chunk_json(st.meta, {{"tool_calls", tool_calls_json(f.tool_calls, true)}}, nullptr));
+      chunk(chat_chunk_json(st.meta, {{"tool_calls", tool_calls_json(f.tool_calls, true)}}, nullptr));
     }
-    out += sse_data(chat_chunk_json(st.meta, OrderedJson::object(), finish_reason(o.stop_reason, tool_calls)));
+    chunk(chat_chunk_json(st.meta, OrderedJson::object(), finish_reason(o.stop_reason, tool_calls)));
   } else {
-    out += sse_data(completion_chunk_json(st.meta, "", finish_reason(o.stop_reason, false)));
+    chunk(completion_chunk_json(st.meta, "", finish_reason(o.stop_reason, false)));
   }
   if (st.include_usage) {
     OrderedJson last;
@@ -504,7 +510,7 @@ ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
     bad_request("messages", e.what());
   }
   ChatPrompt p{encode_chat(rendered, forced), forced, tools_on};
-  check_context(p.tokens.size());
+  check_context(p.tokens.size(), "messages");
   return p;
 }
 
@@ -562,19 +568,23 @@ void ApiServer::handle_responses(const std::string& body, httplib::Response& res
   const ChatPrompt p = chat_prompt(r.chat);
   auto job = admit(p.tokens, r.chat.gen);
   const ResponseMeta meta{make_response_id("resp_"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
+  const TokenCounter count = [this](const std::string& text) {
+    return static_cast<int>(tokenizer_->encode(text, false).size());
+  };
   if (r.chat.gen.stream) {
-    start_stream(res, std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, responses_stream_writer(r, meta)));
+    start_stream(res,
+                 std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, responses_stream_writer(r, meta, count)));
     return;
   }
   const AssistantOutput answer = split_answer(p.forced + collect(*job), p.tools_on);
-  res.set_content(dump_json(response_json(r, meta, answer, job->outcome())), kJson);
+  res.set_content(dump_json(response_json(r, meta, answer, job->outcome(), count)), kJson);
 }
 
 void ApiServer::handle_completion(const std::string& body, httplib::Response& res) {
   CompletionRequest r = parse_completion_request(body, n_vocab_);
   check_model(r.model);
   std::vector<int32_t> prompt = r.prompt_text ? encode_prompt(*r.prompt_text, true) : r.prompt_tokens;
-  check_context(prompt.size());
+  check_context(prompt.size(), "prompt");
   auto job = admit(std::move(prompt), r.gen);
   ResponseMeta meta{make_response_id("cmpl-"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
   if (r.gen.stream) {
