@@ -116,15 +116,18 @@ TEST_F(Serve, PromptBeyondContextIs400) {
   expect_healthy();
 }
 
-TEST_F(Serve, CompletionPromptBeyondContextNamesThePrompt) {
+TEST_F(Serve, PromptBeyondContextNamesEachApisField) {
   std::string longtext;
   for (int i = 0; i < 3000; ++i) longtext += "word ";
-  const HttpResult r = http(server_->port(), "POST", "/v1/completions", R"({"prompt":")" + longtext + R"("})");
-  EXPECT_EQ(r.status, 400) << r.body;
-  const auto j = nlohmann::json::parse(r.body);
-  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
-  EXPECT_EQ(j["error"]["param"], "prompt");
-  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  const std::pair<const char*, const char*> routes[] = {{"/v1/completions", "prompt"}, {"/v1/responses", "input"}};
+  for (const auto& [path, field] : routes) {
+    const HttpResult r = http(server_->port(), "POST", path, "{\"" + std::string(field) + "\":\"" + longtext + "\"}");
+    EXPECT_EQ(r.status, 400) << r.body;
+    const auto j = nlohmann::json::parse(r.body);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+    EXPECT_EQ(j["error"]["param"], std::string(field));
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  }
 }
 
 // The data: payloads of a raw (chunked) event-stream body, in order.

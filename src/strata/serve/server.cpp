@@ -201,8 +201,8 @@ class ApiServer {
     std::string forced;  // what the prompt puts in the model's mouth (a forced tool call's start)
     bool tools_on = false;
   };
-  // Also sets r.gen.grammar for a required or named tool call.
-  ChatPrompt chat_prompt(ChatRequest& r) const;
+  // Also sets r.gen.grammar for a required or named tool call. `param`: the field a too-long prompt is blamed on.
+  ChatPrompt chat_prompt(ChatRequest& r, const char* param = "messages") const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
   std::string collect(Job& job) const;
@@ -485,7 +485,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<ChatEventStream> st) {
 
 // ---- handlers --------------------------------------------------------------------------------
 
-ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
+ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r, const char* param) const {
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
   ChatOptions co;
@@ -510,7 +510,7 @@ ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r) const {
     bad_request("messages", e.what());
   }
   ChatPrompt p{encode_chat(rendered, forced), forced, tools_on};
-  check_context(p.tokens.size(), "messages");
+  check_context(p.tokens.size(), param);
   return p;
 }
 
@@ -565,7 +565,7 @@ void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& 
 void ApiServer::handle_responses(const std::string& body, httplib::Response& res) {
   ResponsesRequest r = parse_responses_request(body, n_vocab_);
   check_model(r.chat.model);
-  const ChatPrompt p = chat_prompt(r.chat);
+  const ChatPrompt p = chat_prompt(r.chat, "input");
   auto job = admit(p.tokens, r.chat.gen);
   const ResponseMeta meta{make_response_id("resp_"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
   const TokenCounter count = [this](const std::string& text) {
