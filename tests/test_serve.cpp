@@ -2,6 +2,8 @@
 // official openai npm SDK (tests/serve/*.mjs) and raw sockets (hostile requests) are the clients.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "serve_process.h"
 
 namespace {
@@ -129,6 +131,79 @@ TEST_F(Serve, PromptBeyondContextIs400) {
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("context_length_exceeded"), std::string::npos) << r.body;
   expect_healthy();
+}
+
+TEST_F(Serve, PromptBeyondContextNamesEachApisField) {
+  std::string longtext;
+  for (int i = 0; i < 3000; ++i) longtext += "word ";
+  const std::pair<const char*, const char*> routes[] = {{"/v1/completions", "prompt"}, {"/v1/responses", "input"}};
+  for (const auto& [path, field] : routes) {
+    const HttpResult r = http(server_->port(), "POST", path, "{\"" + std::string(field) + "\":\"" + longtext + "\"}");
+    EXPECT_EQ(r.status, 400) << r.body;
+    const auto j = nlohmann::json::parse(r.body);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+    EXPECT_EQ(j["error"]["param"], std::string(field));
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  }
+}
+
+// The data: payloads of a raw (chunked) event-stream body, in order.
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  std::stringstream lines(body);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("data: ", 0) == 0) out.push_back(line.substr(6));
+  }
+  return out;
+}
+
+TEST_F(Serve, StreamedChunkShapes) {
+  for (const bool chat : {true, false}) {
+    for (const bool include_usage : {true, false}) {
+      const std::string opts = include_usage ? R"(,"stream_options":{"include_usage":true}})" : "}";
+      const std::string body =
+          chat ? R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"stream":true)" + opts
+               : R"({"prompt":"Hi","max_tokens":4,"stream":true)" + opts;
+      const HttpResult r = http(server_->port(), "POST", chat ? "/v1/chat/completions" : "/v1/completions", body);
+      ASSERT_EQ(r.status, 200) << body << " -> " << r.body;
+      EXPECT_NE(r.head.find("text/event-stream"), std::string::npos) << r.head;
+      const std::vector<std::string> data = sse_payloads(r.body);
+      ASSERT_GE(data.size(), 3u) << r.body;
+      EXPECT_EQ(data.back(), "[DONE]");
+      const size_t n = data.size() - 1;  // JSON chunks
+      const size_t with_choices = include_usage ? n - 1 : n;
+      std::string id;
+      for (size_t i = 0; i < n; ++i) {
+        SCOPED_TRACE(body + " chunk " + std::to_string(i) + ": " + data[i]);
+        const auto j = nlohmann::json::parse(data[i]);
+        if (i == 0) id = j["id"];
+        EXPECT_EQ(j["id"], id);
+        EXPECT_EQ(j["object"], chat ? "chat.completion.chunk" : "text_completion");
+        EXPECT_EQ(j["model"], "tiny");
+        EXPECT_TRUE(j["created"].is_number_integer());
+        if (i < with_choices) {
+          ASSERT_EQ(j["choices"].size(), 1u);
+          EXPECT_EQ(j["choices"][0]["index"], 0);
+          // Only the last choice chunk finishes.
+          EXPECT_EQ(j["choices"][0]["finish_reason"].is_null(), i + 1 < with_choices);
+          // With include_usage every other chunk says "usage": null; without, none has the key.
+          EXPECT_EQ(j.contains("usage"), include_usage);
+          if (include_usage) {
+            EXPECT_TRUE(j["usage"].is_null());
+          }
+        } else {
+          EXPECT_TRUE(j["choices"].is_array() && j["choices"].empty());
+          EXPECT_GT(j["usage"]["prompt_tokens"], 0);
+          EXPECT_EQ(j["usage"]["total_tokens"],
+                    j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+        }
+      }
+      if (chat) {
+        EXPECT_EQ(nlohmann::json::parse(data[0])["choices"][0]["delta"]["role"], "assistant");
+      }
+    }
+  }
 }
 
 TEST_F(Serve, HugeBodyIsRejected) {

@@ -3,6 +3,7 @@
 // exception), and the streamed event sequences each API's clients expect.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -453,6 +454,38 @@ TEST(ResponsesOutput, ItemsStatusAndUsage) {
   EXPECT_EQ(cut["status"], "incomplete");
   EXPECT_EQ(cut["incomplete_details"]["reason"], "max_output_tokens");
   EXPECT_EQ(cut["output"][0]["status"], "incomplete");
+}
+
+TEST(ResponsesOutput, UsageHasOutputTokensDetails) {
+  const ResponsesRequest r = parse_responses_request(R"({"input": "x"})", kVocab);
+  const TokenCounter words = [](const std::string& t) {
+    return static_cast<int>(std::count(t.begin(), t.end(), ' ')) + 1;
+  };
+  const strata::AssistantOutput a{"one two three", "hi", {}};
+  const OrderedJson j = response_json(r, {"resp_1", 7, "m"}, a, finished(StopReason::EndOfGeneration, 10, 8), words);
+  EXPECT_EQ(j["usage"]["output_tokens_details"]["reasoning_tokens"], 3);
+  EXPECT_EQ(j["usage"]["input_tokens_details"]["cached_tokens"], 0);
+  // No reasoning, or no counter: 0, still present.
+  const OrderedJson plain = response_json(r, {"resp_2", 7, "m"}, strata::AssistantOutput{"", "hi", {}},
+                                          finished(StopReason::EndOfGeneration, 10, 2), words);
+  EXPECT_EQ(plain["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+  EXPECT_EQ(
+      response_json(r, {"resp_3", 7, "m"}, a,
+                    finished(StopReason::EndOfGeneration, 10, 8))["usage"]["output_tokens_details"]["reasoning_tokens"],
+      0);
+
+  auto w = responses_stream_writer(r, {"resp_4", 7, "m"}, words);
+  std::string out;
+  w->begin(out);
+  w->delta({"one two", ""}, out);
+  AssistantStreamSplitter::Final last;
+  last.delta.reasoning = " three";
+  last.delta.content = "hi";
+  w->end(last, finished(StopReason::EndOfGeneration, 10, 8), out);
+  const auto ev = parse_sse(out);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().first, "response.completed");
+  EXPECT_EQ(ev.back().second["response"]["usage"]["output_tokens_details"]["reasoning_tokens"], 3);
 }
 
 TEST(ResponsesStream, EventSequence) {

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "strata/serve/api_error.h"
 #include "strata/serve/assistant_stream.h"
 #include "strata/serve/requests.h"
+#include "strata/serve/responses.h"
 #include "strata/text/chat_template.h"
 
 namespace {
@@ -112,6 +114,65 @@ TEST(Requests, ChatFieldsAreParsedAndChecked) {
   EXPECT_EQ(status_of(ok + R"(,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}})"), 200);
   EXPECT_EQ(status_of(ok + R"(,"temperature":null})"), 200);  // null = not given
   EXPECT_EQ(status_of("{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}"), 400);  // ill-formed UTF-8
+}
+
+// What the SDKs and LangChain send that OpenAI accepts.
+TEST(Requests, FieldsClientsSendAreAccepted) {
+  // A returned assistant message sent back whole (model_dump) carries null fields.
+  const auto r = strata::serve::parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"},
+          {"role":"assistant","content":"hi","refusal":null,"function_call":null,"audio":null,"annotations":null,"tool_calls":null},
+          {"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},
+          {"role":"user","content":"y"}],"reasoning_effort":"low","prompt_cache_key":"k","safety_identifier":"s","top_p":0})",
+      1000);
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[1].content, "hi");
+  EXPECT_EQ(r.messages[2].content, "ano");
+  ASSERT_TRUE(r.enable_thinking.has_value());
+  EXPECT_TRUE(*r.enable_thinking);
+  // top_p 0: only the most likely token stays.
+  EXPECT_GT(r.gen.sampler.top_p, 0.0f);
+  EXPECT_LT(r.gen.sampler.top_p, 1e-6f);
+  const std::string ok = R"({"messages":[{"role":"user","content":"x"}])";
+  const auto off = strata::serve::parse_chat_request(ok + R"(,"reasoning_effort":"minimal"})", 1000);
+  ASSERT_TRUE(off.enable_thinking.has_value());
+  EXPECT_FALSE(*off.enable_thinking);
+  EXPECT_EQ(status_of(ok + R"(,"reasoning_effort":"extreme"})"), 400);
+  // Still refused: a non-null unknown message field, a refusal part from the user.
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"assistant","content":"x","function_call":{"name":"f"}}]})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"}]}]})"), 400);
+}
+
+TEST(Requests, CompletionPromptBatchIsRefusedByName) {
+  try {
+    strata::serve::parse_completion_request(R"({"prompt":["a","b"]})", 1000);
+    ADD_FAILURE() << "two prompts were accepted";
+  } catch (const strata::serve::ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("one per request"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(strata::serve::parse_completion_request(R"({"prompt":["a"]})", 1000).prompt_text, "a");
+}
+
+TEST(ChatCompletion, ToolCallIdsAreUniqueAcrossAnswers) {
+  // The parser numbers each answer's calls from call_0.
+  const strata::AssistantOutput a = strata::parse_assistant_output(
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": "
+      "{}}\n</tool_call>");
+  ASSERT_EQ(a.tool_calls.size(), 2u);
+  strata::serve::JobOutcome o;
+  o.stop_reason = strata::StopReason::EndOfGeneration;
+  std::set<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    const auto j = strata::serve::chat_completion_json({"chatcmpl-1", 1, "m"}, a, "tool_calls", o);
+    for (const auto& c : j["choices"][0]["message"]["tool_calls"]) ids.insert(c["id"].get<std::string>());
+    for (const auto& c : strata::serve::tool_calls_json(a.tool_calls, true)) {
+      EXPECT_EQ(c["index"].get<size_t>() < 2, true);
+      ids.insert(c["id"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(ids.size(), 8u);
+  for (const std::string& id : ids) EXPECT_EQ(id.rfind("call_", 0), 0u) << id;
 }
 
 TEST(Requests, ToolsKeepTheirKeyOrder) {

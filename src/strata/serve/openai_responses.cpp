@@ -1,5 +1,6 @@
 #include "strata/serve/openai_responses.h"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -175,11 +176,13 @@ bool incomplete(const JobOutcome& o, bool has_tool_calls) {
   return !has_tool_calls && (o.stop_reason == StopReason::MaxTokens || o.stop_reason == StopReason::ContextFull);
 }
 
-OrderedJson usage(const JobOutcome& o) {
+OrderedJson usage(const JobOutcome& o, const std::string& reasoning, const TokenCounter& count) {
+  const int reasoning_tokens = reasoning.empty() || !count ? 0 : std::min(count(reasoning), o.completion_tokens);
   OrderedJson u;
   u["input_tokens"] = o.prompt_tokens;
   u["input_tokens_details"] = {{"cached_tokens", o.cached_tokens}};
   u["output_tokens"] = o.completion_tokens;
+  u["output_tokens_details"] = {{"reasoning_tokens", reasoning_tokens}};
   u["total_tokens"] = o.prompt_tokens + o.completion_tokens;
   add_speculative_usage(u, o);
   return u;
@@ -187,7 +190,8 @@ OrderedJson usage(const JobOutcome& o) {
 
 // The response object around `output`; outcome == nullptr while it is still being generated.
 OrderedJson response_object(const ResponsesRequest& r, const ResponseMeta& meta, const char* status, OrderedJson output,
-                            const JobOutcome* outcome) {
+                            const JobOutcome* outcome, const std::string& reasoning = "",
+                            const TokenCounter& count = {}) {
   OrderedJson j;
   j["id"] = meta.id;
   j["object"] = "response";
@@ -199,13 +203,14 @@ OrderedJson response_object(const ResponsesRequest& r, const ResponseMeta& meta,
   j["model"] = meta.model;
   j["output"] = std::move(output);
   for (const auto& [key, value] : r.echo.items()) j[key] = value;
-  j["usage"] = outcome ? usage(*outcome) : OrderedJson(nullptr);
+  j["usage"] = outcome ? usage(*outcome, reasoning, count) : OrderedJson(nullptr);
   return j;
 }
 
 class ResponsesWriter final : public ChatEventWriter {
  public:
-  ResponsesWriter(const ResponsesRequest& r, ResponseMeta meta) : request_(r), meta_(std::move(meta)) {}
+  ResponsesWriter(const ResponsesRequest& r, ResponseMeta meta, TokenCounter count)
+      : request_(r), meta_(std::move(meta)), count_(std::move(count)) {}
 
   void begin(std::string& out) override {
     const OrderedJson snapshot = response_object(request_, meta_, "in_progress", OrderedJson::array(), nullptr);
@@ -217,6 +222,7 @@ class ResponsesWriter final : public ChatEventWriter {
     if (!d.reasoning.empty()) {
       open(Item::Reasoning, out);
       text_ += d.reasoning;
+      reasoning_ += d.reasoning;
       send("response.reasoning_text.delta", {{"item_id", item_id_}, {"output_index", output_.size()}, {"content_index", 0}, {"delta", d.reasoning}}, out);
     }
     if (!d.content.empty()) {
@@ -243,7 +249,8 @@ class ResponsesWriter final : public ChatEventWriter {
       send("response.output_item.done", {{"output_index", index}, {"item", output_.back()}}, out);
     }
     const char* status = incomplete(o, calls) ? "incomplete" : "completed";
-    send(cat("response.", status), {{"response", response_object(request_, meta_, status, output_, &o)}}, out);
+    send(cat("response.", status),
+         {{"response", response_object(request_, meta_, status, output_, &o, reasoning_, count_)}}, out);
   }
 
   void fail(int status, const std::string& message, std::string& out) override {
@@ -297,6 +304,8 @@ class ResponsesWriter final : public ChatEventWriter {
 
   const ResponsesRequest request_;
   ResponseMeta meta_;
+  TokenCounter count_;
+  std::string reasoning_;  // all reasoning text so far, for usage
   OrderedJson output_ = OrderedJson::array();
   Item open_ = Item::None;
   std::string item_id_;
@@ -374,14 +383,14 @@ ResponsesRequest parse_responses_request(const std::string& body, int64_t n_voca
   if (j.contains("text") && j["text"].contains("format")) e["text"]["format"] = j["text"]["format"];
   e["tool_choice"] = tool_choice.is_null() ? OrderedJson("auto") : tool_choice;
   e["tools"] = j.contains("tools") && j["tools"].is_array() ? j["tools"] : OrderedJson::array();
-  e["top_p"] = r.gen.sampler.top_p;
+  e["top_p"] = j.contains("top_p") && j["top_p"].is_number() ? j["top_p"] : OrderedJson(r.gen.sampler.top_p);
   e["truncation"] = "disabled";
   e["metadata"] = j.contains("metadata") && j["metadata"].is_object() ? j["metadata"] : OrderedJson::object();
   return out;
 }
 
 OrderedJson response_json(const ResponsesRequest& request, const ResponseMeta& meta, const AssistantOutput& answer,
-                          const JobOutcome& outcome) {
+                          const JobOutcome& outcome, const TokenCounter& count) {
   const bool calls = !answer.tool_calls.empty();
   const char* status = incomplete(outcome, calls) ? "incomplete" : "completed";
   OrderedJson output = OrderedJson::array();
@@ -392,11 +401,12 @@ OrderedJson response_json(const ResponsesRequest& request, const ResponseMeta& m
   }
   for (const ToolCall& call : answer.tool_calls)
     output.push_back(function_call_item(make_response_id("fc_"), make_response_id("call_"), call, "completed", call.arguments));
-  return response_object(request, meta, status, std::move(output), &outcome);
+  return response_object(request, meta, status, std::move(output), &outcome, answer.reasoning_content, count);
 }
 
-std::unique_ptr<ChatEventWriter> responses_stream_writer(const ResponsesRequest& request, const ResponseMeta& meta) {
-  return std::make_unique<ResponsesWriter>(request, meta);
+std::unique_ptr<ChatEventWriter> responses_stream_writer(const ResponsesRequest& request, const ResponseMeta& meta,
+                                                         TokenCounter count) {
+  return std::make_unique<ResponsesWriter>(request, meta, std::move(count));
 }
 
 }  // namespace strata::serve

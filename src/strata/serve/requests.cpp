@@ -62,8 +62,9 @@ const OrderedJson& get_array(const OrderedJson& v, const std::string& name) {
   return v;
 }
 
-// Message content: a string, null, or an array of {"type": "text", "text": "..."} parts.
-std::string get_content(const OrderedJson& v, const std::string& name) {
+// Message content: a string, null, or an array of {"type": "text", "text": "..."} parts (an
+// assistant's may hold {"type": "refusal", "refusal": "..."} parts too).
+std::string get_content(const OrderedJson& v, const std::string& name, bool assistant = false) {
   if (v.is_null()) return "";
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) bad_request(name, "'", name, "' must be a string, null or an array of text parts, got ", type_name(v));
@@ -73,9 +74,10 @@ std::string get_content(const OrderedJson& v, const std::string& name) {
     const OrderedJson& part = get_object(v[i], part_name);
     if (!part.contains("type")) bad_request(part_name, "'", part_name, ".type' is required");
     const std::string& type = get_string(part["type"], part_name + ".type");
-    if (type != "text") bad_request(part_name, "content part type '", type, "' is not supported (only 'text')");
-    if (!part.contains("text")) bad_request(part_name, "'", part_name, ".text' is required");
-    out += get_string(part["text"], part_name + ".text");
+    const std::string key = assistant && type == "refusal" ? "refusal" : "text";
+    if (type != key) bad_request(part_name, "content part type '", type, "' is not supported (only 'text')");
+    if (!part.contains(key)) bad_request(part_name, "'", part_name, ".", key, "' is required");
+    out += get_string(part[key], part_name + "." + key);
   }
   return out;
 }
@@ -123,7 +125,7 @@ std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
     for (const auto& [key, value] : m.items()) {
       if (key == "role") continue;
       if (key == "content") {
-        msg.content = get_content(value, name + ".content");
+        msg.content = get_content(value, name + ".content", msg.role == "assistant");
         has_content = !value.is_null();
       } else if (key == "name") {
         if (!value.is_null()) msg.name = get_string(value, name + ".name");
@@ -137,6 +139,8 @@ std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
         if (!value.is_null()) msg.reasoning_content = get_string(value, name + ".reasoning_content");
       } else if (key == "refusal" && msg.role == "assistant") {
         if (!value.is_null()) get_string(value, name + ".refusal");
+      } else if (value.is_null() && (key == "function_call" || key == "audio" || key == "annotations")) {
+        // A returned message sent back whole carries these as null: nothing to render.
       } else {
         bad_request(name, "unknown field '", name, ".", key, "' for role ", msg.role);
       }
@@ -201,7 +205,8 @@ bool parse_generation_field(const std::string& key, const OrderedJson& value, Re
     s.temperature = static_cast<float>(get_number(value, key, 0.0, 2.0));
   } else if (key == "top_p") {
     s.top_p = static_cast<float>(get_number(value, key, 0.0, 1.0));
-    if (!(s.top_p > 0)) bad_request(key, "'top_p' must be > 0");
+    // 0 keeps only the most likely token, the limit of the nucleus as top_p shrinks.
+    if (!(s.top_p > 0)) s.top_p = std::numeric_limits<float>::min();
   } else if (key == "top_k") {
     const int64_t k = get_integer(value, key, -1, std::numeric_limits<int32_t>::max());
     s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // -1 = off, as vLLM spells it
@@ -249,7 +254,8 @@ bool parse_generation_field(const std::string& key, const OrderedJson& value, Re
         (!value.is_boolean() && !value.is_number())) {
       bad_request(key, "'logprobs' is not supported");
     }
-  } else if (key == "user" || key == "store" || key == "metadata" || key == "service_tier") {
+  } else if (key == "user" || key == "store" || key == "metadata" || key == "service_tier" ||
+             key == "prompt_cache_key" || key == "safety_identifier") {
     // Bookkeeping fields OpenAI accepts; they do not change the generated text.
   } else {
     return false;
@@ -312,6 +318,14 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
       }
     } else if (key == "response_format") {
       r.gen.grammar = response_format_grammar(get_object(value, key));
+    } else if (key == "reasoning_effort") {
+      const std::string& e = get_string(value, key);
+      if (e == "none" || e == "minimal")
+        r.enable_thinking = false;
+      else if (e == "low" || e == "medium" || e == "high" || e == "xhigh")
+        r.enable_thinking = true;
+      else
+        bad_request(key, "'reasoning_effort' must be none, minimal, low, medium, high or xhigh, got '", e, "'");
     } else if (key == "top_logprobs") {
       bad_request(key, "'top_logprobs' is not supported");
     } else if (key == "modalities") {
@@ -368,6 +382,8 @@ CompletionRequest parse_completion_request(const std::string& body, int64_t n_vo
       // A string, [string], token ids, or [[token ids]]: one prompt only (n = 1, no batching).
       const OrderedJson* p = &value;
       if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+      if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
+        bad_request(key, "'prompt' holds ", p->size(), " prompts; this server takes one per request");
       if (p->is_string()) {
         r.prompt_text = p->get<std::string>();
       } else if (p->is_array()) {

@@ -46,7 +46,8 @@ OrderedJson tool_calls_json(const std::vector<ToolCall>& calls, bool with_index)
   for (size_t i = 0; i < calls.size(); ++i) {
     OrderedJson c;
     if (with_index) c["index"] = i;
-    c["id"] = calls[i].id;
+    // The parser numbers calls from call_0 in every answer; clients key results by id across turns.
+    c["id"] = make_response_id("call_");
     c["type"] = "function";
     c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
     arr.push_back(std::move(c));

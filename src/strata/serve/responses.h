@@ -27,6 +27,7 @@ OrderedJson usage_json(const JobOutcome& outcome);
 // Adds what speculative decoding did to a usage object of any API (nothing when the request did not
 // speculate): "speculative": {drafter, drafted_tokens, accepted_tokens}, a strata extension.
 void add_speculative_usage(OrderedJson& usage, const JobOutcome& outcome);
+// Each call gets a fresh "call_..." id, unique across answers.
 OrderedJson tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
 
 OrderedJson chat_completion_json(const ResponseMeta& meta, const AssistantOutput& answer, const char* finish,

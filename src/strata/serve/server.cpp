@@ -204,16 +204,16 @@ class ApiServer {
   // BOS when the vocabulary asks for it, then the conversation with control tokens only where the
   // template wrote them (all of them with --parse-special), then `suffix` as plain text.
   std::vector<int32_t> encode_chat(const RenderedChat& chat, const std::string& suffix) const;
-  void check_context(size_t prompt_tokens) const;
+  void check_context(size_t prompt_tokens, const char* param) const;
   // A chat request's prompt, as every chat API (chat completions, messages, responses) builds it.
   struct ChatPrompt {
     std::vector<int32_t> tokens;
     std::string forced;  // what the prompt puts in the model's mouth (a forced tool call's start)
     bool tools_on = false;
   };
-  // Also sets r.gen.grammar for a required or named tool call.
+  // Also sets r.gen.grammar for a required or named tool call. `param`: the field a too-long prompt is blamed on;
   // check_fit: refuse a prompt the context cannot hold (off for counting a prompt's tokens).
-  ChatPrompt chat_prompt(ChatRequest& r, bool check_fit = true) const;
+  ChatPrompt chat_prompt(ChatRequest& r, const char* param = "messages", bool check_fit = true) const;
   std::shared_ptr<Job> admit(std::vector<int32_t> prompt, const RequestParams& params);
   // Non-streaming: waits for the job and returns its text (throws ApiError when it did not finish).
   std::string collect(Job& job) const;
@@ -328,11 +328,11 @@ std::vector<int32_t> ApiServer::encode_prompt(const std::string& text, bool add_
   return ids;
 }
 
-void ApiServer::check_context(size_t prompt_tokens) const {
-  if (prompt_tokens == 0) bad_request("prompt", "the prompt is empty");
+void ApiServer::check_context(size_t prompt_tokens, const char* param) const {
+  if (prompt_tokens == 0) bad_request(param, "the prompt is empty");
   // At least one position must stay free for the first generated token.
   if (prompt_tokens >= static_cast<size_t>(ctx_)) {
-    throw ApiError(400, "invalid_request_error", "messages", "context_length_exceeded",
+    throw ApiError(400, "invalid_request_error", param, "context_length_exceeded",
                    cat("this model's context is ", ctx_, " tokens per sequence, but the prompt has ", prompt_tokens,
                        " tokens; shorten the prompt"));
   }
@@ -401,21 +401,26 @@ OrderedJson delta_json(const AssistantDelta& d) {
 
 // Produces the next piece of the event stream; returns true when the stream is complete.
 bool next_events(StreamState& st, std::string& out) {
+  // With include_usage every chunk but the last carries "usage": null.
+  const auto chunk = [&](OrderedJson j) {
+    if (st.include_usage) j["usage"] = nullptr;
+    out += sse_data(j);
+  };
   std::string text;
   const bool finished = st.job->take(text, 500ms);
   if (!st.started) {
     st.started = true;
     if (st.chat) {
-      out += sse_data(chat_chunk_json(st.meta, {{"role", "assistant"}, {"content", ""}}, nullptr));
+      chunk(chat_chunk_json(st.meta, {{"role", "assistant"}, {"content", ""}}, nullptr));
       if (!st.forced_prefix.empty()) st.splitter.push(st.forced_prefix);
     }
   }
   if (!text.empty()) {
     if (st.chat) {
       const AssistantDelta d = st.splitter.push(text);
-      if (!d.reasoning.empty() || !d.content.empty()) out += sse_data(chat_chunk_json(st.meta, delta_json(d), nullptr));
+      if (!d.reasoning.empty() || !d.content.empty()) chunk(chat_chunk_json(st.meta, delta_json(d), nullptr));
     } else {
-      out += sse_data(completion_chunk_json(st.meta, text, nullptr));
+      chunk(completion_chunk_json(st.meta, text, nullptr));
     }
   }
   if (!finished) return false;
@@ -432,14 +437,15 @@ bool next_events(StreamState& st, std::string& out) {
   bool tool_calls = false;
   if (st.chat) {
     AssistantStreamSplitter::Final f = st.splitter.finish();
-    if (!f.delta.reasoning.empty() || !f.delta.content.empty()) out += sse_data(chat_chunk_json(st.meta, delta_json(f.delta), nullptr));
+    if (!f.delta.reasoning.empty() || !f.delta.content.empty())
+      chunk(chat_chunk_json(st.meta, delta_json(f.delta), nullptr));
     if (!f.tool_calls.empty()) {
       tool_calls = true;
-      out += sse_data(chat_chunk_json(st.meta, {{"tool_calls", tool_calls_json(f.tool_calls, true)}}, nullptr));
+      chunk(chat_chunk_json(st.meta, {{"tool_calls", tool_calls_json(f.tool_calls, true)}}, nullptr));
     }
-    out += sse_data(chat_chunk_json(st.meta, OrderedJson::object(), finish_reason(o.stop_reason, tool_calls)));
+    chunk(chat_chunk_json(st.meta, OrderedJson::object(), finish_reason(o.stop_reason, tool_calls)));
   } else {
-    out += sse_data(completion_chunk_json(st.meta, "", finish_reason(o.stop_reason, false)));
+    chunk(completion_chunk_json(st.meta, "", finish_reason(o.stop_reason, false)));
   }
   if (st.include_usage) {
     OrderedJson last;
@@ -490,7 +496,7 @@ void start_stream(httplib::Response& res, std::shared_ptr<ChatEventStream> st) {
 
 // ---- handlers --------------------------------------------------------------------------------
 
-ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r, bool check_fit) const {
+ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r, const char* param, bool check_fit) const {
   if (!chat_ok_) bad_request("messages", "this model has no supported chat template (", chat_problem_, "); use /v1/completions");
   const bool tools_on = !r.tools.is_null() && r.tool_choice != ToolChoice::None;
   ChatOptions co;
@@ -515,7 +521,7 @@ ApiServer::ChatPrompt ApiServer::chat_prompt(ChatRequest& r, bool check_fit) con
     bad_request("messages", e.what());
   }
   ChatPrompt p{encode_chat(rendered, forced), forced, tools_on};
-  if (check_fit) check_context(p.tokens.size());
+  if (check_fit) check_context(p.tokens.size(), param);
   return p;
 }
 
@@ -564,29 +570,33 @@ void ApiServer::handle_count_tokens(const std::string& body, httplib::Response& 
   // The prompt /v1/messages would run for the same request (a forced tool call's start included),
   // counted even when it is too long to run: clients count to find out whether it fits.
   OrderedJson j;
-  j["input_tokens"] = chat_prompt(r, false).tokens.size();
+  j["input_tokens"] = chat_prompt(r, "messages", false).tokens.size();
   res.set_content(dump_json(j), kJson);
 }
 
 void ApiServer::handle_responses(const std::string& body, httplib::Response& res) {
   ResponsesRequest r = parse_responses_request(body, n_vocab_);
   check_model(r.chat.model);
-  const ChatPrompt p = chat_prompt(r.chat);
+  const ChatPrompt p = chat_prompt(r.chat, "input");
   auto job = admit(p.tokens, r.chat.gen);
   const ResponseMeta meta{make_response_id("resp_"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
+  const TokenCounter count = [this](const std::string& text) {
+    return static_cast<int>(tokenizer_->encode(text, false).size());
+  };
   if (r.chat.gen.stream) {
-    start_stream(res, std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, responses_stream_writer(r, meta)));
+    start_stream(res,
+                 std::make_shared<ChatEventStream>(job, p.tools_on, p.forced, responses_stream_writer(r, meta, count)));
     return;
   }
   const AssistantOutput answer = split_answer(p.forced + collect(*job), p.tools_on);
-  res.set_content(dump_json(response_json(r, meta, answer, job->outcome())), kJson);
+  res.set_content(dump_json(response_json(r, meta, answer, job->outcome(), count)), kJson);
 }
 
 void ApiServer::handle_completion(const std::string& body, httplib::Response& res) {
   CompletionRequest r = parse_completion_request(body, n_vocab_);
   check_model(r.model);
   std::vector<int32_t> prompt = r.prompt_text ? encode_prompt(*r.prompt_text, true) : r.prompt_tokens;
-  check_context(prompt.size());
+  check_context(prompt.size(), "prompt");
   auto job = admit(std::move(prompt), r.gen);
   ResponseMeta meta{make_response_id("cmpl-"), static_cast<int64_t>(std::time(nullptr)), opt_.model_name};
   if (r.gen.stream) {
