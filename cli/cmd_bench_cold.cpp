@@ -2,7 +2,8 @@
 // cold-expert path of hybrid decode alone (engine/bench_cold.h), as GB/s of expert weights read beside
 // the host's triad bandwidth measured in the same run. With --batch T,..: the batched products instead
 // (an expert's gate/up/down matmuls with T tokens), GOPS with the batched kernel and the per-token one,
-// weights in cache and from DRAM, on each --batch-threads count. Without -m it times random in-memory experts of
+// weights in cache and from DRAM, on each --batch-threads count. With --host-paths: host memory read by the pool's
+// threads and by a GPU kernel over PCIe, alone and at once. Without -m it times random in-memory experts of
 // each --types entry at a preset's shapes (default qwen3.6-35b-a3b); with -m, the file's own MoE layers.
 #include <omp.h>
 
@@ -24,6 +25,9 @@
 #include "strata/engine/bench_cold.h"
 #include "strata/engine/bench_report.h"
 #include "strata/engine/model.h"
+#ifdef STRATA_HAVE_CUDA
+#include "strata/cuda/bench_gpu.h"
+#endif
 
 namespace {
 
@@ -39,6 +43,7 @@ struct BenchColdArgs {
   std::string kernels;
   std::string batch;
   std::string batch_threads = "1";
+  bool host_paths = false;
 };
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -124,11 +129,14 @@ void setup_bench_cold(CLI::App& sub) {
   sub.add_option("--picks", a->picks, "experts per job (one token's cold picks of a layer), comma-separated (default 8,4)");
   sub.add_option("-t,--threads", a->threads, "cold-expert pool threads (default: as the hybrid session, cores - 2)");
   sub.add_option("--seconds", a->seconds, "seconds per cold measurement (default 1)");
-  sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad (default 256)");
+  sub.add_option("--triad-mib", a->triad_mib, "MiB per array of the bandwidth triad, and per --host-paths buffer (default 256)");
   sub.add_option("--batch", a->batch,
                  "tokens per expert, comma-separated: time the batched products (prefill's) instead of decode's");
   sub.add_option("--batch-threads", a->batch_threads, "with --batch: thread counts, comma-separated (default 1)");
   sub.add_option("--kernels", a->kernels, "force a CPU kernel level: scalar, avx2 or avx512 (default: the best)");
+  sub.add_flag("--host-paths", a->host_paths,
+               "instead: host memory read by the pool's threads and by a GPU kernel over PCIe (mapped pinned "
+               "memory), each alone and both at once (a build with CUDA)");
   sub.callback([a] {
     if (a->kernels == "scalar") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
     else if (a->kernels == "avx2") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Avx2);
@@ -140,6 +148,20 @@ void setup_bench_cold(CLI::App& sub) {
     for (const std::string& s : split_commas(a->picks)) picks.push_back(std::stoi(s));
     if (picks.empty()) strata::fail("bench-cold: --picks is empty");
     const int threads = a->threads > 0 ? a->threads : strata::ColdExpertPool::default_threads();
+    if (a->host_paths) {
+#ifdef STRATA_HAVE_CUDA
+      // What a cold expert read over PCIe by the GPU would add to the CPU's reads: one host DRAM feeds both.
+      const strata::cuda::HostReadPaths r = strata::cuda::measure_host_read_paths(a->triad_mib << 20, threads);
+      if (!r.error.empty()) strata::fail("bench-cold --host-paths: ", r.error);
+      std::printf("%s", strata::cuda::format_host_read_paths(r).c_str());
+      std::printf("device: %s, %u hardware threads; date %s\ncommand: %s\n", strata::cpu_model_name().c_str(),
+                  std::thread::hardware_concurrency(), strata::local_iso_datetime().c_str(),
+                  strata::own_command_line().c_str());
+      return;
+#else
+      strata::fail("bench-cold: --host-paths needs a build with CUDA (this one has none)");
+#endif
+    }
     if (!a->batch.empty()) {
       run_batch_bench(*a, picks);
       return;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "strata/cuda/cuda_check.h"
@@ -49,6 +50,16 @@ BandwidthResult measure_gpu_copy_bandwidth(size_t bytes, int passes) {
   r.passes = passes;
   r.source = "GPU device-to-device copy (read+write)";
   return r;
+}
+
+std::string format_host_read_paths(const HostReadPaths& r) {
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "host read paths (%zu MiB each): CPU %d threads %.1f GB/s alone, GPU zero-copy over PCIe %.1f GB/s "
+                "alone; both at once %.1f + %.1f = %.1f GB/s; pinning and filling %.1f GB/s\n",
+                r.bytes >> 20, r.cpu_threads, r.cpu_alone_gbs, r.gpu_alone_gbs, r.cpu_shared_gbs, r.gpu_shared_gbs,
+                r.cpu_shared_gbs + r.gpu_shared_gbs, r.pin_gbs);
+  return buf;
 }
 
 }  // namespace strata::cuda

@@ -20,4 +20,18 @@ std::vector<std::pair<std::string, size_t>> gpu_vram_by_tier(const Sequence& seq
 // Device-to-device copy of `bytes`, best of `passes`; counts bytes read + written, as HBM floors do.
 BandwidthResult measure_gpu_copy_bandwidth(size_t bytes = size_t(1) << 30, int passes = 5);
 
+// Host memory read by the two paths cold experts could take, each from its own pinned buffer of `bytes`:
+// CPU threads, and a GPU kernel reading mapped memory over PCIe (zero-copy). Each path alone (best of
+// `passes`), then both at once, since one host DRAM feeds both. error is set (rates zero) when the pinned
+// buffers cannot be allocated; format_host_read_paths formats a measured result.
+struct HostReadPaths {
+  double cpu_alone_gbs = 0, gpu_alone_gbs = 0, cpu_shared_gbs = 0, gpu_shared_gbs = 0;
+  double pin_gbs = 0;  // allocating and first filling the two pinned buffers, bytes per second
+  int cpu_threads = 0;
+  size_t bytes = 0;
+  std::string error;
+};
+HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes = 3);
+std::string format_host_read_paths(const HostReadPaths& r);
+
 }  // namespace strata::cuda
