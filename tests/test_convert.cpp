@@ -1131,6 +1131,24 @@ TEST(ConvertErrors, QuantizedCheckpointsAreRefusedAndNothingIsWritten) {
     EXPECT_NE(refused(dir).find("quantized (quantization_config)"), std::string::npos);
   }
   {
+    // MLX's own key, beside packed weights.
+    const std::string dir = make_qwen3moe("quant_cfg_mlx", d);
+    json c = qwen3moe_config(d);
+    c["quantization"] = {{"group_size", 64}, {"bits", 4}};
+    write_json(dir + "/config.json", c);
+    EXPECT_NE(refused(dir).find("quantized (MLX-style 'quantization', 4 bits)"), std::string::npos);
+  }
+  {
+    // MLX-packed tensors with the config stripped of its key: the .biases companion names the format.
+    const std::string e = refused(make_qwen3moe_edited("quant_mlx_tensors", d, [](TensorMap& m) {
+      const std::string p = "model.layers.0.self_attn.q_proj.";
+      m[p + "scales"] = rnd({2, 2}, 13);
+      m[p + "biases"] = rnd({2, 2}, 14);
+    }));
+    EXPECT_NE(e.find("MLX-style 'biases'"), std::string::npos) << e;
+    EXPECT_NE(e.find("2 tensor(s)"), std::string::npos) << e;
+  }
+  {
     // fp8 weights with their scales, the config stripped of quantization_config.
     const std::string e = refused(make_qwen3moe_edited("quant_f8", d, [](TensorMap& m) {
       m["model.layers.0.self_attn.q_proj.weight"].dtype = "F8_E4M3";

@@ -253,6 +253,14 @@ HfConfig load_hf_config(const std::string& dir) {
          named ? cat(".quant_method '", q["quant_method"].get<std::string>(), "'") : std::string(), "); ",
          kNeedUnquantized);
   }
+  // MLX writes its own key: {"quantization": {"group_size": G, "bits": B}} (weights packed, with .scales
+  // and .biases tensors).
+  if (f.has("quantization") && f.j["quantization"].is_object() && f.j["quantization"].contains("bits")) {
+    const json& q = f.j["quantization"];
+    fail(where, ": the checkpoint is quantized (MLX-style 'quantization'",
+         q["bits"].is_number_integer() ? cat(", ", q["bits"].get<int64_t>(), " bits") : std::string(), "); ",
+         kNeedUnquantized);
+  }
 
   c.n_layer = f.get_int("num_hidden_layers");
   c.n_embd = f.get_int("hidden_size");

@@ -54,7 +54,8 @@ std::string quantized_sign(const StTensor& t) {
   static const std::pair<const char*, const char*> kCompanions[] = {
       {".qweight", "GPTQ/AWQ"},
       {".qzeros", "GPTQ/AWQ"},
-      {".scales", "GPTQ/AWQ"},
+      {".scales", "GPTQ/AWQ/MLX"},
+      {".biases", "MLX"},
       {".g_idx", "GPTQ"},
       {".weight_scale", "fp8"},
       {".weight_scale_inv", "fp8"},
