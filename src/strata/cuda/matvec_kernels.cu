@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "strata/base/error.h"
 #include "strata/cuda/cuda_check.h"
@@ -263,6 +266,20 @@ int sm_count() {
   return n;
 }
 
+int resident_blocks(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int b = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  known.emplace(key, b);
+  return b;
+}
+
 int token_grid_blocks(int blocks, int resident, int n_tokens) {
   if (n_tokens <= 1) return blocks;
   // Rounded down: a few blocks past the wave would cost a whole extra round of tiles.
@@ -363,10 +380,8 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   if (per > 0) {
     const int chunks = (n_tokens + per - 1) / per;
     const size_t smem = tokens_smem(max_cols, per);
-    int resident = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gemv_tokens_kernel<kSharedTokens>, kThreads,
-                                                             smem),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int resident =
+        resident_blocks(reinterpret_cast<const void*>(gemv_tokens_kernel<kSharedTokens>), kThreads, smem);
     if (resident > 0) {  // else the token grid below (same results)
       b.n_tokens = n_tokens;
       b.per = per;

@@ -143,6 +143,9 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
 int64_t max_gemv_cols();
 // The device's SM count (cached).
 int sm_count();
+// Resident blocks per SM of `kernel` at this block size and dynamic shared memory, asked of the runtime
+// once per (kernel, threads, smem) and remembered: launches that size their grid by it ask every time.
+int resident_blocks(const void* kernel, int threads, size_t smem);
 // Blocks per token of a token-grid launch whose single-token launch takes `blocks` blocks: at most
 // `resident` blocks in all, about one wave, so that each block stages its token's input once rather than
 // once per wave. Only for launches whose blocks stride over the rows and stage every input alike whatever

@@ -215,10 +215,8 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
 
 // Resident token-grid down-sum blocks per SM for this shared-memory size.
 static int down_sum_tokens_resident(size_t smem) {
-  int b = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, mv::down_sum_kernel<false, true>, mv::kThreads, smem),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(down_sum)");
-  return std::max(1, b);
+  const void* kernel = reinterpret_cast<const void*>(mv::down_sum_kernel<false, true>);
+  return std::max(1, resident_blocks(kernel, mv::kThreads, smem));
 }
 
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
