@@ -137,7 +137,7 @@ void setup_bench_cold(CLI::App& sub) {
   sub.add_flag("--host-paths", a->host_paths,
                "instead: host memory read by the pool's threads and by a GPU kernel over PCIe (mapped pinned "
                "memory), each alone and both at once (a build with CUDA)");
-  sub.callback([a] {
+  sub.callback([a, &sub] {
     if (a->kernels == "scalar") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
     else if (a->kernels == "avx2") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Avx2);
     else if (a->kernels == "avx512") strata::set_cpu_kernel_level(strata::CpuKernelLevel::Avx512);
@@ -149,6 +149,9 @@ void setup_bench_cold(CLI::App& sub) {
     if (picks.empty()) strata::fail("bench-cold: --picks is empty");
     const int threads = a->threads > 0 ? a->threads : strata::ColdExpertPool::default_threads();
     if (a->host_paths) {
+      for (const char* other : {"-m", "--types", "--preset", "--layers", "--picks", "--seconds", "--batch",
+                                "--batch-threads", "--kernels"})
+        if (sub.count(other) > 0) strata::fail("bench-cold: --host-paths takes only -t and --triad-mib, not ", other);
 #ifdef STRATA_HAVE_CUDA
       // What a cold expert read over PCIe by the GPU would add to the CPU's reads: one host DRAM feeds both.
       const strata::cuda::HostReadPaths r = strata::cuda::measure_host_read_paths(a->triad_mib << 20, threads);

@@ -1424,7 +1424,7 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
 // The token-shared launch (a token grid of unrouted K-quant jobs on the int8 path: each block stages
 // several tokens and reads each weight once for all of them) is T single-token launches, bit for bit:
 // normed jobs sharing one input (one of many tiles), gate/up pairs of one type and of two, an Accumulate
-// job beside a narrower one, a row too wide for eight tokens' staging, at token counts that split
+// job beside a narrower one, a row too wide for a full block's tokens' staging, at token counts that split
 // unevenly (the size threshold lowered so that small matrices take it); launches it cannot take go to the
 // token grid.
 TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
@@ -1491,7 +1491,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
                          : std::make_unique<Dev<float>>(static_cast<size_t>(kMaxT) * shapes[i].rows));
     return o;
   };
-  for (const int T : {2, 5, 9, 16, 32}) {
+  for (const int T : {2, 5, 9, 10, 16, 20, 32}) {
     for (int launch = 0; launch < 4; ++launch) {
       Outs shared = outputs(), one = outputs();
       std::vector<sc::GemvJob> js = jobs_of(launch, shared, 0);
@@ -1527,6 +1527,8 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 4), 0) << "float arithmetic";
   sc::set_gemv_math(sc::GemvMath::Int8);
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 9) << "nine tokens in one block";
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 10), sc::kGemvSharedTokens) << "a full block";
+  EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 20), sc::kGemvSharedTokens) << "two full blocks";
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 17), 9) << "17 tokens in two blocks of nine and eight";
   sc::set_gemv_tokens_min_bytes(sc::kGemvTokensMinBytes);
   EXPECT_EQ(sc::gemv_tokens_per_block(plain.data(), 3, 9), 0) << "a launch of a few MB keeps the token grid";

@@ -138,6 +138,19 @@ TEST(Requests, FieldsClientsSendAreAccepted) {
   ASSERT_TRUE(off.enable_thinking.has_value());
   EXPECT_FALSE(*off.enable_thinking);
   EXPECT_EQ(status_of(ok + R"(,"reasoning_effort":"extreme"})"), 400);
+  // The two spellings of the thinking switch: agreeing is fine in either order, disagreeing is a 400.
+  const std::string kw_off = R"("chat_template_kwargs":{"enable_thinking":false})";
+  EXPECT_FALSE(*strata::serve::parse_chat_request(ok + "," + kw_off + R"(,"reasoning_effort":"none"})", 1000).enable_thinking);
+  EXPECT_EQ(status_of(ok + "," + kw_off + R"(,"reasoning_effort":"high"})"), 400);
+  EXPECT_EQ(status_of(ok + R"(,"reasoning_effort":"high",)" + kw_off + "}"), 400);
+  // A refusal as OpenAI returns it (content null, the text in "refusal"), sent back: the refusal is what was said.
+  const auto refused = strata::serve::parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"refusal":"I can't"},
+          {"role":"user","content":"y"}]})",
+      1000);
+  ASSERT_EQ(refused.messages.size(), 3u);
+  EXPECT_EQ(refused.messages[1].content, "I can't");
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"assistant","content":null,"refusal":null}]})"), 400);
   // Still refused: a non-null unknown message field, a refusal part from the user.
   EXPECT_EQ(status_of(R"({"messages":[{"role":"assistant","content":"x","function_call":{"name":"f"}}]})"), 400);
   EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"}]}]})"), 400);

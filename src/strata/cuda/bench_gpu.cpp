@@ -55,9 +55,9 @@ BandwidthResult measure_gpu_copy_bandwidth(size_t bytes, int passes) {
 std::string format_host_read_paths(const HostReadPaths& r) {
   char buf[400];
   std::snprintf(buf, sizeof buf,
-                "host read paths (%zu MiB each): CPU %d threads %.1f GB/s alone, GPU zero-copy over PCIe %.1f GB/s "
-                "alone; both at once %.1f + %.1f = %.1f GB/s; pinning and filling %.1f GB/s\n",
-                r.bytes >> 20, r.cpu_threads, r.cpu_alone_gbs, r.gpu_alone_gbs, r.cpu_shared_gbs, r.gpu_shared_gbs,
+                "host read paths (%zu MiB each, %s): CPU %d threads %.1f GB/s alone, GPU zero-copy over PCIe %.1f "
+                "GB/s alone; both at once %.1f + %.1f = %.1f GB/s; pinning and filling %.1f GB/s\n",
+                r.bytes >> 20, r.gpu.c_str(), r.cpu_threads, r.cpu_alone_gbs, r.gpu_alone_gbs, r.cpu_shared_gbs, r.gpu_shared_gbs,
                 r.cpu_shared_gbs + r.gpu_shared_gbs, r.pin_gbs);
   return buf;
 }

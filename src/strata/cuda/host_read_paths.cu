@@ -50,10 +50,24 @@ uint64_t read_slice(const uint64_t* p, size_t n) {
   return a ^ b ^ c ^ d;
 }
 
-struct Pinned {  // freed on every way out
+// Freed on every way out.
+struct Pinned {
   void* p = nullptr;
   ~Pinned() {
     if (p) cudaFreeHost(p);
+  }
+};
+struct DeviceWords {
+  unsigned* p = nullptr;
+  ~DeviceWords() {
+    if (p) cudaFree(p);
+  }
+};
+struct Events {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~Events() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
   }
 };
 
@@ -61,9 +75,17 @@ struct Pinned {  // freed on every way out
 
 HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes) {
   HostReadPaths r;
+  bytes -= bytes % sizeof(uint4);  // whole 16-byte words, as the kernel reads them
   r.bytes = bytes;
   r.cpu_threads = std::max(1, cpu_threads);
   passes = std::max(1, passes);
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    cudaGetLastError();
+    r.error = "no CUDA device";
+    return r;
+  }
+  check_cuda(cudaFree(nullptr), "CUDA context");  // the context is made here, outside the pinning's time
   Pinned gpu_buf, cpu_buf;
   // Both buffers pinned: cold experts read by either path would sit in such memory.
   const auto a0 = std::chrono::steady_clock::now();
@@ -80,15 +102,20 @@ HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes)
               std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count() / 1e9;
   void* dev_view = nullptr;
   check_cuda(cudaHostGetDevicePointer(&dev_view, gpu_buf.p, 0), "cudaHostGetDevicePointer");
-  int dev = 0, sms = 0;
+  int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  r.gpu = prop.name;
+  const int sms = prop.multiProcessorCount;
   const int blocks = sms * 8, threads = 256;
-  unsigned* out = nullptr;
-  check_cuda(cudaMalloc(&out, static_cast<size_t>(blocks) * sizeof(unsigned)), "cudaMalloc");
-  cudaEvent_t start, stop;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  DeviceWords out_buf;
+  check_cuda(cudaMalloc(&out_buf.p, static_cast<size_t>(blocks) * sizeof(unsigned)), "cudaMalloc");
+  unsigned* out = out_buf.p;
+  Events ev;
+  check_cuda(cudaEventCreate(&ev.start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ev.stop), "cudaEventCreate");
+  const cudaEvent_t start = ev.start, stop = ev.stop;
   const size_t words = bytes / sizeof(uint4);
   // The GPU's passes, timed by events; the best pass's rate.
   auto gpu_passes = [&] {
@@ -96,6 +123,7 @@ HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes)
     for (int i = 0; i < passes; ++i) {
       check_cuda(cudaEventRecord(start), "cudaEventRecord");
       zero_copy_read_kernel<<<blocks, threads>>>(static_cast<const uint4*>(dev_view), words, out);
+      check_cuda(cudaGetLastError(), "zero-copy read kernel");
       check_cuda(cudaEventRecord(stop), "cudaEventRecord");
       check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float ms = 0;
@@ -139,20 +167,27 @@ HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes)
     return sum / 1e9;
   };
   zero_copy_read_kernel<<<blocks, threads>>>(static_cast<const uint4*>(dev_view), words, out);  // warm-up
+  check_cuda(cudaGetLastError(), "zero-copy read kernel");
   check_cuda(cudaDeviceSynchronize(), "zero-copy read");
   r.gpu_alone_gbs = gpu_passes();
   r.cpu_alone_gbs = cpu_run(nullptr);
   std::atomic<bool> stop_flag{false};
   double cpu_shared = 0;
   std::thread readers([&] { cpu_shared = cpu_run(&stop_flag); });
+  struct Join {  // the readers stop and are joined on every way out, a failed GPU pass included
+    std::atomic<bool>& flag;
+    std::thread& t;
+    ~Join() {
+      flag = true;
+      if (t.joinable()) t.join();
+    }
+  } join{stop_flag, readers};
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the readers are running
   r.gpu_shared_gbs = gpu_passes();
   stop_flag = true;
   readers.join();
   r.cpu_shared_gbs = cpu_shared;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaFree(out);
+  r.checksum = sink.load() ^ static_cast<uint64_t>(words);
   return r;
 }
 

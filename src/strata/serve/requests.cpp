@@ -122,6 +122,7 @@ std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
       bad_request(name, "'", name, ".role' must be one of system, developer, user, assistant, tool; got '", msg.role, "'");
     }
     bool has_content = false;
+    std::string refusal;
     for (const auto& [key, value] : m.items()) {
       if (key == "role") continue;
       if (key == "content") {
@@ -138,12 +139,17 @@ std::vector<ChatMessage> parse_messages(const OrderedJson& v) {
       } else if (key == "reasoning_content" && msg.role == "assistant") {
         if (!value.is_null()) msg.reasoning_content = get_string(value, name + ".reasoning_content");
       } else if (key == "refusal" && msg.role == "assistant") {
-        if (!value.is_null()) get_string(value, name + ".refusal");
+        // OpenAI returns a refusal as {"content": null, "refusal": "..."}: sent back, it is what was said.
+        if (!value.is_null()) refusal = get_string(value, name + ".refusal");
       } else if (value.is_null() && (key == "function_call" || key == "audio" || key == "annotations")) {
         // A returned message sent back whole carries these as null: nothing to render.
       } else {
         bad_request(name, "unknown field '", name, ".", key, "' for role ", msg.role);
       }
+    }
+    if (!has_content && !refusal.empty()) {
+      msg.content = refusal;
+      has_content = true;
     }
     if (!has_content && !(msg.role == "assistant" && !msg.tool_calls.empty())) {
       bad_request(name, "'", name, ".content' is required");
@@ -295,6 +301,7 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
   const OrderedJson j = parse_json_object(body);
   ChatRequest r;
   std::optional<int> max_tokens, max_completion_tokens;
+  std::optional<bool> kwargs_thinking, effort_thinking;  // two spellings of one switch
   bool have_messages = false;
   OrderedJson tool_choice;
   for (const auto& [key, value] : j.items()) {
@@ -313,7 +320,7 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
       get_bool(value, key);
     } else if (key == "chat_template_kwargs") {
       for (const auto& [k, v] : get_object(value, key).items()) {
-        if (k == "enable_thinking") r.enable_thinking = get_bool(v, "chat_template_kwargs.enable_thinking");
+        if (k == "enable_thinking") kwargs_thinking = get_bool(v, "chat_template_kwargs.enable_thinking");
         else bad_request(key, "unknown field 'chat_template_kwargs.", k, "' (supported: enable_thinking)");
       }
     } else if (key == "response_format") {
@@ -321,9 +328,9 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
     } else if (key == "reasoning_effort") {
       const std::string& e = get_string(value, key);
       if (e == "none" || e == "minimal")
-        r.enable_thinking = false;
+        effort_thinking = false;
       else if (e == "low" || e == "medium" || e == "high" || e == "xhigh")
-        r.enable_thinking = true;
+        effort_thinking = true;
       else
         bad_request(key, "'reasoning_effort' must be none, minimal, low, medium, high or xhigh, got '", e, "'");
     } else if (key == "top_logprobs") {
@@ -337,6 +344,12 @@ ChatRequest parse_chat_request(const std::string& body, int64_t n_vocab) {
     }
   }
   if (!have_messages) bad_request("messages", "'messages' is required");
+  // Either spelling alone decides; both must agree (the fields' order in the JSON must not).
+  if (kwargs_thinking && effort_thinking && *kwargs_thinking != *effort_thinking)
+    bad_request("reasoning_effort", "'reasoning_effort' turns thinking ", *effort_thinking ? "on" : "off",
+                " but 'chat_template_kwargs.enable_thinking' is ", *kwargs_thinking ? "true" : "false");
+  if (kwargs_thinking) r.enable_thinking = *kwargs_thinking;
+  if (effort_thinking) r.enable_thinking = *effort_thinking;
   finish_generation_params(r.gen, max_tokens, max_completion_tokens);
 
   if (!tool_choice.is_null()) {
