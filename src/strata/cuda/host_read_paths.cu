@@ -157,7 +157,7 @@ HostReadPaths measure_host_read_paths(size_t bytes, int cpu_threads, int passes)
         }
         const double span = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double slice = static_cast<double>(hi - lo) * sizeof(uint64_t);
-        // Alone: the best pass; sharing: the average over the window the GPU ran in.
+        // Alone: the best pass; sharing: the average from this thread's start to its last whole pass.
         rate[static_cast<size_t>(t)] = stop_flag ? slice * done / span : slice / best_s;
         sink.fetch_xor(x, std::memory_order_relaxed);
       });

@@ -447,9 +447,10 @@ __device__ __forceinline__ void run_tiles(const DJob* jobs, int n_jobs, int n_ti
     const uint8_t* base2 = J.w2;
     bool skip = false;
     // A routed tile of a launch that routes itself is staged by warps 1.. (warp 0 routes meanwhile, so the
-    // block does not wait for the routing before staging), any other tile by the whole block. The two forms add the rmsnorm sum in different orders, so a tile whose input was staged in
-    // the other form restages: every tile sees the staging a block that runs it alone gives it, whatever
-    // tiles its block ran before (a token grid's blocks run several).
+    // block does not wait for the routing before staging), any other tile by the whole block. The two forms
+    // add the rmsnorm sum in different orders, so a tile whose input was staged in the other form restages:
+    // every tile sees the staging a block that runs it alone gives it, whatever tiles its block ran before
+    // (a token grid's blocks run several).
     const bool group_tile = J.ids && rin.logits && blockDim.x > 32;
     if (group_tile != st.by_group) restage = true;
     if (group_tile && restage) {  // block-uniform

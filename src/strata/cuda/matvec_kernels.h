@@ -120,6 +120,9 @@ struct GemvCombine {
   unsigned int* counter = nullptr;
 };
 
+// The most tokens one token-shared block takes: a verification of nine tokens (eight drafts) in one pass.
+constexpr int kGemvSharedTokens = 10;
+
 // Runs n_jobs (<= kMaxGemvJobs) products in one launch. Inputs may differ per job; every x must hold
 // at most max_gemv_cols() floats. Fails (strata::Error) on an unsupported weight type. At most one of
 // norm / route / combine (the epilogue) may be given.
@@ -133,10 +136,8 @@ struct GemvCombine {
 // as the single-token launch of the same jobs does, so token t's outputs are bitwise those of a
 // single-token launch on token t's rows. No epilogue, conv job or replayed route_in then. A token grid
 // whose jobs are all unrouted K-quant rows under GemvMath::Int8, reading enough bytes
-// (set_gemv_tokens_min_bytes), runs token-shared: each block stages up to kGemvSharedTokens tokens' inputs and reads
-// each weight once for all of them (same results, bit for bit).
-// The most tokens one token-shared block takes: a verification of nine tokens (eight drafts) in one pass.
-constexpr int kGemvSharedTokens = 10;
+// (set_gemv_tokens_min_bytes), runs token-shared: each block stages up to kGemvSharedTokens tokens' inputs
+// and reads each weight once for all of them (same results, bit for bit).
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
                 const GemvRoute* route_in = nullptr, int n_tokens = 1);

@@ -327,13 +327,7 @@ __device__ __forceinline__ float k45_dot_i8(const K45Unit& k, const XStage& X) {
   return (s0 * static_cast<float>(dot0) - k.ml0 * X.sum16[k.x0 >> 4]) +
          (s1 * static_cast<float>(dot1) - k.ml1 * X.sum16[k.x1 >> 4]);
 }
-template <bool kFive>
-__device__ __forceinline__ float k45_compute_i8(const K45Raw& r, int u, const XStage& X) {
-  return k45_dot_i8(k45_unpack<kFive>(r, u), X);
-}
 
-// Q6_K unit on int8 activations: per run of 16, d * scale * d32 * (dot of the 0..63 codes - 32 * isum16),
-// the offset folded in exact integers.
 // A Q6_K unit unpacked: each quarter's codes and d * scale, and where its activations start.
 struct Q6Unit {
   uint32_t v[4][4];
@@ -353,6 +347,8 @@ __device__ __forceinline__ Q6Unit q6k_unpack(const Q6Raw& r, int u) {
   return k;
 }
 
+// Q6_K unit on int8 activations: per run of 16, d * scale * d32 * (dot of the 0..63 codes - 32 * isum16),
+// the offset folded in exact integers.
 __device__ __forceinline__ float q6k_dot_i8(const Q6Unit& k, const XStage& X) {
   float acc = 0.0f;
 #pragma unroll
@@ -364,16 +360,13 @@ __device__ __forceinline__ float q6k_dot_i8(const Q6Unit& k, const XStage& X) {
   return acc;
 }
 
-__device__ __forceinline__ float q6k_compute_i8(const Q6Raw& r, int u, const XStage& X) {
-  return q6k_dot_i8(q6k_unpack(r, u), X);
-}
-
 // Whether weights of type t take the int8 path when it is on (the K-quants, as on the CPU).
 __host__ __device__ constexpr bool int8_path_type(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
-// Load/compute of one unit of type T, behind one interface (compute_i8 for int8_path_type only).
+// Load/compute of one unit of type T, behind one interface (unpack and dot_i8 for int8_path_type only: the
+// int8 path's value of a unit is dot_i8(unpack(raw)), so token-shared dots unpack once for all tokens).
 template <GgmlType T>
 struct Unit;
 
@@ -382,7 +375,6 @@ struct Unit<GgmlType::Q4_K> {
   using Raw = K45Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<false>(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<false>(r, u, X.xs, X.s16); }
-  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<false>(r, u, X); }
   using Unpacked = K45Unit;
   __device__ static Unpacked unpack(const Raw& r, int u) { return k45_unpack<false>(r, u); }
   __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return k45_dot_i8(k, X); }
@@ -392,7 +384,6 @@ struct Unit<GgmlType::Q5_K> {
   using Raw = K45Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return k45_load<true>(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return k45_compute<true>(r, u, X.xs, X.s16); }
-  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return k45_compute_i8<true>(r, u, X); }
   using Unpacked = K45Unit;
   __device__ static Unpacked unpack(const Raw& r, int u) { return k45_unpack<true>(r, u); }
   __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return k45_dot_i8(k, X); }
@@ -402,7 +393,6 @@ struct Unit<GgmlType::Q6_K> {
   using Raw = Q6Raw;
   __device__ static Raw load(const uint8_t* row, int u, int) { return q6k_load(row, u); }
   __device__ static float compute(const Raw& r, int u, const XStage& X, int) { return q6k_compute(r, u, X.xs); }
-  __device__ static float compute_i8(const Raw& r, int u, const XStage& X) { return q6k_compute_i8(r, u, X); }
   using Unpacked = Q6Unit;
   __device__ static Unpacked unpack(const Raw& r, int u) { return q6k_unpack(r, u); }
   __device__ static float dot_i8(const Unpacked& k, const XStage& X) { return q6k_dot_i8(k, X); }
@@ -441,7 +431,7 @@ struct Unit<GgmlType::BF16> {
 template <GgmlType T, bool I8>
 __device__ __forceinline__ float unit_value(const typename Unit<T>::Raw& r, int u, const XStage& X, int n_cols) {
   if constexpr (I8) {
-    return Unit<T>::compute_i8(r, u, X);
+    return Unit<T>::dot_i8(Unit<T>::unpack(r, u), X);
   } else {
     return Unit<T>::compute(r, u, X, n_cols);
   }
@@ -571,7 +561,7 @@ __device__ __forceinline__ void row_dot_tokens_t(const uint8_t* row, int n_cols,
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for_each_unit<T, 2>(row, n_cols, sub, G, [&](const typename Unit<T>::Raw& r, int u) {
-    // Unpacked once for all the tokens (compute_i8 is unpack then dot_i8, so each sum is its own).
+    // Unpacked once for all the tokens: each token's sum is unit_value's.
     const typename Unit<T>::Unpacked k = Unit<T>::unpack(r, u);
 #pragma unroll
     for (int t = 0; t < NT; ++t)
