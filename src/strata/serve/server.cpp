@@ -46,20 +46,16 @@ extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 constexpr const char* kJson = "application/json";
 constexpr int kKeepAliveSeconds = 5;
 
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
-                const std::string& code = "") {
-  res.status = status;
-  res.set_content(error_body(status, error_type_for_status(status), message, param, code), kJson);
-}
-
 // Anthropic's routes answer every error in Anthropic's shape, which its SDK reads.
 bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
-// An error the router or the HTTP library raises (no handler ran), in the shape of the path's API.
-void send_route_error(const httplib::Request& req, httplib::Response& res, int status, const std::string& message) {
-  if (!anthropic_route(req.path)) return send_error(res, status, message);
+// An error raised before or without a handler (the pre-routing checks, the router, the HTTP library), in
+// the shape of the path's API.
+void send_route_error(const httplib::Request& req, httplib::Response& res, int status, const std::string& message,
+                      const std::string& code = "") {
+  const ApiError e(status, error_type_for_status(status), "", code, message);
   res.status = status;
-  res.set_content(anthropic_error_body(ApiError(status, error_type_for_status(status), "", "", message)), kJson);
+  res.set_content(anthropic_route(req.path) ? anthropic_error_body(e) : error_body(e), kJson);
 }
 
 // Routes named in metrics (anything else counts as "other", so clients cannot grow the label set).
@@ -710,13 +706,10 @@ void ApiServer::install_routes() {
     // with every API call); they are there while the model loads, too.
     if (opt_.webui && req.method == "GET" && (req.path == "/" || req.path.rfind("/webui/", 0) == 0))
       return httplib::Server::HandlerResponse::Unhandled;
-    const bool anthropic = anthropic_route(req.path);
     const auto refuse = [&](int status, const std::string& message, const std::string& code) {
       if (conn && has_body) conn->close_after_answer();  // its body is not read
       if (status == 503) res.set_header("Retry-After", "1");
-      const ApiError e(status, error_type_for_status(status), "", code, message);
-      res.status = status;
-      res.set_content(anthropic ? anthropic_error_body(e) : error_body(e), kJson);
+      send_route_error(req, res, status, message, code);
       return httplib::Server::HandlerResponse::Handled;
     };
     if (!opt_.api_key.empty()) {
