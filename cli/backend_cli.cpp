@@ -301,10 +301,10 @@ std::string telemetry_text(const Sequence& sequence) {
   std::snprintf(buf, sizeof buf,
                 "telemetry: hybrid (%d CPU threads), %llu tokens through the MoE: %.2f cold picks/token of %.2f, "
                 "cold-hit %.3f; CPU cold work %.3f ms/token (overlaps the GPU), GPU wait for the CPU %.3f ms/token, "
-                "%.2f layers/token reached the CPU\n",
+                "decode doorbell to answer %.3f ms/token, %.2f layers/token reached the CPU\n",
                 t.cpu_threads, static_cast<unsigned long long>(t.tokens),
                 static_cast<double>(t.cold_picks) / n, static_cast<double>(t.picks) / n, t.cold_hit_rate(),
-                t.cpu_cold_ms / n, t.gpu_wait_ms / n, static_cast<double>(t.cpu_jobs) / n);
+                t.cpu_cold_ms / n, t.gpu_wait_ms / n, t.answer_ms / n, static_cast<double>(t.cpu_jobs) / n);
   std::string s = buf;
   s += "telemetry: cold picks per layer per token:";
   for (uint64_t v : t.cold_picks_per_layer) {
@@ -360,6 +360,8 @@ std::string telemetry_metrics(const Sequence& sequence) {
   counter("cpu_cold_seconds_total", "CPU time computing cold experts.", buf);
   std::snprintf(buf, sizeof buf, "%.6f", t.gpu_wait_ms / 1e3);
   counter("gpu_wait_seconds_total", "GPU time waiting for cold experts.", buf);
+  std::snprintf(buf, sizeof buf, "%.6f", t.answer_ms / 1e3);
+  counter("answer_seconds_total", "Decode: time from each cold job's doorbell to the GPU seeing its answer.", buf);
   counter("stream_layers_total", "Prompt-chunk layer passes whose cold experts were copied to the GPU.",
           cat(t.stream_layers));
   counter("stream_bytes_total", "Bytes of cold experts copied to the GPU for prompts.", cat(t.stream_bytes));

@@ -263,6 +263,7 @@ void setup_bench(CLI::App& sub) {
                        {"gpu_ms_per_token", dec.gpu_ms_per_token},
                        {"wait_ms_per_token", dec.wait_ms_per_token},
                        {"cpu_cold_ms_per_token", dec.cpu_ms_per_token},
+                       {"answer_ms_per_token", dec.answer_ms_per_token},
                        {"cold_picks_per_token", dec.cold_picks_per_token},
                        {"cold_hit_rate", dec.cold_hit_rate},
                        {"cold_picks_per_layer", dec.cold_picks_per_layer}}}};

@@ -164,6 +164,11 @@ sc::HybridTelemetry check_hybrid(const strata::Model& model, const Reference& re
   }
   EXPECT_LE(t.cpu_jobs, tokens * n_moe) << label;
   EXPECT_EQ(t.cpu_jobs == 0, t.cold_picks == 0) << label;
+  // A decode job's wait starts after its doorbell rang and ends when its answer is seen.
+  EXPECT_GE(t.answer_ms, t.gpu_wait_ms) << label;
+  if (t.cpu_jobs == 0) {
+    EXPECT_EQ(t.answer_ms, 0.0) << label;
+  }
   return t;
 }
 

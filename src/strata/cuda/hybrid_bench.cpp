@@ -98,6 +98,7 @@ HybridDecodeBreakdown measure_hybrid_decode(GpuSession& session, int n_prompt, i
   b.wait_ms_per_token = t.gpu_wait_ms / n;
   b.gpu_ms_per_token = b.wall_ms_per_token - b.wait_ms_per_token;
   b.cpu_ms_per_token = t.cpu_cold_ms / n;
+  b.answer_ms_per_token = t.answer_ms / n;
   b.cold_picks_per_token = static_cast<double>(t.cold_picks) / n;
   b.cold_hit_rate = t.cold_hit_rate();
   for (uint64_t v : t.cold_picks_per_layer) b.cold_picks_per_layer.push_back(static_cast<double>(v) / n);
@@ -108,9 +109,10 @@ std::string format_hybrid_decode(const HybridDecodeBreakdown& b) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "hybrid decode breakdown (%d single-token steps): %.3f ms/token = GPU %.3f + wait for CPU %.3f; "
-                "CPU cold work %.3f ms/token (overlapped); %.2f cold picks/token, cold-hit %.3f\n",
+                "CPU cold work %.3f ms/token (overlapped), doorbell to answer %.3f; %.2f cold picks/token, "
+                "cold-hit %.3f\n",
                 b.tokens, b.wall_ms_per_token, b.gpu_ms_per_token, b.wait_ms_per_token, b.cpu_ms_per_token,
-                b.cold_picks_per_token, b.cold_hit_rate);
+                b.answer_ms_per_token, b.cold_picks_per_token, b.cold_hit_rate);
   return buf;
 }
 

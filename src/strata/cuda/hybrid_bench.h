@@ -52,6 +52,7 @@ struct HybridDecodeBreakdown {
   double gpu_ms_per_token = 0;   // wall - GPU wait for the CPU (the GPU's own work plus launch gaps)
   double wait_ms_per_token = 0;  // combine kernels waiting for cold rows
   double cpu_ms_per_token = 0;   // CPU workers computing cold rows (overlaps the GPU's hot work)
+  double answer_ms_per_token = 0;  // from each doorbell to the GPU seeing the answer (cold work + hand-off)
   double cold_picks_per_token = 0;
   double cold_hit_rate = 0;
   std::vector<double> cold_picks_per_layer;  // per token

@@ -73,6 +73,7 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   // The doorbell needs no fence after it: the store leaves at once, and a system-scope fence would only
   // hold the kernel's end (and the hot experts' launch after it) until the store is performed.
   if (threadIdx.x == 0) {
+    r.ctr->rung_at = global_ns();
     volatile HostJob* j = r.job;
     j->doorbell = seq;
   }
@@ -107,7 +108,11 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
       }
       __nanosleep(200);
     }
-    if (blockIdx.x == 0) atomicAdd(&r.ctr->wait_ns, global_ns() - t0);
+    if (blockIdx.x == 0) {
+      const unsigned long long t1 = global_ns();
+      atomicAdd(&r.ctr->wait_ns, t1 - t0);
+      atomicAdd(&r.ctr->answer_ns, t1 - r.ctr->rung_at);
+    }
     int all[kHybridMaxK];
     slots_in_ascending_id(ids, k, all);  // the CPU engine sums experts in that order
     int n = 0;

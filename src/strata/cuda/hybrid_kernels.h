@@ -34,6 +34,8 @@ struct HybridDevCounters {
   unsigned long long jobs;          // decode layer passes with cold picks (less those of dropped steps)
   unsigned long long wait_ns;       // combine kernels' time waiting for the CPU
   unsigned long long timeouts;      // never > 0 unless the CPU side died (then the kernel traps)
+  unsigned long long rung_at;       // %globaltimer when the last doorbell rang
+  unsigned long long answer_ns;     // decode jobs: from each doorbell to the GPU seeing its done, summed
 };
 
 // The model's side of the decode mailbox and its counters (device pointers; job and xn_host in mapped

@@ -233,6 +233,7 @@ class HybridMoeImpl final : public HybridMoe {
     t.cpu_jobs = cpu_jobs_.load() + (ctr.jobs - jobs_base_);
     t.cpu_cold_ms = static_cast<double>(cpu_ns_.load()) * 1e-6;
     t.gpu_wait_ms = static_cast<double>(ctr.wait_ns - wait_ns_base_) * 1e-6;
+    t.answer_ms = static_cast<double>(ctr.answer_ns - answer_ns_base_) * 1e-6;
     if (cache_) {
       std::vector<unsigned long long> hits(nl);
       check_cuda(cudaMemcpy(hits.data(), ring_.cache_hits, nl * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
@@ -260,6 +261,7 @@ class HybridMoeImpl final : public HybridMoe {
     HybridDevCounters ctr{};
     check_cuda(cudaMemcpy(&ctr, ring_.ctr, sizeof ctr, cudaMemcpyDeviceToHost), "telemetry reset");
     wait_ns_base_ = ctr.wait_ns;
+    answer_ns_base_ = ctr.answer_ns;
     jobs_base_ = ctr.jobs;
     cpu_jobs_.store(0);
     cpu_ns_.store(0);
@@ -644,7 +646,7 @@ class HybridMoeImpl final : public HybridMoe {
   std::vector<uint64_t> snap_prev_, snap_delta_;
   std::vector<ColdPick> picks_;
   unsigned long long last_seq_ = 0;  // touched only by the one thread that processes jobs
-  unsigned long long wait_ns_base_ = 0, jobs_base_ = 0;
+  unsigned long long wait_ns_base_ = 0, answer_ns_base_ = 0, jobs_base_ = 0;
   mutable volatile unsigned prefault_sink_ = 0;  // keeps the page-touching loop from being optimised away
   std::atomic<uint64_t> cpu_ns_{0}, cpu_jobs_{0};  // cpu_jobs_: the batched prefill's
   std::atomic<bool> stop_{false};
