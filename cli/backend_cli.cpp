@@ -301,7 +301,7 @@ std::string telemetry_text(const Sequence& sequence) {
   std::snprintf(buf, sizeof buf,
                 "telemetry: hybrid (%d CPU threads), %llu tokens through the MoE: %.2f cold picks/token of %.2f, "
                 "cold-hit %.3f; CPU cold work %.3f ms/token (overlaps the GPU), GPU wait for the CPU %.3f ms/token, "
-                "decode doorbell to answer %.3f ms/token, %.2f layers/token reached the CPU\n",
+                "doorbell to answer (decode jobs) %.3f ms/token, %.2f layers/token reached the CPU\n",
                 t.cpu_threads, static_cast<unsigned long long>(t.tokens),
                 static_cast<double>(t.cold_picks) / n, static_cast<double>(t.picks) / n, t.cold_hit_rate(),
                 t.cpu_cold_ms / n, t.gpu_wait_ms / n, t.answer_ms / n, static_cast<double>(t.cpu_jobs) / n);

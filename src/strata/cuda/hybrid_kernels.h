@@ -34,7 +34,7 @@ struct HybridDevCounters {
   unsigned long long jobs;          // decode layer passes with cold picks (less those of dropped steps)
   unsigned long long wait_ns;       // combine kernels' time waiting for the CPU
   unsigned long long timeouts;      // never > 0 unless the CPU side died (then the kernel traps)
-  unsigned long long rung_at;       // %globaltimer when the last doorbell rang
+  unsigned long long rung_at;       // %globaltimer when the last doorbell rang (its cold add's answer_ns)
   unsigned long long answer_ns;     // decode jobs: from each doorbell to the GPU seeing its done, summed
 };
 
@@ -68,7 +68,7 @@ struct SlotWrites {
 // the layer, optional); the model's counters; the picks classified through slot_of (device, [n_expert]:
 // slot or -1). When some pick is cold it takes the next job number, writes xn = rmsnorm(x) * norm_w
 // (rmsnorm_rows' arithmetic) and the job to host memory, fences and rings the doorbell; wait_seq[il] =
-// that number, or 0 with no cold pick. One small launch.
+// that number, or 0 with no cold pick; the ring's time in ctr->rung_at. One small launch.
 void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
                        float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
                        const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s);
@@ -76,7 +76,8 @@ void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool no
 // After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
 // (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold
 // picks' weights[p] * ye_cold[p][j], summed in ascending expert id (the order of the CPU engine's
-// combine). Returns at once on the device when the layer had no cold pick.
+// combine); the time since the ring goes to ctr->answer_ns. Returns at once on the device when the layer
+// had no cold pick.
 void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
                      const HybridRing& ring, double timeout_s, cudaStream_t s);
 

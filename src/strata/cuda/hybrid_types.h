@@ -23,7 +23,8 @@ struct HybridTelemetry {
                                         // dropped decode lookahead step's work included)
   double gpu_wait_ms = 0.0;             // time the GPU's combine kernels spent waiting for the CPU
   double answer_ms = 0.0;               // decode jobs: from each doorbell to the GPU seeing the CPU's answer,
-                                        // summed (the cold work plus the hand-off both ways)
+                                        // summed (the cold work plus the hand-off both ways; a dropped
+                                        // decode lookahead step's jobs included)
   // The VRAM expert cache (GpuSessionOptions::expert_cache_slots; all zero without one). A cold pick is a
   // cache miss then.
   int cache_slots = 0;                  // cache slots over all layers
