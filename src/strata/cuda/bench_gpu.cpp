@@ -57,8 +57,8 @@ std::string format_host_read_paths(const HostReadPaths& r) {
   std::snprintf(buf, sizeof buf,
                 "host read paths (%zu MiB each, %s): CPU %d threads %.1f GB/s alone, GPU zero-copy over PCIe %.1f "
                 "GB/s alone; both at once %.1f + %.1f = %.1f GB/s; pinning and filling %.1f GB/s\n",
-                r.bytes >> 20, r.gpu.c_str(), r.cpu_threads, r.cpu_alone_gbs, r.gpu_alone_gbs, r.cpu_shared_gbs, r.gpu_shared_gbs,
-                r.cpu_shared_gbs + r.gpu_shared_gbs, r.pin_gbs);
+                r.bytes >> 20, r.gpu.c_str(), r.cpu_threads, r.cpu_alone_gbs, r.gpu_alone_gbs, r.cpu_shared_gbs,
+                r.gpu_shared_gbs, r.cpu_shared_gbs + r.gpu_shared_gbs, r.pin_gbs);
   return buf;
 }
 
