@@ -1438,7 +1438,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
   const std::vector<W> shapes = {{GgmlType::Q4_K, 3000, d}, {GgmlType::Q5_K, 512, d}, {GgmlType::Q6_K, 256, d},
                                  {GgmlType::Q4_K, 768, d},  {GgmlType::Q4_K, 768, d}, {GgmlType::Q4_K, 256, d},
                                  {GgmlType::Q6_K, 256, d},  {GgmlType::Q6_K, d, wide}, {GgmlType::Q5_K, 320, huge},
-                                 {GgmlType::Q8_0, 256, d}};
+                                 {GgmlType::Q8_0, 256, d},  {GgmlType::Q4_K, 512, wide}};
   std::vector<std::unique_ptr<Dev<uint8_t>>> bufs;
   std::vector<sc::DevMatrix> m;
   for (const W& w : shapes) {
@@ -1446,7 +1446,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
     m.push_back(dev_matrix(w.type, *bufs.back(), w.rows, w.cols));
   }
   const int kMaxT = sc::kMaxGemvTokens;
-  const std::vector<float> x = randn(static_cast<size_t>(kMaxT) * huge, rng, 3.0f), nw = randn(d, rng);
+  const std::vector<float> x = randn(static_cast<size_t>(kMaxT) * huge, rng, 3.0f), nw = randn(wide, rng);
   const std::vector<float> res = randn(static_cast<size_t>(kMaxT) * d, rng);
   Dev<float> dx(x), dn(nw);
   Int8Gemv int8;
@@ -1458,9 +1458,10 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
   using Outs = std::vector<std::unique_ptr<Dev<float>>>;
   auto jobs_of = [&](int launch, Outs& o, int at) {
     std::vector<sc::GemvJob> j;
-    auto job = [&](int wi, int out, int64_t cols) {
+    auto job = [&](int wi, int out, int64_t cols, int64_t stride = 0) {
+      if (stride == 0) stride = cols;
       sc::GemvJob g;
-      g.w = &m[static_cast<size_t>(wi)], g.x = dx.p + at * cols, g.x_token_stride = cols;
+      g.w = &m[static_cast<size_t>(wi)], g.x = dx.p + at * stride, g.x_token_stride = stride;
       g.y = o[static_cast<size_t>(out)]->p + at * m[static_cast<size_t>(wi)].n_rows;
       g.y_token_stride = m[static_cast<size_t>(wi)].n_rows;
       return g;
@@ -1479,8 +1480,14 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
       j.push_back(job(7, 7, wide));
       j.back().mode = sc::GemvMode::Accumulate;
       j.push_back(job(2, 2, d));
-    } else {  // a 16384-column row
+    } else if (launch == 3) {  // a 16384-column row
       j.push_back(job(8, 8, huge));
+    } else if (launch == 4) {  // a normed job on a 4096-column input
+      j.push_back(job(10, 10, wide));
+      j.back().norm_w = dn.p, j.back().norm_eps = 1e-6f;
+    } else {  // normed inputs whose token rows are not 16-byte aligned (staged element by element)
+      j.push_back(job(0, 0, d, d + 1));
+      j.back().norm_w = dn.p, j.back().norm_eps = 1e-6f;
     }
     return j;
   };
@@ -1492,7 +1499,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
     return o;
   };
   for (const int T : {2, 5, 9, 10, 16, 20, 32}) {
-    for (int launch = 0; launch < 4; ++launch) {
+    for (int launch = 0; launch < 6; ++launch) {
       Outs shared = outputs(), one = outputs();
       std::vector<sc::GemvJob> js = jobs_of(launch, shared, 0);
       const int per = sc::gemv_tokens_per_block(js.data(), static_cast<int>(js.size()), T);

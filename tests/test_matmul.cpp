@@ -386,9 +386,10 @@ TEST_F(MatmulLevels, FusedInt8PathMatchesUnpackedAndReference) {
   }
 }
 
-// The batched fused kernel (dot_tile_fused) against the per-token one (dot_rows_fused), bitwise, at
-// every SIMD level: 1..37 tokens, 1..kMaxTileRows rows (partial register tiles), rows at odd
-// addresses; and matmul over many tokens equals matvec per token bitwise (its tiles are this kernel).
+// The batched fused kernel (dot_tile_fused) against the per-token one (dot_rows_fused, one row a call;
+// several rows a call too), bitwise, at every SIMD level: 1..37 tokens, 1..kMaxTileRows rows (partial
+// register tiles), rows at odd addresses; and matmul over many tokens equals matvec per token bitwise
+// (its tiles are this kernel).
 TEST_F(MatmulLevels, BatchedFusedKernelEqualsPerTokenBitwise) {
   int cases = 0;
   for (CpuKernelLevel level : kLevels) {
@@ -425,6 +426,22 @@ TEST_F(MatmulLevels, BatchedFusedKernelEqualsPerTokenBitwise) {
           for (int r = 0; r < strata::kMaxTileRows; ++r) {
             const uint8_t* row = p.w.data + static_cast<size_t>(r) * p.w.row_stride;
             k.dot_rows_fused(t, &row, 1, a, cols, want.data() + tok * strata::kMaxTileRows + r);
+          }
+        }
+        // The per-token kernel on 2..kMaxDotRows rows in one call (the AVX-512 level takes them in pairs, an
+        // odd last row alone) gives each row its one-row result.
+        for (int tok : {0, max_tok - 1}) {
+          const size_t o = static_cast<size_t>(tok) * un;
+          const strata::I8Act a{xq.data() + o, xd.data() + o / 32, xs.data() + o / 16};
+          for (int nr = 2; nr <= strata::kMaxDotRows; ++nr) {
+            const uint8_t* rows[strata::kMaxDotRows];
+            for (int i = 0; i < nr; ++i) rows[i] = p.w.data + static_cast<size_t>(i + 1) * p.w.row_stride;
+            float got[strata::kMaxDotRows];
+            k.dot_rows_fused(t, rows, nr, a, cols, got);
+            for (int i = 0; i < nr; ++i)
+              ASSERT_EQ(0, std::memcmp(&got[i], &want[tok * strata::kMaxTileRows + i + 1], 4))
+                  << strata::cpu_kernel_level_name(level) << " " << strata::type_traits(t).name << " cols " << cols
+                  << " dot_rows_fused of " << nr << " rows: row " << i;
           }
         }
         std::vector<uint8_t> scratch(strata::fused_tile_scratch_bytes(cols) + 1);
