@@ -1424,9 +1424,9 @@ TEST(CudaKernels, GemvTokenGridEqualsSingleTokenLaunchesBitwise) {
 // The token-shared launch (a token grid of unrouted K-quant jobs on the int8 path: each block stages
 // several tokens and reads each weight once for all of them) is T single-token launches, bit for bit:
 // normed jobs sharing one input (one of many tiles), gate/up pairs of one type and of two, an Accumulate
-// job beside a narrower one, a row too wide for a full block's tokens' staging, at token counts that split
-// unevenly (the size threshold lowered so that small matrices take it); launches it cannot take go to the
-// token grid.
+// job beside a narrower one, a row too wide for a full block's tokens' staging, a normed 4096-column input,
+// normed token rows mostly not 16-byte aligned, at token counts that split unevenly (the size threshold
+// lowered so that small matrices take it); launches it cannot take go to the token grid.
 TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
   REQUIRE_GPU();
   std::mt19937 rng(51);
@@ -1454,7 +1454,8 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
     AnySize() { sc::set_gemv_tokens_min_bytes(0); }
     ~AnySize() { sc::set_gemv_tokens_min_bytes(sc::kGemvTokensMinBytes); }
   } any_size;
-  // The launches' jobs, writing into outputs o, for tokens from `at` on (token stride = the row's width).
+  // The launches' jobs, writing into outputs o, for tokens from `at` on (token stride = the row's width
+  // unless given).
   using Outs = std::vector<std::unique_ptr<Dev<float>>>;
   auto jobs_of = [&](int launch, Outs& o, int at) {
     std::vector<sc::GemvJob> j;
@@ -1485,7 +1486,7 @@ TEST(CudaKernels, GemvTokenSharedEqualsSingleTokenLaunchesBitwise) {
     } else if (launch == 4) {  // a normed job on a 4096-column input
       j.push_back(job(10, 10, wide));
       j.back().norm_w = dn.p, j.back().norm_eps = 1e-6f;
-    } else {  // normed inputs whose token rows are not 16-byte aligned (staged element by element)
+    } else {  // normed inputs, three token rows in four not 16-byte aligned (staged element by element)
       j.push_back(job(0, 0, d, d + 1));
       j.back().norm_w = dn.p, j.back().norm_eps = 1e-6f;
     }

@@ -428,8 +428,7 @@ TEST_F(MatmulLevels, BatchedFusedKernelEqualsPerTokenBitwise) {
             k.dot_rows_fused(t, &row, 1, a, cols, want.data() + tok * strata::kMaxTileRows + r);
           }
         }
-        // The per-token kernel on 2..kMaxDotRows rows in one call (the AVX-512 level takes them in pairs, an
-        // odd last row alone) gives each row its one-row result.
+        // The per-token kernel on 2..kMaxDotRows rows in one call gives each row its one-row result.
         for (int tok : {0, max_tok - 1}) {
           const size_t o = static_cast<size_t>(tok) * un;
           const strata::I8Act a{xq.data() + o, xd.data() + o / 32, xs.data() + o / 16};
