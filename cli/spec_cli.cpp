@@ -12,7 +12,8 @@ void add_spec_options(CLI::App& sub, SpecOptions& o) {
                  "drafter for this model; its draft is a token tree); output is what decoding without it "
                  "gives");
   sub.add_option("--model-draft", o.draft_model, "-md: draft model GGUF (implies --spec draft)");
-  sub.add_option("--draft-max,--draft", o.draft_max, "most tokens drafted per step (default 3 with --spec mtp, 16 otherwise)");
+  sub.add_option("--draft-max,--draft", o.draft_max,
+                 "most tokens drafted per step (default 3 with --spec mtp or dflash, 16 otherwise)");
   sub.add_option(
       "--n-gpu-layers-draft,--gpu-layers-draft", o.n_gpu_layers_draft,
       "-ngld: where the draft model runs: 0 the CPU, any value > 0 the GPU (the whole model) (default: where the "

@@ -1,4 +1,4 @@
-// A random DFlash drafter file (spec/dflash.h) for a target model, for the drafter's tests.
+// A random DFlash drafter file (engine/dflash.h) for a target model, for the drafter's tests.
 #pragma once
 
 #include <cstdint>

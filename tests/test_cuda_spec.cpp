@@ -34,6 +34,7 @@ TEST(CudaSpec, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUDA 
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
+#include "strata/engine/dflash.h"
 #include "strata/engine/hidden_record.h"
 #include "strata/engine/model.h"
 #include "strata/engine/mtp.h"
@@ -180,7 +181,7 @@ void check_model(const Loaded& target, const Loaded& draft, const spec_test::Cas
       const std::shared_ptr<const DFlashModel> df =
           DFlashModel::load(dflash_test::write_drafter(*target.model, shape, "cuda_spec.gguf"), *target.model);
       const GenerationStats s = spec_test::expect_lossless(
-          make, *target.tokenizer, c, [df, V] { return std::make_unique<DFlashDrafter>(df, V, 2); }, true,
+          make, *target.tokenizer, c, [df, V, ctx] { return std::make_unique<DFlashDrafter>(df, V, 2, ctx); }, true,
           where + ", dflash", tol);
       print(where + ", dflash", s);
       EXPECT_GT(s.drafted_tokens, s.spec_steps) << where << ": DFlash drafts trees";
@@ -730,6 +731,94 @@ TEST(CudaSpec, GpuMtpHeadMatchesTheCpuHead) {
   EXPECT_FALSE(hybrid->make_mtp_head(64, why_hybrid));
   EXPECT_NE(why_hybrid.find("hybrid"), std::string::npos) << why_hybrid;
   EXPECT_THROW({ sc::GpuMtpHead no(*hybrid, 64); }, Error);
+}
+
+// The DFlash drafter's forward on the GPU (cuda/gpu_dflash.h) against the CPU's (engine/dflash.h) on the
+// bundled model: the same block logits from the same taps (the drafter's F32 weights dotted in float on
+// both; the shared output matrix is Q8_0, which the CPU dots with int8 activations, hence the bound), with
+// the context added in pieces of 5, 35 (two token grids) and the rest, with and without a context window,
+// and again after a restart at a later position; its device top-k per position equal to block_candidates
+// on the logits it copies back. All-GPU and hybrid sessions make one.
+TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
+  REQUIRE_GPU();
+  using test_util::max_row_rel_err;
+  const Loaded tiny = load(kTiny);
+  const Model& m = *tiny.model;
+  const int32_t V = static_cast<int32_t>(m.config().n_vocab);
+  const std::vector<int32_t> prompt = tiny.tokenizer->encode(
+      "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * "
+      "(width + height)\n\n\nclass Rectangle:\n    def __init__(self, w, h):\n        self.w = w\n");
+  const int n = static_cast<int>(prompt.size()) - 1;
+  ASSERT_GE(n, 48);
+  for (int context : {0, 12}) {
+    SCOPED_TRACE(context);
+    dflash_test::Shape shape;
+    shape.block = 6;
+    shape.context = context;
+    const std::shared_ptr<const DFlashModel> df =
+        DFlashModel::load(dflash_test::write_drafter(m, shape, "gpu_head_" + std::to_string(context) + ".gguf"), m);
+    Session plain(m, n + 1);
+    auto rec = std::make_shared<HiddenRecord>();
+    rec->layers = df->config().target_layers;
+    plain.set_hidden_record(rec);
+    plain.forward(prompt.data(), n, nullptr, false);
+    ASSERT_EQ(rec->size(), n);
+
+    for (const Backend& b : {Backend{"all-GPU", false, false}, Backend{"hybrid", true, false}}) {
+      SCOPED_TRACE(b.name);
+      const auto gm = gpu_model(m, b);
+      auto session = gpu_sequences(gm, b)(256);
+      std::string why;
+      std::unique_ptr<DFlashHead> gpu = session->make_dflash_head(*df, 256, why);
+      ASSERT_TRUE(gpu) << why;
+      CpuDFlashHead cpu(*df);
+      const size_t rows = static_cast<size_t>(shape.block - 1), vocab = static_cast<size_t>(V);
+      std::vector<float> lc(rows * vocab), lg(rows * vocab);
+      auto compare = [&](int32_t anchor, const char* what) {
+        ASSERT_EQ(gpu->begin(), cpu.begin()) << what;
+        ASSERT_EQ(gpu->end(), cpu.end()) << what;
+        cpu.logits(anchor, lc.data());
+        gpu->logits(anchor, lg.data());
+        const double worst = max_row_rel_err(lg, lc, vocab);  // the largest over the block's rows
+        std::printf("[ gpu dflash ] %s, context %d, %s: worst row relative error %.3g\n", b.name.c_str(), context, what,
+                    worst);
+        EXPECT_LT(worst, 2e-2) << what;
+        // The device's candidates are the host's selection on the device's logits.
+        for (int k : {1, 3}) {
+          const int32_t allowed = V - 7;
+          std::vector<PositionCandidates> got;
+          gpu->candidates(anchor, static_cast<int>(rows), k, allowed, got);
+          ASSERT_EQ(got.size(), rows);
+          for (size_t j = 0; j < rows; ++j) {
+            std::vector<float> row(lg.begin() + static_cast<std::ptrdiff_t>(j * vocab),
+                                   lg.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
+            const PositionCandidates want = block_candidates(row.data(), allowed, k);
+            EXPECT_EQ(got[j].tokens, want.tokens) << what << ", position " << j + 1 << ", k " << k;
+            ASSERT_EQ(got[j].probs.size(), want.probs.size());
+            for (size_t i = 0; i < want.probs.size(); ++i) EXPECT_NEAR(got[j].probs[i], want.probs[i], 1e-6f);
+          }
+        }
+      };
+      cpu.add_context(rec->row(0), n);
+      gpu->add_context(rec->row(0), 5);
+      gpu->add_context(rec->row(5), 35);
+      gpu->add_context(rec->row(40), n - 40);
+      compare(prompt[static_cast<size_t>(n)], "whole prompt");
+      cpu.restart(100);
+      gpu->restart(100);
+      cpu.add_context(rec->row(3), 9);
+      gpu->add_context(rec->row(3), 9);
+      compare(prompt[5], "after a restart at 100");
+      // The session owns its head: asked again for the same drafter it gives the same context, and a
+      // handle outliving the session fails instead of touching freed memory.
+      std::unique_ptr<DFlashHead> again = session->make_dflash_head(*df, 256, why);
+      ASSERT_TRUE(again) << why;
+      EXPECT_EQ(again->begin(), 100);
+      EXPECT_EQ(again->end(), 109);
+      session.reset();
+      EXPECT_THROW(gpu->end(), Error);
+    }
+  }
 }
 
 // --spec mtp next to all-GPU targets drafts with the GPU head: generation is token for token the plain

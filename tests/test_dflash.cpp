@@ -1,4 +1,4 @@
-// The DFlash block drafter's forward (spec/dflash.h) against a float64 reference written here from the
+// The DFlash block drafter's forward (engine/dflash.h) against a float64 reference written here from the
 // header's equations, on a random drafter for the bundled model; context added in pieces or after a
 // truncation equals context added at once; files that do not fit the target fail clearly.
 #include <gtest/gtest.h>
@@ -14,11 +14,11 @@
 #include "process_temp_dir.h"
 #include "spec_lossless.h"
 #include "strata/base/error.h"
+#include "strata/engine/dflash.h"
 #include "strata/engine/model.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/quantize.h"
-#include "strata/spec/dflash.h"
 #include "strata/spec/dflash_drafter.h"
 #include "strata/spec/spec_options.h"
 
@@ -301,7 +301,7 @@ TEST(DFlash, DrafterIsLossless) {
   const strata::spec_test::Case c = greedy_case(t, "def fibonacci(n):\n    if n < 2:\n        return n\n", 24, 10);
   const strata::spec_test::MakeSequence make = cpu_sequences(*t.model);
   const auto drafter = [&]() -> std::unique_ptr<strata::Drafter> {
-    return std::make_unique<strata::DFlashDrafter>(model, V, 3);
+    return std::make_unique<strata::DFlashDrafter>(model, V, 3, 4096);
   };
   const strata::GenerationStats g = strata::spec_test::expect_lossless(make, *t.tokenizer, c, drafter, true, "greedy");
   EXPECT_GT(g.spec_steps, 0);
@@ -317,10 +317,10 @@ TEST(DFlash, ContextFollowsTheKeptTokens) {
       std::shared_ptr<const DFlashModel>(DFlashModel::load(write_drafter(*t.model, s, "c.gguf"), *t.model));
   const int32_t V = static_cast<int32_t>(t.model->config().n_vocab);
   const strata::spec_test::Case c = greedy_case(t, "import os\nimport sys\n", 16, 6);
-  strata::DFlashDrafter drafter(model, V, 2);
+  strata::DFlashDrafter drafter(model, V, 2, 4096);
   const strata::spec_test::Outcome o =
       strata::spec_test::generate_case(cpu_sequences(*t.model), *t.tokenizer, c, &drafter);
-  const int n_ctx = drafter.state().end();
+  const int n_ctx = drafter.head().end();
   ASSERT_GT(n_ctx, static_cast<int>(c.prompt.size()));
   // The same tokens through a plain session recording the same taps.
   std::vector<int32_t> all = c.prompt;
@@ -335,7 +335,7 @@ TEST(DFlash, ContextFollowsTheKeptTokens) {
   fresh.add_context(rec->row(0), n_ctx);
   const size_t rows = static_cast<size_t>(s.block - 1) * static_cast<size_t>(V);
   std::vector<float> a(rows), b(rows);
-  drafter.state().draft(all[static_cast<size_t>(n_ctx)], a.data());
+  drafter.head().logits(all[static_cast<size_t>(n_ctx)], a.data());
   fresh.draft(all[static_cast<size_t>(n_ctx)], b.data());
   for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(a[i], b[i], 1e-3f * (1.0f + std::fabs(b[i]))) << i;
 }

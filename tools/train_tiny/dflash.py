@@ -1,4 +1,4 @@
-"""The DFlash block drafter of src/strata/spec/dflash.h in torch: training forward (many blocks of a
+"""The DFlash block drafter of src/strata/engine/dflash.h in torch: training forward (many blocks of a
 sequence at once, each its own context), the one-block inference strata runs, and the GGUF export
 strata loads (architecture "dflash"). The equations are the header's; test_dflash_torch.py checks the
 inference path against a float64 reference of them and the training path against the inference path.

@@ -1,5 +1,5 @@
 """Checks of dflash.py (any torch, CPU: python3 tools/train_tiny/test_dflash_torch.py): the one-block
-inference against a float64 reference of src/strata/spec/dflash.h's equations written here; the
+inference against a float64 reference of src/strata/engine/dflash.h's equations written here; the
 training forward (many blocks, masked) against the inference path block by block; the GGUF export read
 back by plan.py's reader."""
 import math

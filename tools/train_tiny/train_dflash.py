@@ -1,4 +1,4 @@
-"""Trains a DFlash block drafter (dflash.py, src/strata/spec/dflash.h) for a model train.py made, on the
+"""Trains a DFlash block drafter (dflash.py, src/strata/engine/dflash.h) for a model train.py made, on the
 GPU machine, and exports it as strata loads it (`--spec dflash:FILE`).
 
 The target is frozen: its residual stream after the chosen layers (fast.taps, the float forward train.py
@@ -14,6 +14,14 @@ tokenizer.json) and its exported hf/ directory:
 
     PYTHONUNBUFFERED=1 python3 tools/train_tiny/train_dflash.py --hf TRAIN_OUT/hf --data TRAIN_CKPT \\
         --minutes 5 --out DFLASH_OUT --pack "$OUT" 2>&1 | tee "$OUT/dflash.log"
+
+or, for the shipped model with neither at hand: --target-gguf models/strata-tiny.gguf (the trunk rebuilt by
+gguf_to_hf.py, Q8_0 rounding included) and a --data folder that does not exist yet (train.py's data
+preparation with the bundled model's settings fills it: 400 MB of the machine's Python sources, its
+tokenizer, short docstrings in 90% of the training files).
+
+Labels: by default the target's own arg-max at each block position under teacher forcing (what greedy
+verification accepts); --labels data trains on the text's next tokens instead.
 
 Outputs in --out: dflash.gguf, dflash_reference.json (for each of train.py's prompts: the drafter's
 top-5 ids and logits at every block position, the context being the prompt without its last token and
@@ -46,8 +54,13 @@ def log(*a):
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hf", required=True, help="the target: a train.py hf/ directory")
-    ap.add_argument("--data", required=True, help="train.py's checkpoint folder (train.bin, held.bin, tokenizer.json)")
+    ap.add_argument("--hf", default=None, help="the target: a train.py hf/ directory")
+    ap.add_argument("--target-gguf", default=None,
+                    help="the target as a strata GGUF instead (qwen35moe; its HF config next to it as *.hf-config.json)")
+    ap.add_argument("--data", required=True,
+                    help="train.py's checkpoint folder (train.bin, held.bin, tokenizer.json); made when missing")
+    ap.add_argument("--labels", choices=("target", "data"), default="target",
+                    help="train on the target's arg-max (default) or on the text's next tokens")
     ap.add_argument("--out", required=True)
     ap.add_argument("--pack", default=None)
     ap.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of the whole script")
@@ -79,7 +92,22 @@ def main():
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     from transformers import Qwen3_5MoeForCausalLM
-    target = Qwen3_5MoeForCausalLM.from_pretrained(args.hf, dtype=torch.float32).to(device).eval()
+    if (args.hf is None) == (args.target_gguf is None):
+        raise SystemExit("give the target as --hf DIR or --target-gguf FILE")
+    if not os.path.exists(os.path.join(args.data, "train.bin")):
+        if not args.target_gguf:
+            raise SystemExit(f"{args.data} holds no train.bin: give train.py's checkpoint folder, or --target-gguf "
+                             "to prepare the data with that model's tokenizer")
+        TR.prepare_data(TR.parse_args(["--out", args.out, "--data-mb", "400", "--short-docstrings", "0.9",
+                                       "--tokenizer-gguf", args.target_gguf]), args.data, {})
+    hf_dir = args.hf
+    if args.target_gguf:
+        import gguf_to_hf
+        hf_dir = os.path.join(args.out, "target-hf")
+        config = args.target_gguf[: -len(".gguf")] + ".hf-config.json"
+        gguf_to_hf.write_checkpoint(args.target_gguf, config, hf_dir)
+        log(f"target rebuilt from {args.target_gguf}: held-out loss {gguf_to_hf.held_out_loss(hf_dir, args.data):.4f}")
+    target = Qwen3_5MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
     cfg = target.config
@@ -89,7 +117,7 @@ def main():
         raise SystemExit(f"--taps {taps}: the target has {n_layer} layers")
     train = torch.from_numpy(np.fromfile(os.path.join(args.data, "train.bin"), dtype=np.int32)).to(device)
     held = torch.from_numpy(np.fromfile(os.path.join(args.data, "held.bin"), dtype=np.int32)).to(device)
-    log(f"target {args.hf}: {n_layer} layers, hidden {d}, vocab {vocab}; taps {taps}; "
+    log(f"target {hf_dir}: {n_layer} layers, hidden {d}, vocab {vocab}; taps {taps}; "
         f"train {train.numel()} tokens, held-out {held.numel()}")
 
     model = D.DFlash(d=d, target_layers=taps, n_layer=args.layers, heads=args.heads, kv_heads=args.kv_heads,
@@ -110,12 +138,19 @@ def main():
         anchors = torch.randint(0, args.seq - B + 1, (n, M), generator=g).to(device)
         return x, anchors
 
-    def rows_and_targets(x, anchors, c, s):
+    def target_argmax(x, c, s):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            return fast.trunk(target, x, c, s)[1].float().argmax(-1)  # [b, S]: the token after each position
+
+    def rows_and_targets(x, anchors, c, s, labels_from=args.labels):
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
             t = fast.taps(target, x, c, s, taps).float()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             rows, labels = model.train_rows(t, x, anchors, target.model.embed_tokens)
             logits = target.lm_head(rows).float()
+        if labels_from == "target":  # block position j: the target's pick after position anchor + j - 1
+            pos = anchors.unsqueeze(-1) + torch.arange(B - 1, device=x.device)
+            labels = torch.gather(target_argmax(x, c, s), 1, pos.reshape(x.shape[0], -1)).view(labels.shape)
         return logits, labels
 
     # The step time decides the step count (cosine to 10% after warmup), measured over steps 3..10.
@@ -161,9 +196,8 @@ def main():
     with torch.no_grad():
         for _ in range(max(1, args.eval_windows // args.batch)):
             x, anchors = batch(held, args.batch, g)
-            logits, labels = rows_and_targets(x, anchors, cos, sin)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                tl = fast.trunk(target, x, cos, sin)[1].float().argmax(-1)  # [b, S]
+            logits, labels = rows_and_targets(x, anchors, cos, sin, "data")
+            tl = target_argmax(x, cos, sin)
             pos = (anchors.unsqueeze(-1) + torch.arange(B - 1, device=device))  # token a+j predicted at a+j-1
             want = torch.gather(tl, 1, pos.reshape(x.shape[0], -1)).view(labels.shape)
             top1 = logits.argmax(-1)

@@ -15,10 +15,10 @@ void* DeviceModel::alloc(size_t n) {
   return p;
 }
 
-DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer) {
+DevMatrix upload_matrix(const WeightMatrix& w, const std::string& name, const std::function<void*(size_t)>& alloc) {
   if (!supported_type(w.type))
-    fail("CUDA backend: tensor ", layer >= 0 ? cat("blk.", layer, ".") : std::string(), what, " has type ",
-         type_traits(w.type).name, ", which the CUDA kernels do not support (supported: ", supported_type_names(), ")");
+    fail("CUDA backend: tensor ", name, " has type ", type_traits(w.type).name,
+         ", which the CUDA kernels do not support (supported: ", supported_type_names(), ")");
   DevMatrix d;
   d.type = w.type;
   d.n_rows = w.n_rows;
@@ -28,9 +28,14 @@ DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer
   uint8_t* dst = static_cast<uint8_t*>(alloc(total));
   check_cuda(cudaMemcpy2D(dst, d.row_bytes, w.data, w.row_stride, d.row_bytes, static_cast<size_t>(w.n_rows),
                           cudaMemcpyHostToDevice),
-             what);
+             name.c_str());
   d.data = dst;
   return d;
+}
+
+DevMatrix DeviceModel::upload(const WeightMatrix& w, const char* what, int layer) {
+  return upload_matrix(w, layer >= 0 ? cat("blk.", layer, ".", what) : std::string(what),
+                       [this](size_t n) { return alloc(n); });
 }
 
 DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer, const std::vector<int>* slots,

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "strata/cuda/kernels.h"
@@ -111,6 +113,10 @@ class DeviceModel {
   size_t expert_bytes_ = 0;
   std::vector<std::vector<int>> expert_slots_;
 };
+
+// w's rows packed into device memory that alloc(bytes) returns; fails (strata::Error) on a type the CUDA
+// kernels do not support, naming the tensor.
+DevMatrix upload_matrix(const WeightMatrix& w, const std::string& name, const std::function<void*(size_t)>& alloc);
 
 // Checks a slot map against the model (one row per layer, one entry per expert, hot slots numbered
 // 0..n_hot-1 in ascending expert id, everything else -1); fails naming the layer and expert.

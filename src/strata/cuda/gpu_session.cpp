@@ -6,27 +6,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "strata/base/error.h"
-#include "strata/engine/sequence_state.h"
-#include "strata/engine/token_tree.h"
 #include "strata/cuda/cuda_check.h"
 #include "strata/cuda/decode_lookahead.h"
+#include "strata/cuda/decode_profile.h"
 #include "strata/cuda/device_memory.h"
 #include "strata/cuda/device_model.h"
 #include "strata/cuda/device_state.h"
+#include "strata/cuda/gpu_dflash.h"
 #include "strata/cuda/gpu_model.h"
 #include "strata/cuda/hybrid_moe.h"
-#include "strata/cuda/decode_profile.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
 #include "strata/cuda/prefill.h"
 #include "strata/cuda/prefill_kernels.h"
 #include "strata/cuda/sample_kernels.h"
+#include "strata/engine/sequence_state.h"
+#include "strata/engine/token_tree.h"
 #include "strata/moe/gpu_support.h"
 #include "strata/sample/sampler.h"
 
@@ -121,6 +123,9 @@ struct GpuSession::Impl {
   // profiles).
   bool lookahead = false;
   LookaheadLink link;
+  // The DFlash drafter's head on this GPU (make_dflash_head), kept for the drafter file it was made for.
+  std::shared_ptr<GpuDFlashHead> dflash;
+  std::string dflash_key;
   bool ahead = false;               // a speculative step is launched, neither kept nor dropped yet
   int32_t ahead_input = -1;         // the token it consumes: the last published pick (its publish
                                     // number is link.launched: nothing is launched after it while ahead)
@@ -1781,6 +1786,30 @@ std::unique_ptr<MtpHead> GpuSession::make_mtp_head(int max_ctx, std::string& why
     return nullptr;
   }
   return std::make_unique<GpuMtpHead>(*this, max_ctx);
+}
+
+std::unique_ptr<DFlashHead> GpuSession::make_dflash_head(const DFlashModel& drafter, int max_ctx,
+                                                         std::string& why_cpu) {
+  const std::string why = gpu_dflash_unsupported(drafter);
+  if (!why.empty()) {
+    why_cpu = why;
+    return nullptr;
+  }
+  // One head per session, kept across attaches (a drafter attached again keeps its context); a new file,
+  // or a longer context than it holds, replaces it.
+  const int cap = std::min(max_ctx, impl_->max_ctx);
+  const std::string key = cat(reinterpret_cast<uintptr_t>(&drafter), " ", drafter.path());
+  if (!impl_->dflash || impl_->dflash_key != key || impl_->dflash->max_ctx() < cap) {
+    impl_->dflash.reset();  // its memory back first
+    try {
+      impl_->dflash = std::make_shared<GpuDFlashHead>(drafter, impl_->dm, impl_->stream, cap);
+    } catch (const Error& e) {  // no room for it (--gpu-mem): the CPU drafts, said by the caller
+      why_cpu = e.what();
+      return nullptr;
+    }
+    impl_->dflash_key = key;
+  }
+  return std::make_unique<GpuDFlashHeadRef>(impl_->dflash);
 }
 
 GpuMtpHead::GpuMtpHead(GpuSession& session, int max_ctx) : m_(*session.impl_) {

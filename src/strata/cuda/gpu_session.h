@@ -110,6 +110,10 @@ class GpuSession : public Sequence {
   void set_routing_trace(RoutingTraceWriter* trace, uint32_t stream) override;
   // Sequence::make_mtp_head: a GpuMtpHead when every expert is on the GPU, else null and why.
   std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu) override;
+  // Sequence::make_dflash_head: the drafter's forward on this GPU (cuda/gpu_dflash.h), next to the
+  // session's weights (all-GPU or hybrid), owned by the session (the drafter gets a GpuDFlashHeadRef);
+  // null and why when it does not fit.
+  std::unique_ptr<DFlashHead> make_dflash_head(const DFlashModel& drafter, int max_ctx, std::string& why_cpu) override;
   // Every DeltaNet layer's conv window, then its recurrent state, in layer order, copied to the host
   // (tests compare the state keep() leaves with a plain run's).
   std::vector<float> deltanet_state() const;

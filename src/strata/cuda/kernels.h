@@ -194,6 +194,15 @@ void argmax_wide(const float* x, int64_t n, unsigned long long* partial, unsigne
                  cudaStream_t s, bool finite_only = false, const LookaheadLink* publish = nullptr, int* io = nullptr,
                  int rows = 1, int64_t row_stride = 0);
 
+// Per row r of x (rows rows, row_stride floats apart): the k (<= kRowTopkMax) largest of x[0..n) in
+// descending order, the lower index among equals, with their softmax probabilities over those n (double
+// sums; block_candidates of engine/dflash.h on the host), made non-increasing, into ids / probs
+// [rows x k]; NaN counts as -inf and a row's list stops at its first -inf; count[r] = its length, 0 when
+// the row has no finite maximum.
+constexpr int kRowTopkMax = 32;
+void row_topk(const float* x, int rows, int64_t row_stride, int n, int k, int* ids, float* probs, int* count,
+              cudaStream_t s);
+
 // What multiplies decode attention's output out[h * head_dim + d]: nothing; sigmoid(q[head_dim + d]) of
 // head h's query row (Qwen3.5/3.6: the gate values follow the query values of each head); or softplus of
 // a separate gate vector g, one value per head (g[h]) or per element (g[h * head_dim + d]) (Laguna,

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,13 @@
 namespace strata {
 
 class Sequence;
+
+// One position of a block drafter's block: candidate tokens with their probabilities, most likely first (a
+// top-k of the drafter's distribution there). Tokens distinct, probabilities in [0, 1] and non-increasing.
+struct PositionCandidates {
+  std::vector<int32_t> tokens;
+  std::vector<float> probs;
+};
 
 // A proposal: a chain (parents empty) or a token tree in the shape Sequence::forward_pending takes
 // (parents[t] < t, -1 for a child of the last token; the children of one node carry distinct tokens).
@@ -45,5 +54,21 @@ class Drafter {
   // conditioned on the target's states (MTP) hook in here; the others ignore it.
   virtual void attach(Sequence& target) { (void)target; }
 };
+
+// Where a drafter's head (MTP head, DFlash context and block) computes, decided at every attach: `near`,
+// the sequence's own (Sequence::make_*_head), when it gave one; else the CPU's, kept when head already is
+// one (CpuHead) or made by make_cpu. A GPU target that cannot hold the head still drafts, on the CPU,
+// said once per reason (`told` remembers the last): it costs speed, not output.
+template <class CpuHead, class Head, class MakeCpu>
+void place_head(std::unique_ptr<Head>& head, std::unique_ptr<Head> near, const std::string& why, std::string& told,
+                const char* what, MakeCpu make_cpu) {
+  if (near) {
+    head = std::move(near);
+    return;
+  }
+  if (!why.empty() && why != told) std::fprintf(stderr, "%s runs on the CPU: %s\n", what, why.c_str());
+  told = why;
+  if (!dynamic_cast<CpuHead*>(head.get())) head = make_cpu();
+}
 
 }  // namespace strata

@@ -19,6 +19,8 @@
 namespace strata {
 
 class MtpHead;  // engine/mtp.h
+class DFlashHead;  // engine/dflash.h
+class DFlashModel;
 
 class Sequence {
  public:
@@ -129,6 +131,9 @@ class Sequence {
   // The MTP head computed where this sequence computes, with a cache of max_ctx positions; null when
   // the CPU's head serves (why_cpu then says why, or stays empty where the CPU is this backend).
   virtual std::unique_ptr<MtpHead> make_mtp_head(int max_ctx, std::string& why_cpu);
+  // A DFlash drafter's context and block computed where this sequence computes, positions below
+  // max_ctx; null when the CPU's serves (why_cpu as make_mtp_head's).
+  virtual std::unique_ptr<DFlashHead> make_dflash_head(const DFlashModel& drafter, int max_ctx, std::string& why_cpu);
 
  protected:
   // forward_pending_picks' n_allowed: 1..n_vocab, or fails naming it.

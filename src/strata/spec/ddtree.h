@@ -14,13 +14,6 @@
 
 namespace strata {
 
-// One position of the block: candidate tokens with their probabilities, most likely first (a top-k of
-// the drafter's distribution there). Tokens distinct, probabilities in [0, 1] and non-increasing.
-struct PositionCandidates {
-  std::vector<int32_t> tokens;
-  std::vector<float> probs;
-};
-
 // The tree of the `budget` best paths over positions[0..] (position d gives depth d's tokens) into out
 // (tokens, parents: children of the last kept token have parent -1; q empty). Nodes come in decreasing
 // score, so a parent precedes its children and a node's children are in decreasing probability, which

@@ -1,7 +1,6 @@
 #include "strata/spec/mtp_drafter.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "strata/base/error.h"
 #include "strata/engine/sequence.h"
@@ -20,18 +19,11 @@ void MtpDrafter::attach(Sequence& target) {
   if (&target.model() != &model_) fail("--spec mtp: the drafter belongs to another model than the sequence's");
   // A sequence already holding the record keeps it; another one restarts it at its position.
   target.set_hidden_record(record_);
-  // Asked at every attach (a GPU session's head state is the session's, so it carries on); a GPU
-  // target that cannot hold the head still drafts, on the CPU, said once: it costs speed, not output.
+  // A GPU session's head state is the session's, so a new head on it carries on.
   std::string why;
   std::unique_ptr<MtpHead> near = target.make_mtp_head(max_ctx_, why);
-  if (near) {
-    head_ = std::move(near);
-  } else {
-    if (!why.empty() && why != told_)
-      std::fprintf(stderr, "--spec mtp: the MTP head runs on the CPU: %s\n", why.c_str());
-    told_ = why;
-    if (!dynamic_cast<CpuMtpHead*>(head_.get())) head_ = std::make_unique<CpuMtpHead>(model_, max_ctx_);
-  }
+  place_head<CpuMtpHead>(head_, std::move(near), why, told_, "--spec mtp: the MTP head",
+                         [&] { return std::make_unique<CpuMtpHead>(model_, max_ctx_); });
   target_ = &target;
 }
 

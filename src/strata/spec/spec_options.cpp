@@ -57,7 +57,7 @@ std::string dflash_file(const SpecChoice& choice, const Model& target) {
   return choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
 }
 
-int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp ? 3 : 16; }
+int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp || kind == SpecKind::DFlash ? 3 : 16; }
 
 SamplerParams draft_sampling(const SamplerParams& target) {
   SamplerParams ds;
@@ -97,7 +97,8 @@ std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& 
     case SpecKind::None: return nullptr;
     case SpecKind::Ngram: return std::make_unique<NgramDrafter>(ngram_);
     case SpecKind::Mtp: return std::make_unique<MtpDrafter>(target_, max_ctx, n_allowed);
-    case SpecKind::DFlash: return std::make_unique<DFlashDrafter>(dflash_, n_allowed, dflash_top_k_);
+    case SpecKind::DFlash:
+      return std::make_unique<DFlashDrafter>(dflash_, n_allowed, dflash_top_k_, max_ctx);
     case SpecKind::DraftModel: break;
   }
   std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);

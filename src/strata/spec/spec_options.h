@@ -7,12 +7,12 @@
 #include <memory>
 #include <string>
 
+#include "strata/engine/dflash.h"
 #include "strata/engine/drafter.h"
 #include "strata/engine/generate.h"
 #include "strata/engine/model.h"
 #include "strata/engine/sequence.h"
 #include "strata/sample/sampler.h"
-#include "strata/spec/dflash.h"
 #include "strata/spec/ngram_drafter.h"
 
 namespace strata {
@@ -35,7 +35,8 @@ struct SpecOptions {
 enum class SpecKind { None, Ngram, DraftModel, Mtp, DFlash };
 
 // --draft-max when it is not given: 3 for the MTP head, whose chained rows cost a layer each and whose
-// acceptance falls with depth (the bundled model's best, docs/PERF.md), 16 otherwise (llama.cpp's).
+// acceptance falls with depth, and for a DFlash drafter, whose later block positions rarely hold (each the
+// bundled model's best, docs/PERF.md); 16 otherwise (llama.cpp's).
 int default_draft_max(SpecKind kind);
 
 struct SpecChoice {

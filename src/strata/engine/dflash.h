@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "strata/cpu/matmul.h"
+#include "strata/engine/drafter.h"
 #include "strata/engine/model.h"
 #include "strata/gguf/gguf.h"
 
@@ -44,7 +45,15 @@ struct DFlashConfig {
   float rope_freq_base = 10000.0f, rms_eps = 1e-6f;
   int64_t n_vocab = 0;
   std::vector<int> target_layers;  // the target layers whose outputs feed the context, in file order
+
+  // The context rows a block sees of n_ctx: the last `context` of them, or all.
+  int seen(int n_ctx) const { return context > 0 && n_ctx > context ? context : n_ctx; }
+  // Fails unless 0 <= depth <= block - 1 (the block positions a draft can take).
+  void check_depth(int depth) const;
 };
+
+// The one failure of a block position without a finite logit (CPU and GPU heads alike).
+[[noreturn]] void fail_no_finite_logit();
 
 struct DFlashLayer {
   std::vector<float> attn_norm, q_norm, k_norm, ffn_norm;
@@ -77,6 +86,7 @@ class DFlashModel {
 class DFlashState {
  public:
   explicit DFlashState(const DFlashModel& m);
+  const DFlashModel& model() const { return m_; }
   int n_ctx() const { return n_ctx_; }
   int begin() const { return pos0_; }
   int end() const { return pos0_ + n_ctx_; }
@@ -95,6 +105,44 @@ class DFlashState {
   const DFlashModel& m_;
   int pos0_ = 0, n_ctx_ = 0;
   std::vector<std::vector<float>> k_, v_;  // per layer: [n_ctx x n_head_kv x head_dim]
+};
+
+// The drafter's context and block as the DFlash drafter (spec/dflash_drafter.h) drives them, wherever they
+// compute: CpuDFlashHead (DFlashState on the CPU) or the GPU's, next to a GPU target
+// (Sequence::make_dflash_head). begin / end / restart / add_context as DFlashState's.
+class DFlashHead {
+ public:
+  virtual ~DFlashHead() = default;
+  virtual int begin() const = 0;
+  virtual int end() const = 0;
+  virtual void restart(int pos) = 0;
+  virtual void add_context(const float* taps, int n) = 0;
+  // The block's logits after the context (DFlashState::draft's: [block - 1 x n_vocab]).
+  virtual void logits(int32_t anchor, float* out) = 0;
+  // Block positions 1..depth (depth <= block - 1): each one's block_candidates over ids < n_allowed.
+  virtual void candidates(int32_t anchor, int depth, int k, int32_t n_allowed,
+                          std::vector<PositionCandidates>& out) = 0;
+};
+
+// The top k of a row of logits over ids < n (highest first, the lower id among equals) with their softmax
+// probabilities over those ids (double sums), made non-increasing where rounding would reorder equal
+// logits' by an ulp; a NaN counts as -inf and the list stops at the first -inf. Fails when no logit is
+// finite. NaNs in the row are overwritten with -inf.
+PositionCandidates block_candidates(float* logits, int32_t n, int k);
+
+class CpuDFlashHead final : public DFlashHead {
+ public:
+  explicit CpuDFlashHead(const DFlashModel& m) : state_(m) {}
+  int begin() const override { return state_.begin(); }
+  int end() const override { return state_.end(); }
+  void restart(int pos) override { state_.restart(pos); }
+  void add_context(const float* taps, int n) override { state_.add_context(taps, n); }
+  void logits(int32_t anchor, float* out) override { state_.draft(anchor, out); }
+  void candidates(int32_t anchor, int depth, int k, int32_t n_allowed, std::vector<PositionCandidates>& out) override;
+
+ private:
+  DFlashState state_;
+  std::vector<float> logits_;
 };
 
 }  // namespace strata

@@ -1,11 +1,13 @@
-#include "strata/spec/dflash.h"
+#include "strata/engine/dflash.h"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "strata/base/error.h"
 #include "strata/cpu/ops.h"
 #include "strata/engine/blocks.h"
+#include "strata/engine/sequence.h"
 #include "strata/quant/quantize.h"
 
 namespace strata {
@@ -146,8 +148,8 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
   const int B = c.block, hd = c.head_dim, per_kv = c.n_head / c.n_head_kv;
   const size_t d = static_cast<size_t>(c.n_embd), qw = static_cast<size_t>(c.n_head) * hd;
   // The context rows the block sees: the last c.context of them, or all.
-  const size_t first = c.context > 0 && n_ctx_ > c.context ? static_cast<size_t>(n_ctx_ - c.context) : 0;
-  const size_t seen = static_cast<size_t>(n_ctx_) - first;
+  const size_t seen = static_cast<size_t>(c.seen(n_ctx_));
+  const size_t first = static_cast<size_t>(n_ctx_) - seen;
   const size_t row = static_cast<size_t>(c.n_head_kv) * hd, n_keys = seen + B;
   std::vector<float> x(B * d), h(B * d), q(B * qw), o(B * qw), y(B * d);
   std::vector<float> g(static_cast<size_t>(B) * c.n_ff), u(g.size()), scores(n_keys);
@@ -191,5 +193,51 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
   rmsnorm_rows(x.data() + d, m_.output_norm.data(), c.rms_eps, B - 1, c.n_embd, h.data());
   matmul(m_.target().weights().output, h.data(), B - 1, logits);
 }
+
+void DFlashConfig::check_depth(int depth) const {
+  if (depth < 0 || depth > block - 1) fail("dflash: depth ", depth, " of a block of ", block);
+}
+
+void fail_no_finite_logit() { fail("--spec dflash: the drafter gave no finite logit"); }
+
+PositionCandidates block_candidates(float* logits, int32_t n, int k) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i])) logits[i] = -INFINITY;
+    mx = std::max(mx, logits[i]);
+  }
+  if (!std::isfinite(mx)) fail_no_finite_logit();
+  double z = 0;
+  for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i]) - mx);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  const int take = std::min<int>(k, n);
+  std::partial_sort(ids.begin(), ids.begin() + take, ids.end(), [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  PositionCandidates p;
+  for (int i = 0; i < take; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)];
+    if (!std::isfinite(logits[id])) break;
+    p.tokens.push_back(id);
+    p.probs.push_back(static_cast<float>(std::exp(static_cast<double>(logits[id]) - mx) / z));
+  }
+  for (size_t i = 1; i < p.probs.size(); ++i) p.probs[i] = std::min(p.probs[i], p.probs[i - 1]);
+  return p;
+}
+
+void CpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allowed,
+                               std::vector<PositionCandidates>& out) {
+  const DFlashConfig& c = state_.model().config();
+  c.check_depth(depth);
+  const size_t vocab = static_cast<size_t>(c.n_vocab);
+  logits_.resize(static_cast<size_t>(c.block - 1) * vocab);
+  state_.draft(anchor, logits_.data());
+  out.clear();
+  for (int j = 0; j < depth; ++j)
+    out.push_back(block_candidates(logits_.data() + static_cast<size_t>(j) * vocab, n_allowed, k));
+}
+
+std::unique_ptr<DFlashHead> Sequence::make_dflash_head(const DFlashModel&, int, std::string&) { return nullptr; }
 
 }  // namespace strata
