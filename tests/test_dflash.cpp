@@ -300,12 +300,17 @@ TEST(DFlash, DrafterIsLossless) {
   const int32_t V = static_cast<int32_t>(t.model->config().n_vocab);
   const strata::spec_test::Case c = greedy_case(t, "def fibonacci(n):\n    if n < 2:\n        return n\n", 24, 10);
   const strata::spec_test::MakeSequence make = cpu_sequences(*t.model);
-  const auto drafter = [&]() -> std::unique_ptr<strata::Drafter> {
-    return std::make_unique<strata::DFlashDrafter>(model, V, 3, 4096);
-  };
-  const strata::GenerationStats g = strata::spec_test::expect_lossless(make, *t.tokenizer, c, drafter, true, "greedy");
-  EXPECT_GT(g.spec_steps, 0);
-  EXPECT_GT(g.drafted_tokens, g.spec_steps);  // trees, not single tokens
+  // k 1: trees of one candidate per position, which verification takes as chains.
+  for (int k : {3, 1}) {
+    SCOPED_TRACE(k);
+    const auto drafter = [&]() -> std::unique_ptr<strata::Drafter> {
+      return std::make_unique<strata::DFlashDrafter>(model, V, k, 4096);
+    };
+    const strata::GenerationStats g =
+        strata::spec_test::expect_lossless(make, *t.tokenizer, c, drafter, true, "greedy, k " + std::to_string(k));
+    EXPECT_GT(g.spec_steps, 0);
+    EXPECT_GT(g.drafted_tokens, g.spec_steps);  // several tokens a step
+  }
 }
 
 // The drafter's context after a generation (taps added step by step as tokens are kept) drafts what a

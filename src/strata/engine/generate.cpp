@@ -202,7 +202,10 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
                    std::vector<int32_t>& history, std::vector<int32_t>& out) {
   const Draft& d = sc.draft;
   const int k = static_cast<int>(d.tokens.size());
-  const bool tree = !d.parents.empty();
+  // A tree in which each token's parent is the token before it (a block drafter's tree of one candidate
+  // per position) is a chain: verified as one, greedy picks then staying on the device.
+  bool tree = false;
+  for (size_t t = 0; t < d.parents.size(); ++t) tree = tree || d.parents[t] != static_cast<int>(t) - 1;
   const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);
   sc.batch.assign(1, current);
   sc.batch.insert(sc.batch.end(), d.tokens.begin(), d.tokens.end());
