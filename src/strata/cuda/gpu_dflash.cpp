@@ -160,19 +160,19 @@ void GpuDFlashHead::add_context(const float* taps, int n) {
     fail("GPU DFlash drafter: context up to position ", end() + n, " does not fit its cache of ", cap_ - c_.block);
   const int d = c_.n_embd, kv = c_.n_head_kv * c_.head_dim;
   const int64_t tap_row = static_cast<int64_t>(d) * static_cast<int64_t>(c_.target_layers.size());
+  const GemvJob f = job(fc_, taps_, feat_, tap_row, d);
+  // Every layer's keys and values read the normed context rows (the norm staged by each job).
+  std::vector<GemvJob> kvjobs;
+  for (Layer& L : layers_) {
+    kvjobs.push_back(job(L.wk, feat_, L.kk, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
+    kvjobs.push_back(job(L.wv, feat_, L.vv, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
+  }
   for (int t0 = 0; t0 < n; t0 += kChunk) {
     const int nt = std::min(kChunk, n - t0);
     check_cuda(cudaMemcpyAsync(taps_, taps + t0 * tap_row, static_cast<size_t>(nt) * tap_row * sizeof(float),
                                cudaMemcpyHostToDevice, stream_),
                "DFlash taps");
-    const GemvJob f = job(fc_, taps_, feat_, tap_row, d);
     gemv_batch(&f, 1, stream_, nullptr, nullptr, nullptr, nullptr, nt);
-    // Every layer's keys and values read the normed context rows (the norm staged by each job).
-    std::vector<GemvJob> kvjobs;
-    for (Layer& L : layers_) {
-      kvjobs.push_back(job(L.wk, feat_, L.kk, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
-      kvjobs.push_back(job(L.wv, feat_, L.vv, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
-    }
     for (size_t j = 0; j < kvjobs.size(); j += kMaxGemvJobs)
       gemv_batch(kvjobs.data() + j, static_cast<int>(std::min<size_t>(kMaxGemvJobs, kvjobs.size() - j)), stream_,
                  nullptr, nullptr, nullptr, nullptr, nt);
@@ -241,15 +241,13 @@ void GpuDFlashHead::logits(int32_t anchor, float* out) {
 
 void GpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allowed,
                                std::vector<PositionCandidates>& out) {
-  c_.check_depth(depth);
-  if (n_allowed <= 0 || n_allowed > c_.n_vocab) fail("dflash: ", n_allowed, " allowed ids of ", c_.n_vocab);
+  c_.check_candidates(depth, n_allowed);
   out.clear();
   if (depth == 0) return;
   if (k > kRowTopkMax) {  // beyond the device selection: the host's, on the copied logits
     logits_host_.resize(static_cast<size_t>(c_.block - 1) * static_cast<size_t>(c_.n_vocab));
     logits(anchor, logits_host_.data());
-    for (int j = 0; j < depth; ++j)
-      out.push_back(block_candidates(logits_host_.data() + static_cast<size_t>(j) * c_.n_vocab, n_allowed, k));
+    candidates_from_logits(c_, logits_host_.data(), depth, k, n_allowed, out);
     return;
   }
   enqueue_block(anchor);

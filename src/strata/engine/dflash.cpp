@@ -194,8 +194,9 @@ void DFlashState::draft(int32_t anchor, float* logits) const {
   matmul(m_.target().weights().output, h.data(), B - 1, logits);
 }
 
-void DFlashConfig::check_depth(int depth) const {
+void DFlashConfig::check_candidates(int depth, int32_t n_allowed) const {
   if (depth < 0 || depth > block - 1) fail("dflash: depth ", depth, " of a block of ", block);
+  if (n_allowed <= 0 || n_allowed > n_vocab) fail("dflash: ", n_allowed, " allowed ids of ", n_vocab);
 }
 
 void fail_no_finite_logit() { fail("--spec dflash: the drafter gave no finite logit"); }
@@ -226,16 +227,21 @@ PositionCandidates block_candidates(float* logits, int32_t n, int k) {
   return p;
 }
 
+void candidates_from_logits(const DFlashConfig& c, float* logits, int depth, int k, int32_t n_allowed,
+                            std::vector<PositionCandidates>& out) {
+  c.check_candidates(depth, n_allowed);
+  out.clear();
+  for (int j = 0; j < depth; ++j)
+    out.push_back(block_candidates(logits + static_cast<size_t>(j) * static_cast<size_t>(c.n_vocab), n_allowed, k));
+}
+
 void CpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allowed,
                                std::vector<PositionCandidates>& out) {
   const DFlashConfig& c = state_.model().config();
-  c.check_depth(depth);
-  const size_t vocab = static_cast<size_t>(c.n_vocab);
-  logits_.resize(static_cast<size_t>(c.block - 1) * vocab);
+  c.check_candidates(depth, n_allowed);  // before the forward
+  logits_.resize(static_cast<size_t>(c.block - 1) * static_cast<size_t>(c.n_vocab));
   state_.draft(anchor, logits_.data());
-  out.clear();
-  for (int j = 0; j < depth; ++j)
-    out.push_back(block_candidates(logits_.data() + static_cast<size_t>(j) * vocab, n_allowed, k));
+  candidates_from_logits(c, logits_.data(), depth, k, n_allowed, out);
 }
 
 std::unique_ptr<DFlashHead> Sequence::make_dflash_head(const DFlashModel&, int, std::string&) { return nullptr; }

@@ -48,8 +48,9 @@ struct DFlashConfig {
 
   // The context rows a block sees of n_ctx: the last `context` of them, or all.
   int seen(int n_ctx) const { return context > 0 && n_ctx > context ? context : n_ctx; }
-  // Fails unless 0 <= depth <= block - 1 (the block positions a draft can take).
-  void check_depth(int depth) const;
+  // Fails unless 0 <= depth <= block - 1 (the block positions a draft can take) and 1 <= n_allowed <=
+  // n_vocab: a DFlashHead::candidates request.
+  void check_candidates(int depth, int32_t n_allowed) const;
 };
 
 // The one failure of a block position without a finite logit (CPU and GPU heads alike).
@@ -129,6 +130,10 @@ class DFlashHead {
 // logits' by an ulp; a NaN counts as -inf and the list stops at the first -inf. Fails when no logit is
 // finite. NaNs in the row are overwritten with -inf.
 PositionCandidates block_candidates(float* logits, int32_t n, int k);
+// DFlashHead::candidates on the host: block_candidates of rows 0..depth-1 of the block's logits
+// ([block - 1 x n_vocab], overwritten where NaN), the request checked first.
+void candidates_from_logits(const DFlashConfig& c, float* logits, int depth, int k, int32_t n_allowed,
+                            std::vector<PositionCandidates>& out);
 
 class CpuDFlashHead final : public DFlashHead {
  public:
