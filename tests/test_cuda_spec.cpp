@@ -774,9 +774,15 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
       CpuDFlashHead cpu(*df);
       const size_t rows = static_cast<size_t>(shape.block - 1), vocab = static_cast<size_t>(V);
       std::vector<float> lc(rows * vocab), lg(rows * vocab);
+      const int32_t allowed = V - 7;
       auto compare = [&](int32_t anchor, const char* what) {
         ASSERT_EQ(gpu->begin(), cpu.begin()) << what;
         ASSERT_EQ(gpu->end(), cpu.end()) << what;
+        // First the draft as the drafter takes it (the context rows added since the last draft run with
+        // it, one graph replay), then the logits of the same block, which the candidates must match.
+        std::vector<PositionCandidates> drafted;
+        gpu->candidates(anchor, static_cast<int>(rows), 3, allowed, drafted);
+        ASSERT_EQ(drafted.size(), rows);
         cpu.logits(anchor, lc.data());
         gpu->logits(anchor, lg.data());
         const double worst = max_row_rel_err(lg, lc, vocab);  // the largest over the block's rows
@@ -785,7 +791,6 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
         EXPECT_LT(worst, 2e-2) << what;
         // The device's candidates are the host's selection on the device's logits.
         for (int k : {1, 3}) {
-          const int32_t allowed = V - 7;
           std::vector<PositionCandidates> got;
           gpu->candidates(anchor, static_cast<int>(rows), k, allowed, got);
           ASSERT_EQ(got.size(), rows);
@@ -796,6 +801,10 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
             EXPECT_EQ(got[j].tokens, want.tokens) << what << ", position " << j + 1 << ", k " << k;
             ASSERT_EQ(got[j].probs.size(), want.probs.size());
             for (size_t i = 0; i < want.probs.size(); ++i) EXPECT_NEAR(got[j].probs[i], want.probs[i], 1e-6f);
+            if (k == 3) {
+              EXPECT_EQ(drafted[j].tokens, want.tokens) << what << ", position " << j + 1 << ", drafted first";
+              EXPECT_EQ(drafted[j].probs, got[j].probs) << what << ", position " << j + 1 << ", drafted first";
+            }
           }
         }
       };
@@ -804,6 +813,14 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
       gpu->add_context(rec->row(5), 35);
       gpu->add_context(rec->row(40), n - 40);
       compare(prompt[static_cast<size_t>(n)], "whole prompt");
+      // A decode's pattern: a few rows, then a draft, the context moving past the window.
+      for (int step = 0, at = 0; step < 8; ++step) {
+        const int r = 1 + (step * 3) % 4;
+        cpu.add_context(rec->row(at), r);
+        gpu->add_context(rec->row(at), r);
+        at += r;
+        compare(prompt[static_cast<size_t>(step)], ("decode step " + std::to_string(step)).c_str());
+      }
       cpu.restart(100);
       gpu->restart(100);
       cpu.add_context(rec->row(3), 9);

@@ -27,4 +27,25 @@ void allow_dynamic_smem(K kernel, size_t bytes, const char* what) {
                what);
 }
 
+// The graph of what enqueue() launches on stream s (thread-local capture), instantiated. A throw from
+// enqueue ends the capture and passes on.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue) {
+  cudaGraph_t raw = nullptr;
+  check_cuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(s, &raw);
+    if (raw) cudaGraphDestroy(raw);
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(s, &raw), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, raw, 0);
+  cudaGraphDestroy(raw);
+  check_cuda(st, "cudaGraphInstantiate");
+  return exec;
+}
+
 }  // namespace strata::cuda

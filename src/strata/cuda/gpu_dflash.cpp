@@ -58,8 +58,9 @@ const float* GpuDFlashHead::upload(const std::vector<float>& v) {
   return p;
 }
 
-GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx)
-    : c_(m.config()), target_(target), stream_(stream) {
+GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx,
+                             bool use_graph)
+    : c_(m.config()), target_(target), stream_(stream), use_graph_(use_graph) {
   const std::string why = gpu_dflash_unsupported(m);
   if (!why.empty()) fail("GPU DFlash drafter: ", why);
   if (target.output.n_cols != c_.n_embd || target.output.n_rows != c_.n_vocab)
@@ -94,11 +95,11 @@ GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cu
       g.vv = alloc<float>(static_cast<size_t>(kChunk) * kv, "context values");
       layers_.push_back(g);
     }
-    std::vector<int> iota(static_cast<size_t>(cap_));
-    for (int p = 0; p < cap_; ++p) iota[static_cast<size_t>(p)] = p;
-    iota_ = alloc<int>(iota.size(), "positions");
-    check_cuda(cudaMemcpy(iota_, iota.data(), iota.size() * sizeof(int), cudaMemcpyHostToDevice), "upload positions");
-    taps_ = alloc<float>(static_cast<size_t>(kChunk) * d * c_.target_layers.size(), "taps");
+    const size_t tap_row = static_cast<size_t>(d) * c_.target_layers.size();
+    ints_bytes_ = (static_cast<size_t>(at_context() + kChunk) * sizeof(int) + 255) / 256 * 256;
+    const size_t in_bytes = ints_bytes_ + static_cast<size_t>(kChunk) * tap_row * sizeof(float);
+    in_dev_ = alloc<unsigned char>(in_bytes, "staged inputs");
+    check_cuda(cudaMallocHost(&in_host_, in_bytes), "cudaMallocHost(DFlash)");
     feat_ = alloc<float>(static_cast<size_t>(kChunk) * d, "context rows");
     x_ = alloc<float>(static_cast<size_t>(B) * d, "block rows");
     std::vector<float> masks(static_cast<size_t>(B - 1) * d);
@@ -115,16 +116,9 @@ GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cu
     attn_counters_ = alloc<unsigned int>(static_cast<size_t>(B) * c_.n_head, "attention counters");
     check_cuda(cudaMemset(attn_counters_, 0, static_cast<size_t>(B) * c_.n_head * sizeof(unsigned int)),
                "clear attention counters");
-    blk_dev_ = alloc<int>(static_cast<size_t>(B) + 1, "block inputs");
-    ids_dev_ = alloc<int>(static_cast<size_t>(B - 1) * kRowTopkMax, "candidates");
-    probs_dev_ = alloc<float>(static_cast<size_t>(B - 1) * kRowTopkMax, "candidates");
-    count_dev_ = alloc<int>(static_cast<size_t>(B - 1), "candidates");
-    check_cuda(cudaMallocHost(&blk_host_, (static_cast<size_t>(B) + 1) * sizeof(int)), "cudaMallocHost(DFlash)");
-    check_cuda(cudaMallocHost(&ids_host_, static_cast<size_t>(B - 1) * kRowTopkMax * sizeof(int)),
-               "cudaMallocHost(DFlash)");
-    check_cuda(cudaMallocHost(&probs_host_, static_cast<size_t>(B - 1) * kRowTopkMax * sizeof(float)),
-               "cudaMallocHost(DFlash)");
-    check_cuda(cudaMallocHost(&count_host_, static_cast<size_t>(B - 1) * sizeof(int)), "cudaMallocHost(DFlash)");
+    out_bytes_ = static_cast<size_t>(B - 1) * (2 * kRowTopkMax + 1) * sizeof(int);
+    out_dev_ = alloc<unsigned char>(out_bytes_, "candidates");
+    check_cuda(cudaMallocHost(&out_host_, out_bytes_), "cudaMallocHost(DFlash)");
     // The uploads and the memset ran on the legacy stream, which the session's non-blocking stream does
     // not wait for.
     check_cuda(cudaDeviceSynchronize(), "DFlash upload");
@@ -139,66 +133,97 @@ GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cu
 GpuDFlashHead::~GpuDFlashHead() { release(); }
 
 void GpuDFlashHead::release() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
   for (void* p : allocs_) device_free(p);
   allocs_.clear();
-  for (void* p : {static_cast<void*>(blk_host_), static_cast<void*>(ids_host_), static_cast<void*>(probs_host_),
-                  static_cast<void*>(count_host_)})
-    if (p) cudaFreeHost(p);
-  blk_host_ = ids_host_ = count_host_ = nullptr;
-  probs_host_ = nullptr;
+  for (unsigned char** p : {&in_host_, &out_host_}) {
+    if (*p) cudaFreeHost(*p);
+    *p = nullptr;
+  }
 }
 
 void GpuDFlashHead::restart(int pos) {
   if (pos < 0) fail("dflash: restart at position ", pos);
   pos0_ = pos;
   n_ctx_ = 0;
+  pending_ = 0;
 }
 
 void GpuDFlashHead::add_context(const float* taps, int n) {
   if (n <= 0) return;
   if (end() + n + c_.block > cap_)
     fail("GPU DFlash drafter: context up to position ", end() + n, " does not fit its cache of ", cap_ - c_.block);
+  // Rows are staged and run with the next draft (in its graph), a full staging area's worth at once.
+  const size_t tap_row = static_cast<size_t>(c_.n_embd) * c_.target_layers.size();
+  int* ints = reinterpret_cast<int*>(in_host_);
+  float* staged = reinterpret_cast<float*>(in_host_ + ints_bytes_);
+  while (n > 0) {
+    if (pending_ == kChunk) flush_context();
+    const int take = std::min(n, kChunk - pending_);
+    std::memcpy(staged + static_cast<size_t>(pending_) * tap_row, taps,
+                static_cast<size_t>(take) * tap_row * sizeof(float));
+    for (int t = 0; t < take; ++t) ints[at_context() + pending_ + t] = end() + t;
+    pending_ += take;
+    n_ctx_ += take;
+    taps += static_cast<size_t>(take) * tap_row;
+    n -= take;
+  }
+}
+
+void GpuDFlashHead::enqueue_context(int n) {
   const int d = c_.n_embd, kv = c_.n_head_kv * c_.head_dim;
   const int64_t tap_row = static_cast<int64_t>(d) * static_cast<int64_t>(c_.target_layers.size());
-  const GemvJob f = job(fc_, taps_, feat_, tap_row, d);
+  check_cuda(cudaMemcpyAsync(in_dev_, in_host_, ints_bytes_ + static_cast<size_t>(n) * tap_row * sizeof(float),
+                             cudaMemcpyHostToDevice, stream_),
+             "DFlash inputs");
+  if (n == 0) return;
+  const float* taps = reinterpret_cast<const float*>(in_dev_ + ints_bytes_);
+  const GemvJob f = job(fc_, taps, feat_, tap_row, d);
+  gemv_batch(&f, 1, stream_, nullptr, nullptr, nullptr, nullptr, n);
   // Every layer's keys and values read the normed context rows (the norm staged by each job).
   std::vector<GemvJob> kvjobs;
   for (Layer& L : layers_) {
     kvjobs.push_back(job(L.wk, feat_, L.kk, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
     kvjobs.push_back(job(L.wv, feat_, L.vv, d, kv, GemvMode::Store, hidden_norm_, c_.rms_eps));
   }
-  for (int t0 = 0; t0 < n; t0 += kChunk) {
-    const int nt = std::min(kChunk, n - t0);
-    check_cuda(cudaMemcpyAsync(taps_, taps + t0 * tap_row, static_cast<size_t>(nt) * tap_row * sizeof(float),
-                               cudaMemcpyHostToDevice, stream_),
-               "DFlash taps");
-    gemv_batch(&f, 1, stream_, nullptr, nullptr, nullptr, nullptr, nt);
-    for (size_t j = 0; j < kvjobs.size(); j += kMaxGemvJobs)
-      gemv_batch(kvjobs.data() + j, static_cast<int>(std::min<size_t>(kMaxGemvJobs, kvjobs.size() - j)), stream_,
-                 nullptr, nullptr, nullptr, nullptr, nt);
-    AttnTokens tk;
-    tk.n = nt;
-    tk.kv = kv;
-    for (Layer& L : layers_)  // no query heads: keys normed and rotated into the cache, values copied
-      attn_prep(nullptr, c_.head_dim, L.kk, L.vv, L.k_cache, L.v_cache, kv, 0, c_.n_head_kv, c_.head_dim, nullptr,
-                L.k_norm, c_.rms_eps, c_.rope_dims, c_.rope_freq_base, iota_ + end() + t0, stream_, {}, 0, nullptr, tk);
-  }
-  n_ctx_ += n;
+  for (size_t j = 0; j < kvjobs.size(); j += kMaxGemvJobs)
+    gemv_batch(kvjobs.data() + j, static_cast<int>(std::min<size_t>(kMaxGemvJobs, kvjobs.size() - j)), stream_, nullptr,
+               nullptr, nullptr, nullptr, n);
+  AttnTokens tk;
+  tk.n = n;
+  tk.kv = kv;
+  const int* pos = reinterpret_cast<const int*>(in_dev_) + at_context();
+  for (Layer& L : layers_)  // no query heads: keys normed and rotated into the cache, values copied
+    attn_prep(nullptr, c_.head_dim, L.kk, L.vv, L.k_cache, L.v_cache, kv, 0, c_.n_head_kv, c_.head_dim, nullptr,
+              L.k_norm, c_.rms_eps, c_.rope_dims, c_.rope_freq_base, pos, stream_, {}, 0, nullptr, tk);
 }
 
-void GpuDFlashHead::enqueue_block(int32_t anchor) {
+void GpuDFlashHead::flush_context() {
+  enqueue_context(pending_);
+  pending_ = 0;
+  check_cuda(cudaStreamSynchronize(stream_), "DFlash context");  // the staging area is reused
+}
+
+void GpuDFlashHead::stage_block(int32_t anchor) {
   if (anchor < 0 || anchor >= c_.n_vocab) fail("dflash: anchor token ", anchor, " is out of range");
-  const int B = c_.block, d = c_.n_embd, qw = c_.n_head * c_.head_dim, kv = c_.n_head_kv * c_.head_dim;
+  const int B = c_.block;
   if (end() + B > cap_) fail("GPU DFlash drafter: a block at position ", end(), " does not fit its cache");
-  // The context rows the block sees (the last c_.context, or all) and the block: every block row attends
-  // to all of them, so each one's attention runs as a query at the block's last position over that window.
-  const int seen = c_.seen(n_ctx_);
-  blk_host_[0] = anchor;
-  for (int j = 0; j < B; ++j) blk_host_[1 + j] = end() + B - 1;
-  check_cuda(
-      cudaMemcpyAsync(blk_dev_, blk_host_, (static_cast<size_t>(B) + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_),
-      "DFlash block inputs");
-  embed_row(target_.token_embd, blk_dev_, x_, stream_);
+  int* ints = reinterpret_cast<int*>(in_host_);
+  ints[at_anchor()] = anchor;
+  // Every block row attends to the context rows the block sees (the last c_.context, or all) and to the
+  // whole block: each one's attention runs as a query at the block's last position from the first seen.
+  for (int j = 0; j < B; ++j) {
+    ints[at_attend() + j] = end() + B - 1;
+    ints[at_rows() + j] = end() + j;
+  }
+  ints[at_first()] = end() - c_.seen(n_ctx_);
+}
+
+void GpuDFlashHead::enqueue_block() {
+  const int B = c_.block, d = c_.n_embd, qw = c_.n_head * c_.head_dim, kv = c_.n_head_kv * c_.head_dim;
+  const int* ints = reinterpret_cast<const int*>(in_dev_);
+  embed_row(target_.token_embd, ints + at_anchor(), x_, stream_);
   check_cuda(cudaMemcpyAsync(x_ + d, mask_rows_, static_cast<size_t>(B - 1) * d * sizeof(float),
                              cudaMemcpyDeviceToDevice, stream_),
              "DFlash mask rows");
@@ -209,6 +234,7 @@ void GpuDFlashHead::enqueue_block(int32_t anchor) {
   qt.out = qw;
   qt.scratch = static_cast<int64_t>(attn_scratch_per_);
   qt.counters = c_.n_head;
+  qt.first = ints + at_first();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
   for (Layer& L : layers_) {
     const GemvJob qkv[3] = {job(L.wq, x_, q_, d, qw, GemvMode::Store, L.attn_norm, c_.rms_eps),
@@ -216,9 +242,9 @@ void GpuDFlashHead::enqueue_block(int32_t anchor) {
                             job(L.wv, x_, vb_, d, kv, GemvMode::Store, L.attn_norm, c_.rms_eps)};
     gemv_batch(qkv, 3, stream_, nullptr, nullptr, nullptr, nullptr, B);
     attn_prep(q_, c_.head_dim, kb_, vb_, L.k_cache, L.v_cache, kv, c_.n_head, c_.n_head_kv, c_.head_dim, L.q_norm,
-              L.k_norm, c_.rms_eps, c_.rope_dims, c_.rope_freq_base, iota_ + end(), stream_, {}, 0, nullptr, qt);
+              L.k_norm, c_.rms_eps, c_.rope_dims, c_.rope_freq_base, ints + at_rows(), stream_, {}, 0, nullptr, qt);
     attention_decode_split(q_, c_.head_dim, L.k_cache, L.v_cache, kv, c_.n_head, c_.n_head_kv, c_.head_dim, scale, {},
-                           blk_dev_ + 1, cap_, attn_scratch_, attn_counters_, o_, stream_, {}, seen + B, 0, qt);
+                           ints + at_attend(), cap_, attn_scratch_, attn_counters_, o_, stream_, {}, 0, 0, qt);
     const GemvJob out = job(L.wo, o_, x_, qw, d, GemvMode::Accumulate);
     gemv_batch(&out, 1, stream_, nullptr, nullptr, nullptr, nullptr, B);
     GemvJob gu = job(L.gate, x_, g_, d, c_.n_ff, GemvMode::SwigluPair, L.ffn_norm, c_.rms_eps);
@@ -232,8 +258,28 @@ void GpuDFlashHead::enqueue_block(int32_t anchor) {
   gemv_batch(&head, 1, stream_, nullptr, nullptr, nullptr, nullptr, B - 1);
 }
 
+template <class F>
+void GpuDFlashHead::run(const std::array<int, 4>& key, F enqueue) {
+  if (!use_graph_) {
+    enqueue();
+    return;
+  }
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= 64) {  // shapes seldom seen: start over rather than grow
+      for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+      graphs_.clear();
+    }
+    it = graphs_.emplace(key, capture_graph(stream_, enqueue)).first;
+  }
+  check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch(DFlash)");
+}
+
 void GpuDFlashHead::logits(int32_t anchor, float* out) {
-  enqueue_block(anchor);
+  stage_block(anchor);
+  enqueue_context(pending_);
+  pending_ = 0;
+  enqueue_block();
   const size_t n = static_cast<size_t>(c_.block - 1) * static_cast<size_t>(c_.n_vocab);
   check_cuda(cudaMemcpyAsync(out, logits_dev_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "DFlash logits");
   check_cuda(cudaStreamSynchronize(stream_), "DFlash logits");
@@ -250,24 +296,28 @@ void GpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allow
     candidates_from_logits(c_, logits_host_.data(), depth, k, n_allowed, out);
     return;
   }
-  enqueue_block(anchor);
-  row_topk(logits_dev_, depth, c_.n_vocab, n_allowed, k, ids_dev_, probs_dev_, count_dev_, stream_);
-  check_cuda(cudaMemcpyAsync(ids_host_, ids_dev_, static_cast<size_t>(depth) * k * sizeof(int), cudaMemcpyDeviceToHost,
-                             stream_),
-             "DFlash candidates");
-  check_cuda(cudaMemcpyAsync(probs_host_, probs_dev_, static_cast<size_t>(depth) * k * sizeof(float),
-                             cudaMemcpyDeviceToHost, stream_),
-             "DFlash candidates");
-  check_cuda(cudaMemcpyAsync(count_host_, count_dev_, static_cast<size_t>(depth) * sizeof(int), cudaMemcpyDeviceToHost,
-                             stream_),
-             "DFlash candidates");
+  stage_block(anchor);
+  const int n = pending_;
+  int* ids = reinterpret_cast<int*>(out_dev_);
+  float* probs = reinterpret_cast<float*>(ids + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
+  int* count = reinterpret_cast<int*>(probs + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
+  run({n, depth, k, n_allowed}, [&] {
+    enqueue_context(n);
+    enqueue_block();
+    row_topk(logits_dev_, depth, c_.n_vocab, n_allowed, k, ids, probs, count, stream_);
+    check_cuda(cudaMemcpyAsync(out_host_, out_dev_, out_bytes_, cudaMemcpyDeviceToHost, stream_), "DFlash candidates");
+  });
+  pending_ = 0;
   check_cuda(cudaStreamSynchronize(stream_), "DFlash candidates");
+  const int* ids_h = reinterpret_cast<const int*>(out_host_);
+  const float* probs_h = reinterpret_cast<const float*>(ids_h + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
+  const int* count_h = reinterpret_cast<const int*>(probs_h + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
   for (int j = 0; j < depth; ++j) {
-    const int n = count_host_[j];
-    if (n <= 0) fail_no_finite_logit();
+    const int c = count_h[j];
+    if (c <= 0) fail_no_finite_logit();
     PositionCandidates p;
-    p.tokens.assign(ids_host_ + static_cast<size_t>(j) * k, ids_host_ + static_cast<size_t>(j) * k + n);
-    p.probs.assign(probs_host_ + static_cast<size_t>(j) * k, probs_host_ + static_cast<size_t>(j) * k + n);
+    p.tokens.assign(ids_h + static_cast<size_t>(j) * k, ids_h + static_cast<size_t>(j) * k + c);
+    p.probs.assign(probs_h + static_cast<size_t>(j) * k, probs_h + static_cast<size_t>(j) * k + c);
     out.push_back(std::move(p));
   }
 }

@@ -9,7 +9,9 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,8 +28,10 @@ class GpuDFlashHead final : public DFlashHead {
  public:
   // Uploads the drafter (m need not outlive the head); its cache holds positions below max_ctx (and the
   // block after them). The target's device model and stream must outlive the head: a GpuSession owns it
-  // (GpuSession::make_dflash_head). Fails naming what does not fit (gpu_dflash_unsupported).
-  GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx);
+  // (GpuSession::make_dflash_head). Fails naming what does not fit (gpu_dflash_unsupported). With
+  // use_graph a draft (the context rows added since the last one, the block, the top-k and the copy back)
+  // is one graph replay per shape.
+  GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx, bool use_graph);
   ~GpuDFlashHead() override;
   GpuDFlashHead(const GpuDFlashHead&) = delete;
   GpuDFlashHead& operator=(const GpuDFlashHead&) = delete;
@@ -51,33 +55,52 @@ class GpuDFlashHead final : public DFlashHead {
   T* alloc(size_t n, const char* what);
   void release();
   const float* upload(const std::vector<float>& v);
-  // Enqueues the block's forward (anchor at end()); its logits land in logits_dev_.
-  void enqueue_block(int32_t anchor);
+  // The staged inputs' ints (in_host_ / in_dev_): the anchor, each block row's attention position, the
+  // block rows' positions, the first position the block attends, the pending context rows' positions.
+  int at_anchor() const { return 0; }
+  int at_attend() const { return 1; }
+  int at_rows() const { return 1 + c_.block; }
+  int at_first() const { return 1 + 2 * c_.block; }
+  int at_context() const { return 2 + 2 * c_.block; }
+  // Stages the block's ints for the anchor (the context complete: end() is the block's first position).
+  void stage_block(int32_t anchor);
+  // Enqueues the copy of the staged ints and the first n pending taps rows, then those rows' context.
+  void enqueue_context(int n);
+  // Enqueues the block's forward after the context; its logits land in logits_dev_.
+  void enqueue_block();
+  // The pending context rows' forward, now (their staging is full, or logits are asked for).
+  void flush_context();
+  // enqueue() as a graph kept under key (captured on first use), or launched directly without graphs.
+  template <class F>
+  void run(const std::array<int, 4>& key, F enqueue);
 
   const DFlashConfig c_;
   const DeviceModel& target_;
   cudaStream_t stream_;
+  bool use_graph_;
   int cap_ = 0;  // cache rows: positions 0 .. cap_ - 1
   int pos0_ = 0, n_ctx_ = 0;
+  int pending_ = 0;  // context rows staged, not yet run (the last ones before end())
   std::vector<void*> allocs_;
   DevMatrix fc_;
   const float *hidden_norm_ = nullptr, *output_norm_ = nullptr;
   std::vector<Layer> layers_;
-  int* iota_ = nullptr;               // iota_[p] = p: the positions attn_prep reads
-  float* taps_ = nullptr;             // a context chunk's taps
-  float* feat_ = nullptr;             // its fc rows (normed as the k/v jobs stage them)
+  size_t ints_bytes_ = 0;             // the staged ints, padded; the taps rows follow them
+  unsigned char* in_host_ = nullptr;  // pinned
+  unsigned char* in_dev_ = nullptr;   // the staged inputs on the device
+  float* feat_ = nullptr;             // the context chunk's fc rows (normed as the k/v jobs stage them)
   const float* mask_rows_ = nullptr;  // block rows 1.. before the first layer
   float *x_ = nullptr, *q_ = nullptr, *kb_ = nullptr, *vb_ = nullptr, *o_ = nullptr, *g_ = nullptr;
   float* logits_dev_ = nullptr;
   float* attn_scratch_ = nullptr;
   size_t attn_scratch_per_ = 0;
   unsigned int* attn_counters_ = nullptr;
-  int* blk_dev_ = nullptr;   // [anchor, the block's attention position x block]
-  int* blk_host_ = nullptr;  // pinned
-  int *ids_dev_ = nullptr, *count_dev_ = nullptr;
-  float* probs_dev_ = nullptr;
-  int *ids_host_ = nullptr, *count_host_ = nullptr;  // pinned
-  float* probs_host_ = nullptr;                      // pinned
+  // The candidates: ids [(block - 1) x kRowTopkMax], probabilities alike, counts [block - 1], read back
+  // in one copy.
+  size_t out_bytes_ = 0;
+  unsigned char* out_dev_ = nullptr;
+  unsigned char* out_host_ = nullptr;                     // pinned
+  std::map<std::array<int, 4>, cudaGraphExec_t> graphs_;  // by (pending rows, depth, k, n_allowed)
   std::vector<float> logits_host_;
 };
 

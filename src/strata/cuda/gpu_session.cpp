@@ -184,8 +184,9 @@ struct GpuSession::Impl {
   unsigned long long* mpick_part = nullptr;
   unsigned int* mpick_counter = nullptr;
   int* d_mpicks = nullptr;
-  cudaGraphExec_t mgraphs[2][kMaxStepTokens + 1] = {};
+  cudaGraphExec_t mgraphs[2][2][kMaxStepTokens + 1] = {};  // [with picks][state parity][tokens]
   int mgraph_steps = 0;  // st.step_cap() when mgraphs were captured
+  int32_t mgraph_pick_range = 0;  // the ids the graphs with picks pick among
 
   Impl(std::shared_ptr<GpuModel> g, int ctx, GpuSessionOptions o)
       : gm(std::move(g)),
@@ -791,11 +792,28 @@ struct GpuSession::Impl {
     destroy_multi_graphs();
   }
   void destroy_multi_graphs() {
-    for (auto& by_parity : mgraphs)
-      for (cudaGraphExec_t& g : by_parity) {
-        if (g) cudaGraphExecDestroy(g);
-        g = nullptr;
-      }
+    for (auto& by_pick : mgraphs)
+      for (auto& by_parity : by_pick)
+        for (cudaGraphExec_t& g : by_parity) {
+          if (g) cudaGraphExecDestroy(g);
+          g = nullptr;
+        }
+  }
+
+  // Step record t's picks: token t's row of every layer's [tokens x k] ids of the multi-token step.
+  void enqueue_step_record_picks(int n) {
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
+    std::vector<DeviceCopy> records(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) {
+      DeviceCopy& r = records[static_cast<size_t>(t)];
+      r.dst = st.route_steps + static_cast<size_t>(t) * step_ids;
+      r.src = multi.ids + static_cast<size_t>(t) * k;
+      r.row_bytes = k * sizeof(int);
+      r.rows = static_cast<size_t>(c.n_layer);
+      r.src_pitch = static_cast<size_t>(multi.ids_layer) * sizeof(int);
+    }
+    copy_batch(records, stream);
   }
 
   // Lookahead: the step at n_past from the last pick (on the device), launched before the pick is read.
@@ -855,26 +873,6 @@ struct GpuSession::Impl {
     return id;
   }
 
-  // The graph of what enqueue() launches on the stream (the decode step unless told otherwise).
-  template <class F>
-  cudaGraphExec_t capture(F enqueue) {
-    cudaGraph_t g_raw = nullptr;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      enqueue();
-    } catch (...) {
-      cudaStreamEndCapture(stream, &g_raw);
-      if (g_raw) cudaGraphDestroy(g_raw);
-      throw;
-    }
-    check_cuda(cudaStreamEndCapture(stream, &g_raw), "cudaStreamEndCapture");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t st = cudaGraphInstantiate(&exec, g_raw, 0);
-    cudaGraphDestroy(g_raw);
-    check_cuda(st, "cudaGraphInstantiate");
-    return exec;
-  }
-
   // enqueue() as the graph g (captured on first use; a step of the graph profile named `label` unless
   // that is null), or launched directly when graphs are off or the per-operation profile is on.
   template <class F>
@@ -883,7 +881,7 @@ struct GpuSession::Impl {
       enqueue();
       return;
     }
-    if (!g) g = capture(enqueue);
+    if (!g) g = capture_graph(stream, enqueue);
     if (label) prof.mark_graph(nullptr, stream);
     check_cuda(cudaGraphLaunch(g, stream), "cudaGraphLaunch");
     if (label) prof.mark_graph(label, stream);
@@ -997,27 +995,26 @@ struct GpuSession::Impl {
     }
     check_cuda(cudaMemcpyAsync(d_mio, h_mio, kMioInputs * sizeof(int), cudaMemcpyHostToDevice, stream),
                "copy tokens");
-    if (mgraph_steps != st.step_cap()) {  // the graphs write into the step records: captured again
+    if (mgraph_steps != st.step_cap() || (picks && n_pick != mgraph_pick_range)) {
+      // The graphs write into the step records and pick over ids < n_pick: captured again.
       check_cuda(cudaStreamSynchronize(stream), "multi-token step");
       destroy_multi_graphs();
       mgraph_steps = st.step_cap();
+      if (picks) mgraph_pick_range = n_pick;
     }
-    run_graph(mgraphs[st.parity()][n], "multi-token step (graph)", [this, n] { enqueue_multi(n); });
-    // Step record t's picks: token t's row of every layer's [tokens x k] ids.
-    const size_t k = static_cast<size_t>(c.n_expert_used);
-    const size_t step_ids = static_cast<size_t>(c.n_layer) * k;
-    std::vector<DeviceCopy> records(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) {
-      DeviceCopy& r = records[static_cast<size_t>(t)];
-      r.dst = st.route_steps + static_cast<size_t>(t) * step_ids;
-      r.src = multi.ids + static_cast<size_t>(t) * k;
-      r.row_bytes = k * sizeof(int);
-      r.rows = static_cast<size_t>(c.n_layer);
-      r.src_pitch = static_cast<size_t>(multi.ids_layer) * sizeof(int);
-    }
-    copy_batch(records, stream);
+    // One graph: the step, its step records' picks and, for picks, the arg-max of every row.
+    const bool pick = picks != nullptr;
+    run_graph(mgraphs[pick ? 1 : 0][st.parity()][n], "multi-token step (graph)", [this, n, pick] {
+      enqueue_multi(n);
+      enqueue_step_record_picks(n);
+      if (pick)
+        argmax_wide(multi.logits, mgraph_pick_range, mpick_part, mpick_counter, d_mpicks, stream, false, nullptr,
+                    nullptr, n, static_cast<int64_t>(c.n_vocab));
+    });
     n_past += n;
-    if (hid) step_hidden_rows(multi.x, n, hid);
+    // The layer taps are read back from where the step left them; final states are normed first.
+    const float* hid_rows = hid && !tap_of.empty() ? d_taps.data : hid;
+    if (hid && tap_of.empty()) step_hidden_rows(multi.x, n, hid);
     const size_t vocab = static_cast<size_t>(c.n_vocab);
     const size_t first = all_positions ? 0 : static_cast<size_t>(n - 1);  // the rows copied
     const size_t floats = (static_cast<size_t>(n) - first) * vocab;
@@ -1030,8 +1027,6 @@ struct GpuSession::Impl {
     }
     int* h_picks = h_mio + kMioPicks;
     if (picks) {
-      argmax_wide(multi.logits, n_pick, mpick_part, mpick_counter, d_mpicks, stream, false, nullptr, nullptr, n,
-                  static_cast<int64_t>(vocab));
       check_cuda(cudaMemcpyAsync(h_picks, d_mpicks, static_cast<size_t>(n) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                  "copy picks");
     }
@@ -1040,7 +1035,7 @@ struct GpuSession::Impl {
       if (!h_mhidden)
         check_cuda(cudaMallocHost(&h_mhidden, kMaxStepTokens * hidden_width() * sizeof(float)),
                    "cudaMallocHost(hidden rows)");
-      check_cuda(cudaMemcpyAsync(h_mhidden, hid, hid_floats * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      check_cuda(cudaMemcpyAsync(h_mhidden, hid_rows, hid_floats * sizeof(float), cudaMemcpyDeviceToHost, stream),
                  "copy hidden rows");
     }
     sync();
@@ -1572,7 +1567,8 @@ void GpuSession::keep(const int* path, int n) {
                                  cudaMemcpyDeviceToHost, m.stream),
                  "copy expert picks");
   }
-  m.sync();
+  // The state's copies need no wait: whatever runs next is queued behind them on the stream.
+  if (m.trace) m.sync();
   m.has_pending = false;
   if (m.trace) append_layer_picks(*m.trace, m.trace_stream, m.c, m.trace_picks.data(), n);
   if (!m.hidden) return;
@@ -1802,7 +1798,8 @@ std::unique_ptr<DFlashHead> GpuSession::make_dflash_head(const DFlashModel& draf
   if (!impl_->dflash || impl_->dflash_key != key || impl_->dflash->max_ctx() < cap) {
     impl_->dflash.reset();  // its memory back first
     try {
-      impl_->dflash = std::make_shared<GpuDFlashHead>(drafter, impl_->dm, impl_->stream, cap);
+      impl_->dflash = std::make_shared<GpuDFlashHead>(drafter, impl_->dm, impl_->stream, cap,
+                                                      impl_->opt.use_graph && !impl_->prof.on);
     } catch (const Error& e) {  // no room for it (--gpu-mem): the CPU drafts, said by the caller
       why_cpu = e.what();
       return nullptr;

@@ -495,7 +495,8 @@ __global__ void attn_split_kernel(const float* q, int q_head_stride, const TK* k
   const int path_base = ts.path ? *ts.base : n_all;
   const int* path = ts.path ? ts.path + tok * ts.path_stride : nullptr;
   auto row_at = [&](int P) -> int64_t { return ring_row(P >= path_base ? path[P - path_base] : P, ring_rows); };
-  const int lo = window > 0 ? max(0, n_all - window) : 0;
+  int lo = window > 0 ? max(0, n_all - window) : 0;
+  if (ts.first) lo = min(max(lo, *ts.first), n_all - 1);
   const int n_ctx = n_all - lo;
   const int per = attention_chunk(n_ctx, S);  // <= the launch's chunk (attention_decode_split)
   const int n_act = (n_ctx + per - 1) / per;

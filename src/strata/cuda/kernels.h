@@ -92,6 +92,10 @@ struct AttnTokens {
   const int* path = nullptr;
   int path_stride = 0;
   const int* base = nullptr;
+  // attention_decode_split: the lowest position attended (device; null: 0, or the window's), read before
+  // the wait as *pos is, so written before the previous kernel started. A drafter's context that begins
+  // past position 0 changes it from call to call without a new launch shape (a graph replays it).
+  const int* first = nullptr;
 };
 
 // attention inputs: each of the n_head query heads (q, q_head_stride) in place and each of the n_kv key
