@@ -464,7 +464,7 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     for (const int32_t allowed : {V, V / 2 + 1}) {
       auto p = session();
       std::vector<int32_t> picks(static_cast<size_t>(T), -2);
-      p->forward_pending_picks(chain.data(), T, allowed, picks.data());
+      p->forward_pending_picks(chain.data(), T, nullptr, allowed, picks.data());
       for (int t = 0; t < T; ++t) {
         std::vector<float> ref(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
                                want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
@@ -555,6 +555,24 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     EXPECT_TRUE(same_bits(lc, ld)) << "next logits after keeping path " << k;
     EXPECT_TRUE(same_bits(c->deltanet_state(), d->deltanet_state())) << "state after keeping path " << k;
     EXPECT_EQ(c->routing_counts(), d->routing_counts()) << "routing counts after keeping path " << k;
+    // The tree picked on the device: each row's arg-max over the allowed ids, and keeping the path leaves
+    // the same state as the run with logits.
+    const int32_t allowed = k % 2 == 0 ? V : V / 2 + 1;
+    auto p = session();
+    std::vector<int32_t> picks(static_cast<size_t>(n2), -2);
+    p->forward_pending_picks(tree2.data(), n2, parents2.data(), allowed, picks.data());
+    for (int t = 0; t < n2; ++t) {
+      std::vector<float> ref = row(rows2, static_cast<size_t>(t));
+      ban_ids_from(ref.data(), allowed, V);
+      EXPECT_EQ(picks[static_cast<size_t>(t)], argmax_logit(ref.data(), V))
+          << "tree token " << t << ", ids < " << allowed;
+    }
+    p->keep(kept[k].data(), static_cast<int>(kept[k].size()));
+    std::vector<float> lp(vocab);
+    p->forward(&next, 1, lp.data(), false);
+    EXPECT_TRUE(same_bits(lp, ld)) << "next logits after tree picks and keeping path " << k;
+    EXPECT_TRUE(same_bits(p->deltanet_state(), d->deltanet_state())) << "state after tree picks, path " << k;
+    EXPECT_EQ(p->routing_counts(), d->routing_counts()) << "routing counts after tree picks, path " << k;
   }
   // Two roots (the second token a child of the kept tokens too: its DeltaNet state and conv window start
   // again from the state before the tree), verified after a chain in the same session (the chain's graph
@@ -922,7 +940,7 @@ TEST(CudaSpec, HybridPendingPicksEqualTheHostsArgmax) {
     a->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
     b->forward(prompt.data(), static_cast<int>(prompt.size()), scratch.data(), false);
     std::vector<int32_t> picks(static_cast<size_t>(T), -2);
-    a->forward_pending_picks(chain.data(), T, allowed, picks.data());
+    a->forward_pending_picks(chain.data(), T, nullptr, allowed, picks.data());
     std::vector<float> rows(static_cast<size_t>(T) * vocab);
     b->forward_pending(chain.data(), T, nullptr, rows.data());
     for (int t = 0; t < T; ++t) {

@@ -1462,23 +1462,30 @@ void GpuSession::Impl::abandon_pending() {
   sync();
 }
 
-void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) {
+void GpuSession::forward_pending_picks(const int32_t* tokens, int n, const int* parents, int32_t n_allowed,
+                                       int32_t* picks) {
   Impl& m = *impl_;
-  // The multi-token step and the batched prefill pick on the device; a run token by token (no batched
-  // prefill) copies its logits and picks on the host.
+  // The multi-token step (chains and trees) and the batched prefill (chains) pick on the device; a run
+  // token by token or path by path copies its logits and picks on the host.
+  bool chain = true;
+  for (int t = 0; parents && t < n; ++t) chain = chain && parents[t] == t - 1;
   const bool multi = m.multi_applies(n);
-  if (!multi && !(n > 1 && m.opt.batched_prefill)) return Sequence::forward_pending_picks(tokens, n, n_allowed, picks);
+  if (!multi && !(chain && n > 1 && m.opt.batched_prefill))
+    return Sequence::forward_pending_picks(tokens, n, parents, n_allowed, picks);
   check_pick_range(n_allowed);
-  TokenTree tree = m.begin_pending(tokens, n, nullptr);
+  TokenTree tree = m.begin_pending(tokens, n, chain ? nullptr : parents);
   try {
-    m.held.clear();
-    for (int i = 0; i < n; ++i) m.held.push_back(i);
-    if (multi) {
-      m.run_multi(tokens, n, nullptr, false, m.hidden_rows_for(n), picks, n_allowed);
+    if (!chain) {
+      m.run_multi(tokens, n, nullptr, false, m.hidden_rows_for(n), picks, n_allowed, &tree);
     } else {
-      PrefillPicks pp;
-      pp.out = picks, pp.n_allowed = n_allowed;
-      m.run(tokens, n, nullptr, true, true, &pp);
+      for (int i = 0; i < n; ++i) m.held.push_back(i);
+      if (multi) {
+        m.run_multi(tokens, n, nullptr, false, m.hidden_rows_for(n), picks, n_allowed);
+      } else {
+        PrefillPicks pp;
+        pp.out = picks, pp.n_allowed = n_allowed;
+        m.run(tokens, n, nullptr, true, true, &pp);
+      }
     }
     if (m.hidden) m.pending_hidden = m.hidden_rows;
     for (int t = 0; t < n; ++t)
@@ -1487,6 +1494,7 @@ void GpuSession::forward_pending_picks(const int32_t* tokens, int n, int32_t n_a
     m.abandon_pending();
     throw;
   }
+  m.tree_pending = !chain;
   m.pending = std::move(tree);
 }
 

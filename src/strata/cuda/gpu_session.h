@@ -97,7 +97,8 @@ class GpuSession : public Sequence {
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
   // Sequence::forward_pending_picks: the multi-token step's or the batched prefill's rows picked on the
   // device (only the picks are copied back); runs token by token pick on the host.
-  void forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) override;
+  void forward_pending_picks(const int32_t* tokens, int n, const int* parents, int32_t n_allowed,
+                             int32_t* picks) override;
   void keep(const int* path, int m) override;
   bool has_pending() const override;
   // Sequence::set_hidden_record: every kept token's rmsnorm(x) * output_norm row (the MTP drafter's

@@ -218,19 +218,24 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
     sc.children[static_cast<size_t>(parent)].push_back(t + 1);
   }
   auto t0 = std::chrono::steady_clock::now();
-  if (!tree && d.q.empty() && sampler.plain_greedy()) {
-    // Greedy: the drafts agreeing with the picks before them are kept, then the first pick that differs
-    // (or the last row's pick): what the distributions below give, without the logits.
+  if (d.q.empty() && sampler.plain_greedy()) {
+    // Greedy: from the current token down, the child equal to the node's pick is kept, and where none
+    // is, the pick is the target's own token: what the distributions below give (one-hot at the pick,
+    // the same after any other token's rejection), without the logits.
     sc.picks.resize(static_cast<size_t>(k + 1));
-    session.forward_pending_picks(sc.batch.data(), k + 1, n_text, sc.picks.data());
+    session.forward_pending_picks(sc.batch.data(), k + 1, tree ? sc.parents.data() : nullptr, n_text, sc.picks.data());
     g_spec_profile.add(kVerifyForward, t0);
     sc.path.assign(1, 0);
-    int t = 0;
-    while (t < k && sc.batch[static_cast<size_t>(t + 1)] == sc.picks[static_cast<size_t>(t)]) {
-      out.push_back(sc.batch[static_cast<size_t>(t + 1)]);
-      sc.path.push_back(++t);
+    for (int node = 0;;) {
+      const int32_t pick = sc.picks[static_cast<size_t>(node)];
+      out.push_back(pick);
+      int kept = -1;
+      for (const int c : sc.children[static_cast<size_t>(node)])
+        if (sc.batch[static_cast<size_t>(c)] == pick) kept = c;  // children are distinct tokens
+      if (kept < 0) break;
+      sc.path.push_back(kept);
+      node = kept;
     }
-    out.push_back(sc.picks[static_cast<size_t>(t)]);
     return;
   }
   sc.logits.resize(static_cast<size_t>(k + 1) * static_cast<size_t>(n_vocab));

@@ -53,14 +53,16 @@ class Sequence {
     (void)tokens, (void)n, (void)parents, (void)logits_out;
     fail("this backend cannot run pending tokens (forward_pending)");
   }
-  // forward_pending of a chain for a plain greedy verification: instead of logits, picks[t] = the arg-max
-  // of token t's logits over ids < n_allowed (argmax_logit: the lowest id among equals; fails when none
-  // is finite). This default picks on the host; a backend may pick on its device (no logits copy).
-  virtual void forward_pending_picks(const int32_t* tokens, int n, int32_t n_allowed, int32_t* picks) {
+  // forward_pending (a chain, or a tree by parents) for a plain greedy verification: instead of logits,
+  // picks[t] = the arg-max of token t's logits over ids < n_allowed (argmax_logit: the lowest id among
+  // equals; fails when none is finite). This default picks on the host; a backend may pick on its device
+  // (no logits copy).
+  virtual void forward_pending_picks(const int32_t* tokens, int n, const int* parents, int32_t n_allowed,
+                                     int32_t* picks) {
     check_pick_range(n_allowed);
     const int32_t n_vocab = static_cast<int32_t>(model().config().n_vocab);
     std::vector<float> logits(static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(n_vocab));
-    forward_pending(tokens, n, nullptr, logits.data());
+    forward_pending(tokens, n, parents, logits.data());
     for (int t = 0; t < n; ++t) {
       float* row = logits.data() + static_cast<size_t>(t) * static_cast<size_t>(n_vocab);
       ban_ids_from(row, n_allowed, n_vocab);
