@@ -313,6 +313,27 @@ TEST(DFlash, DrafterIsLossless) {
   }
 }
 
+// The bundled drafter (models/strata-tiny.dflash.gguf, trained on the model's own picks) under plain
+// greedy sampling: its trees are verified by picks and largely accepted, and the output is the plain run's.
+TEST(DFlash, TrainedDrafterTreesAreLossless) {
+  const strata::spec_test::Loaded t = strata::spec_test::load(kModel);
+  const auto model = std::shared_ptr<const DFlashModel>(DFlashModel::load(strata::dflash_path_for(kModel), *t.model));
+  const int32_t V = static_cast<int32_t>(t.model->config().n_vocab);
+  strata::spec_test::Case c;
+  c.prompt = t.tokenizer->encode("def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n");
+  c.n_new = 40;
+  c.sampling.temperature = 0;
+  c.draft_max = 3;
+  for (int k : {4, 2}) {
+    SCOPED_TRACE(k);
+    const strata::GenerationStats g = strata::spec_test::expect_lossless(
+        cpu_sequences(*t.model), *t.tokenizer, c,
+        [&]() -> std::unique_ptr<strata::Drafter> { return std::make_unique<strata::DFlashDrafter>(model, V, k, 4096); },
+        true, "trained drafter, k " + std::to_string(k));
+    EXPECT_GT(g.accepted_tokens * 4, g.drafted_tokens) << "a trained drafter's trees are mostly accepted at depth 1";
+  }
+}
+
 // The drafter's context after a generation (taps added step by step as tokens are kept) drafts what a
 // context built at once from a plain run's taps drafts.
 TEST(DFlash, ContextFollowsTheKeptTokens) {

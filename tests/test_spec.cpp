@@ -398,6 +398,40 @@ TEST(SpecLossless, BundledModel) {
   spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, draft, penalties");
 }
 
+// Plain greedy sampling (no bias, no penalty) verifies by picks (Sequence::forward_pending_picks, the
+// arg-max of every pending row) and walks chains and trees alike: scripted chains and trees rejected at
+// every depth, the kept path found among siblings, give what generation without a drafter gives.
+TEST(SpecLossless, PlainGreedyVerifiesByPicks) {
+  const Loaded tiny = load(std::string(STRATA_SOURCE_DIR) + "/models/strata-tiny.gguf");
+  const int32_t V = static_cast<int32_t>(tiny.model->config().n_vocab);
+  spec_test::Case c;
+  c.prompt = tiny.tokenizer->encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return");
+  c.n_new = 48;
+  c.sampling.temperature = 0;
+  ASSERT_TRUE(Sampler(c.sampling).plain_greedy());
+  const auto make = cpu_sequences(*tiny.model);
+  const spec_test::Outcome plain = spec_test::generate_case(make, *tiny.tokenizer, c, nullptr);
+  ASSERT_GE(plain.result.tokens.size(), 16u) << "the reference run stopped too early to verify anything";
+  const std::vector<int32_t> ref = plain.result.tokens;
+  const size_t n_prompt = c.prompt.size();
+  for (int every : {2, 3}) {
+    const std::string what = "chain, wrong every " + std::to_string(every);
+    expect_accepts_and_rejects(
+        spec_test::expect_lossless(
+            make, *tiny.tokenizer, c,
+            [&] { return std::make_unique<spec_test::ScriptDrafter>(n_prompt, ref, every, V); }, true, what),
+        what);
+  }
+  for (int every : {3, 4}) {
+    const std::string what = "tree, no right token every " + std::to_string(every);
+    expect_accepts_and_rejects(
+        spec_test::expect_lossless(
+            make, *tiny.tokenizer, c,
+            [&] { return std::make_unique<spec_test::TreeScriptDrafter>(n_prompt, ref, 3, every, V); }, true, what),
+        what);
+  }
+}
+
 void check_fixture(const std::string& name, const std::string& other_name) {
   const Loaded target = load(convert_fixture(name));
   const Loaded other = load(convert_fixture(other_name));
