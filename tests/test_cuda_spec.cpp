@@ -793,14 +793,17 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
       const size_t rows = static_cast<size_t>(shape.block - 1), vocab = static_cast<size_t>(V);
       std::vector<float> lc(rows * vocab), lg(rows * vocab);
       const int32_t allowed = V - 7;
-      auto compare = [&](int32_t anchor, const char* what) {
+      auto compare = [&](int32_t anchor, const char* what, bool logits_first = false) {
         ASSERT_EQ(gpu->begin(), cpu.begin()) << what;
         ASSERT_EQ(gpu->end(), cpu.end()) << what;
         // First the draft as the drafter takes it (the context rows added since the last draft run with
-        // it, one graph replay), then the logits of the same block, which the candidates must match.
+        // it, one graph replay), then the logits of the same block, which the candidates must match; or
+        // the logits first (the pending rows run by their direct launches).
         std::vector<PositionCandidates> drafted;
-        gpu->candidates(anchor, static_cast<int>(rows), 3, allowed, drafted);
-        ASSERT_EQ(drafted.size(), rows);
+        if (!logits_first) {
+          gpu->candidates(anchor, static_cast<int>(rows), 3, allowed, drafted);
+          ASSERT_EQ(drafted.size(), rows);
+        }
         cpu.logits(anchor, lc.data());
         gpu->logits(anchor, lg.data());
         const double worst = max_row_rel_err(lg, lc, vocab);  // the largest over the block's rows
@@ -819,7 +822,7 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
             EXPECT_EQ(got[j].tokens, want.tokens) << what << ", position " << j + 1 << ", k " << k;
             ASSERT_EQ(got[j].probs.size(), want.probs.size());
             for (size_t i = 0; i < want.probs.size(); ++i) EXPECT_NEAR(got[j].probs[i], want.probs[i], 1e-6f);
-            if (k == 3) {
+            if (k == 3 && !logits_first) {
               EXPECT_EQ(drafted[j].tokens, want.tokens) << what << ", position " << j + 1 << ", drafted first";
               EXPECT_EQ(drafted[j].probs, got[j].probs) << what << ", position " << j + 1 << ", drafted first";
             }
@@ -837,8 +840,10 @@ TEST(CudaSpec, GpuDFlashHeadMatchesTheCpus) {
         cpu.add_context(rec->row(at), r);
         gpu->add_context(rec->row(at), r);
         at += r;
-        compare(prompt[static_cast<size_t>(step)], ("decode step " + std::to_string(step)).c_str());
+        compare(prompt[static_cast<size_t>(step)], ("decode step " + std::to_string(step)).c_str(), step % 3 == 2);
       }
+      cpu.add_context(rec->row(0), 3);  // rows pending on the GPU when the restart drops them
+      gpu->add_context(rec->row(0), 3);
       cpu.restart(100);
       gpu->restart(100);
       cpu.add_context(rec->row(3), 9);
@@ -919,7 +924,8 @@ TEST(CudaSpec, DraftModelRunsWhereTheTargetRuns) {
 
 // A hybrid session's pending chain runs through the batched prefill: forward_pending_picks picks there on
 // the device what the host picks from forward_pending's logits of the same run (a twin session), over all
-// ids and a prefix, and keeping a prefix afterwards goes on as the twin does.
+// ids and a prefix, and keeping a prefix afterwards goes on as the twin does; a tree's picks (on the host,
+// its paths run one by one) as well.
 TEST(CudaSpec, HybridPendingPicksEqualTheHostsArgmax) {
   REQUIRE_GPU();
   const Loaded tiny = load(kTiny);
@@ -955,6 +961,26 @@ TEST(CudaSpec, HybridPendingPicksEqualTheHostsArgmax) {
     a->forward(&next, 1, la.data(), false);
     b->forward(&next, 1, lb.data(), false);
     EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), vocab * sizeof(float))) << "after keeping 3, ids < " << allowed;
+    // A tree runs path by path there and picks on the host: the same picks as the twin's logits, and
+    // keeping the second branch goes on as the twin does.
+    const std::vector<int> parents = {-1, 0, 0, 2};
+    const std::vector<int32_t> tree = {5, 71, 300, 9};
+    std::vector<int32_t> tpicks(4, -2);
+    a->forward_pending_picks(tree.data(), 4, parents.data(), allowed, tpicks.data());
+    std::vector<float> trows(4 * vocab);
+    b->forward_pending(tree.data(), 4, parents.data(), trows.data());
+    for (int t = 0; t < 4; ++t) {
+      float* row = trows.data() + static_cast<size_t>(t) * vocab;
+      ban_ids_from(row, allowed, V);
+      EXPECT_EQ(tpicks[static_cast<size_t>(t)], argmax_logit(row, V)) << "tree token " << t << ", ids < " << allowed;
+    }
+    const int path[3] = {0, 2, 3};
+    a->keep(path, 3);
+    b->keep(path, 3);
+    a->forward(&next, 1, la.data(), false);
+    b->forward(&next, 1, lb.data(), false);
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), vocab * sizeof(float)))
+        << "after keeping a branch, ids < " << allowed;
   }
 }
 

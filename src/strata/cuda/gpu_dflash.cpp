@@ -133,8 +133,7 @@ GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cu
 GpuDFlashHead::~GpuDFlashHead() { release(); }
 
 void GpuDFlashHead::release() {
-  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
-  graphs_.clear();
+  destroy_graphs();
   for (void* p : allocs_) device_free(p);
   allocs_.clear();
   for (unsigned char** p : {&in_host_, &out_host_}) {
@@ -200,9 +199,25 @@ void GpuDFlashHead::enqueue_context(int n) {
 }
 
 void GpuDFlashHead::flush_context() {
-  enqueue_context(pending_);
+  guarded([&] {
+    enqueue_context(pending_);
+    check_cuda(cudaStreamSynchronize(stream_), "DFlash context");  // the staging area is reused
+  });
   pending_ = 0;
-  check_cuda(cudaStreamSynchronize(stream_), "DFlash context");  // the staging area is reused
+}
+
+template <class F>
+void GpuDFlashHead::guarded(F work) {
+  try {
+    work();
+  } catch (...) {
+    // Nothing may still read the staging area when the caller writes it again, and rows that may not
+    // have run are not context: the head goes on from here with none (acceptance is all that costs).
+    cudaStreamSynchronize(stream_);
+    pending_ = 0;
+    restart(end());
+    throw;
+  }
 }
 
 void GpuDFlashHead::stage_block(int32_t anchor) {
@@ -258,18 +273,29 @@ void GpuDFlashHead::enqueue_block() {
   gemv_batch(&head, 1, stream_, nullptr, nullptr, nullptr, nullptr, B - 1);
 }
 
+GpuDFlashHead::Candidates GpuDFlashHead::candidates_at(unsigned char* base) const {
+  Candidates c;
+  const size_t per = static_cast<size_t>(c_.block - 1) * kRowTopkMax;
+  c.ids = reinterpret_cast<int*>(base);
+  c.probs = reinterpret_cast<float*>(c.ids + per);
+  c.count = reinterpret_cast<int*>(c.probs + per);
+  return c;
+}
+
+void GpuDFlashHead::destroy_graphs() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+}
+
 template <class F>
-void GpuDFlashHead::run(const std::array<int, 4>& key, F enqueue) {
+void GpuDFlashHead::run(const std::array<int, 3>& key, F enqueue) {
   if (!use_graph_) {
     enqueue();
     return;
   }
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (graphs_.size() >= 64) {  // shapes seldom seen: start over rather than grow
-      for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
-      graphs_.clear();
-    }
+    if (graphs_.size() >= 64) destroy_graphs();  // shapes seldom seen: start over rather than grow
     it = graphs_.emplace(key, capture_graph(stream_, enqueue)).first;
   }
   check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch(DFlash)");
@@ -277,12 +303,14 @@ void GpuDFlashHead::run(const std::array<int, 4>& key, F enqueue) {
 
 void GpuDFlashHead::logits(int32_t anchor, float* out) {
   stage_block(anchor);
-  enqueue_context(pending_);
+  guarded([&] {
+    enqueue_context(pending_);
+    enqueue_block();
+    const size_t n = static_cast<size_t>(c_.block - 1) * static_cast<size_t>(c_.n_vocab);
+    check_cuda(cudaMemcpyAsync(out, logits_dev_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "DFlash logits");
+    check_cuda(cudaStreamSynchronize(stream_), "DFlash logits");
+  });
   pending_ = 0;
-  enqueue_block();
-  const size_t n = static_cast<size_t>(c_.block - 1) * static_cast<size_t>(c_.n_vocab);
-  check_cuda(cudaMemcpyAsync(out, logits_dev_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "DFlash logits");
-  check_cuda(cudaStreamSynchronize(stream_), "DFlash logits");
 }
 
 void GpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allowed,
@@ -297,21 +325,24 @@ void GpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allow
     return;
   }
   stage_block(anchor);
-  const int n = pending_;
-  int* ids = reinterpret_cast<int*>(out_dev_);
-  float* probs = reinterpret_cast<float*>(ids + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
-  int* count = reinterpret_cast<int*>(probs + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
-  run({n, depth, k, n_allowed}, [&] {
-    enqueue_context(n);
-    enqueue_block();
-    row_topk(logits_dev_, depth, c_.n_vocab, n_allowed, k, ids, probs, count, stream_);
-    check_cuda(cudaMemcpyAsync(out_host_, out_dev_, out_bytes_, cudaMemcpyDeviceToHost, stream_), "DFlash candidates");
+  // Every block position's top k, whatever the depth asked (one graph serves every depth).
+  const int n = pending_, rows = c_.block - 1;
+  const Candidates dev = candidates_at(out_dev_);
+  guarded([&] {
+    run({n, k, n_allowed}, [&] {
+      enqueue_context(n);
+      enqueue_block();
+      row_topk(logits_dev_, rows, c_.n_vocab, n_allowed, k, dev.ids, dev.probs, dev.count, stream_);
+      check_cuda(cudaMemcpyAsync(out_host_, out_dev_, out_bytes_, cudaMemcpyDeviceToHost, stream_),
+                 "DFlash candidates");
+    });
+    check_cuda(cudaStreamSynchronize(stream_), "DFlash candidates");
   });
   pending_ = 0;
-  check_cuda(cudaStreamSynchronize(stream_), "DFlash candidates");
-  const int* ids_h = reinterpret_cast<const int*>(out_host_);
-  const float* probs_h = reinterpret_cast<const float*>(ids_h + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
-  const int* count_h = reinterpret_cast<const int*>(probs_h + static_cast<size_t>(c_.block - 1) * kRowTopkMax);
+  const Candidates host = candidates_at(out_host_);
+  const int* ids_h = host.ids;
+  const float* probs_h = host.probs;
+  const int* count_h = host.count;
   for (int j = 0; j < depth; ++j) {
     const int c = count_h[j];
     if (c <= 0) fail_no_finite_logit();

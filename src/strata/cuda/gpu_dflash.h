@@ -30,7 +30,7 @@ class GpuDFlashHead final : public DFlashHead {
   // block after them). The target's device model and stream must outlive the head: a GpuSession owns it
   // (GpuSession::make_dflash_head). Fails naming what does not fit (gpu_dflash_unsupported). With
   // use_graph a draft (the context rows added since the last one, the block, the top-k and the copy back)
-  // is one graph replay per shape.
+  // is one graph replay per (pending rows, k, allowed ids).
   GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx, bool use_graph);
   ~GpuDFlashHead() override;
   GpuDFlashHead(const GpuDFlashHead&) = delete;
@@ -68,11 +68,22 @@ class GpuDFlashHead final : public DFlashHead {
   void enqueue_context(int n);
   // Enqueues the block's forward after the context; its logits land in logits_dev_.
   void enqueue_block();
-  // The pending context rows' forward, now (their staging is full, or logits are asked for).
+  // The pending context rows' forward, now (their staging area is full).
   void flush_context();
+  // work(); when it throws, waits for the stream and drops the context (pending rows included) first.
+  template <class F>
+  void guarded(F work);
   // enqueue() as a graph kept under key (captured on first use), or launched directly without graphs.
   template <class F>
-  void run(const std::array<int, 4>& key, F enqueue);
+  void run(const std::array<int, 3>& key, F enqueue);
+  void destroy_graphs();
+  // The candidates' arrays in an out_bytes_ buffer (device or pinned host).
+  struct Candidates {
+    int* ids;
+    float* probs;
+    int* count;
+  };
+  Candidates candidates_at(unsigned char* base) const;
 
   const DFlashConfig c_;
   const DeviceModel& target_;
@@ -100,7 +111,7 @@ class GpuDFlashHead final : public DFlashHead {
   size_t out_bytes_ = 0;
   unsigned char* out_dev_ = nullptr;
   unsigned char* out_host_ = nullptr;                     // pinned
-  std::map<std::array<int, 4>, cudaGraphExec_t> graphs_;  // by (pending rows, depth, k, n_allowed)
+  std::map<std::array<int, 3>, cudaGraphExec_t> graphs_;  // by (pending rows, k, n_allowed)
   std::vector<float> logits_host_;
 };
 

@@ -905,7 +905,7 @@ struct GpuSession::Impl {
   }
 
   // The device rows a run of n tokens copies its hidden rows into (final states or layer taps; null
-  // without a hidden record).
+  // without a hidden record). The multi-token step reads layer taps back from d_taps itself.
   float* hidden_rows_for(int n) {
     return hidden ? hidden_buf.reserve(static_cast<size_t>(n), hidden_width(), "hidden rows") : nullptr;
   }
@@ -1467,8 +1467,7 @@ void GpuSession::forward_pending_picks(const int32_t* tokens, int n, const int* 
   Impl& m = *impl_;
   // The multi-token step (chains and trees) and the batched prefill (chains) pick on the device; a run
   // token by token or path by path copies its logits and picks on the host.
-  bool chain = true;
-  for (int t = 0; parents && t < n; ++t) chain = chain && parents[t] == t - 1;
+  const bool chain = parents == nullptr || TokenTree::from_parents(parents, n).is_chain();
   const bool multi = m.multi_applies(n);
   if (!multi && !(chain && n > 1 && m.opt.batched_prefill))
     return Sequence::forward_pending_picks(tokens, n, parents, n_allowed, picks);

@@ -95,8 +95,9 @@ class GpuSession : public Sequence {
   // decode steps. Hybrid sessions, replayed routing and longer runs go through the batched prefill (or
   // token by token) as before.
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
-  // Sequence::forward_pending_picks: the multi-token step's or the batched prefill's rows picked on the
-  // device (only the picks are copied back); runs token by token pick on the host.
+  // Sequence::forward_pending_picks: the multi-token step's rows (a chain or a tree) or a chain's batched
+  // prefill rows picked on the device (only the picks are copied back); runs token by token or path by
+  // path pick on the host.
   void forward_pending_picks(const int32_t* tokens, int n, const int* parents, int32_t n_allowed,
                              int32_t* picks) override;
   void keep(const int* path, int m) override;

@@ -163,7 +163,7 @@ struct SpecScratch {
   std::vector<int> parents;                // batch order: -1 for the current token
   std::vector<std::vector<int>> children;  // batch index -> its children's batch indices, in draft order
   std::vector<int> path;                   // batch indices of the current token and the accepted drafts
-  std::vector<int32_t> picks;              // a greedy chain's arg-max per batch row
+  std::vector<int32_t> picks;              // a greedy verification's arg-max per batch row
   std::vector<float> logits;
   TokenDistribution p, residual;
 };
@@ -203,7 +203,7 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
   const Draft& d = sc.draft;
   const int k = static_cast<int>(d.tokens.size());
   // A tree in which each token's parent is the token before it (a block drafter's tree of one candidate
-  // per position) is a chain: verified as one, greedy picks then staying on the device.
+  // per position) is a chain: verified as one (a backend's chain path, e.g. the batched prefill).
   bool tree = false;
   for (size_t t = 0; t < d.parents.size(); ++t) tree = tree || d.parents[t] != static_cast<int>(t) - 1;
   const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);

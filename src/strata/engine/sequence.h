@@ -63,10 +63,15 @@ class Sequence {
     const int32_t n_vocab = static_cast<int32_t>(model().config().n_vocab);
     std::vector<float> logits(static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(n_vocab));
     forward_pending(tokens, n, parents, logits.data());
-    for (int t = 0; t < n; ++t) {
-      float* row = logits.data() + static_cast<size_t>(t) * static_cast<size_t>(n_vocab);
-      ban_ids_from(row, n_allowed, n_vocab);
-      picks[t] = argmax_logit(row, n_vocab);
+    try {
+      for (int t = 0; t < n; ++t) {
+        float* row = logits.data() + static_cast<size_t>(t) * static_cast<size_t>(n_vocab);
+        ban_ids_from(row, n_allowed, n_vocab);
+        picks[t] = argmax_logit(row, n_vocab);
+      }
+    } catch (...) {  // no finite logit: nothing stays pending, as when a backend picks on its device
+      keep(nullptr, 0);
+      throw;
     }
   }
   // Keeps the root path path[0..m) of the pending tokens (path[0] a root, each entry a child of the one
