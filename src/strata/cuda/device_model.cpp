@@ -72,10 +72,14 @@ DevMatrix DeviceModel::upload(const ExpertStack& s, const char* what, int layer,
   return d;
 }
 
-const float* DeviceModel::upload(const std::vector<float>& v) {
+const float* upload_floats(const std::vector<float>& v, const std::function<void*(size_t)>& alloc) {
   float* dst = static_cast<float*>(alloc(v.size() * sizeof(float)));
   check_cuda(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "upload vector");
   return dst;
+}
+
+const float* DeviceModel::upload(const std::vector<float>& v) {
+  return upload_floats(v, [this](size_t n) { return alloc(n); });
 }
 
 std::vector<int> validate_expert_slots(const Model& model, const std::vector<std::vector<int>>& expert_slots) {

@@ -117,6 +117,8 @@ class DeviceModel {
 // w's rows packed into device memory that alloc(bytes) returns; fails (strata::Error) on a type the CUDA
 // kernels do not support, naming the tensor.
 DevMatrix upload_matrix(const WeightMatrix& w, const std::string& name, const std::function<void*(size_t)>& alloc);
+// v copied into device memory that alloc(bytes) returns.
+const float* upload_floats(const std::vector<float>& v, const std::function<void*(size_t)>& alloc);
 
 // Checks a slot map against the model (one row per layer, one entry per expert, hot slots numbered
 // 0..n_hot-1 in ascending expert id, everything else -1); fails naming the layer and expert.

@@ -53,9 +53,7 @@ T* GpuDFlashHead::alloc(size_t n, const char* what) {
 }
 
 const float* GpuDFlashHead::upload(const std::vector<float>& v) {
-  float* p = alloc<float>(v.size(), "vectors");
-  check_cuda(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "upload DFlash vector");
-  return p;
+  return upload_floats(v, [this](size_t n) { return static_cast<void*>(alloc<uint8_t>(n, "vectors")); });
 }
 
 GpuDFlashHead::GpuDFlashHead(const DFlashModel& m, const DeviceModel& target, cudaStream_t stream, int max_ctx,

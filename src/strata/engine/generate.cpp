@@ -202,10 +202,9 @@ void verify_drafts(Sequence& session, Sampler& sampler, int32_t current, SpecScr
                    std::vector<int32_t>& history, std::vector<int32_t>& out) {
   const Draft& d = sc.draft;
   const int k = static_cast<int>(d.tokens.size());
-  // A tree in which each token's parent is the token before it (a block drafter's tree of one candidate
-  // per position) is a chain: verified as one (a backend's chain path, e.g. the batched prefill).
-  bool tree = false;
-  for (size_t t = 0; t < d.parents.size(); ++t) tree = tree || d.parents[t] != static_cast<int>(t) - 1;
+  // A backend verifies a tree in which each token's parent is the token before it (a block drafter's tree
+  // of one candidate per position) as a chain (TokenTree::is_chain).
+  const bool tree = !d.parents.empty();
   const int32_t n_vocab = static_cast<int32_t>(session.model().config().n_vocab);
   sc.batch.assign(1, current);
   sc.batch.insert(sc.batch.end(), d.tokens.begin(), d.tokens.end());
