@@ -150,13 +150,15 @@ void setup_serve(CLI::App& sub) {
           *drafters = std::make_unique<strata::DrafterFactory>(
               spec_choice, *spec, target,
               draft_gpu ? strata::cli::draft_sequence_maker(*backend, slots) : strata::DraftSequenceMaker{});
-          std::fprintf(stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
-                       spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
-                       : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
-                       : spec_choice.kind == strata::SpecKind::DFlash
-                           ? ("DFlash drafter " + strata::dflash_file(spec_choice, target) + " (cpu)").c_str()
-                           : ("draft model " + spec_choice.draft_path + (draft_gpu ? " (cuda)" : " (cpu)")).c_str(),
-                       spec_choice.params.draft_max);
+          std::fprintf(
+              stderr, "strata serve: speculative decoding with %s, up to %d drafts per step\n",
+              spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
+              : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
+              : spec_choice.kind == strata::SpecKind::DFlash
+                  ? ("DFlash drafter " + strata::dflash_file(spec_choice, target) + " (cpu)").c_str()
+                  : ("draft model " + strata::draft_file(spec_choice, target) + (draft_gpu ? " (cuda)" : " (cpu)"))
+                        .c_str(),
+              spec_choice.params.draft_max);
         }
         strata::SamplerParams greedy;
         greedy.temperature = 0;

@@ -1,6 +1,7 @@
-// Speculative decoding on the command line (run, chat, bench): --spec ngram|draft|draft:FILE,
-// -md/--model-draft FILE (llama.cpp's spelling; implies --spec draft), --draft-max/--draft N,
-// --draft-min N, --spec-ngram-min/--spec-ngram-max N. Checked by strata::check_spec_options.
+// Speculative decoding on the command line (run, chat, bench): --spec ngram|mtp|draft|draft:FILE|dflash|dflash:FILE
+// (draft alone: -md FILE, else MODEL.draft.gguf), -md/--model-draft FILE (llama.cpp's spelling; implies --spec
+// draft), --draft-max/--draft N, --draft-min N, --draft-p-min P, --spec-ngram-min/--spec-ngram-max N. Checked by
+// strata::check_spec_options.
 #pragma once
 
 #include <memory>

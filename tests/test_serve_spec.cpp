@@ -152,9 +152,9 @@ TEST_F(ServeSpec, BadSwitchIsRefused) {
 TEST(ServeSpecCli, BadOptionsAreRefusedAtStart) {
   ASSERT_TRUE(file_exists(kModel));
   int code = 0;
-  const std::string r = run_capture(std::string(STRATA_CLI) + " serve --port 0 --spec draft", code);
+  const std::string r = run_capture(std::string(STRATA_CLI) + " serve --port 0 --spec draft:", code);
   EXPECT_NE(code, 0);
-  EXPECT_NE(r.find("--spec draft needs the draft model"), std::string::npos) << r;
+  EXPECT_NE(r.find("--spec draft:FILE needs a file name"), std::string::npos) << r;
   const std::string m = run_capture(std::string(STRATA_CLI) + " serve --port 0 --spec ngram --draft-max 0", code);
   EXPECT_NE(code, 0);
   EXPECT_NE(m.find("--draft-max"), std::string::npos) << m;

@@ -5,10 +5,8 @@
 // count, end token, stop strings, context, cancellation) cut a verified step exactly where plain
 // decoding would stop.
 #include <gtest/gtest.h>
-
-#include <unistd.h>
-
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,23 +17,24 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cli_runner.h"
 #include "spec_lossless.h"
 #include "strata/base/error.h"
-#include "strata/cpu/ops.h"
 #include "strata/convert/converter.h"
+#include "strata/cpu/ops.h"
+#include "strata/engine/blocks.h"
 #include "strata/engine/generate.h"
 #include "strata/engine/model.h"
+#include "strata/engine/mtp.h"
 #include "strata/engine/session.h"
 #include "strata/gguf/gguf.h"
 #include "strata/gguf/writer.h"
 #include "strata/quant/fp16.h"
 #include "strata/sample/speculative.h"
-#include "strata/engine/blocks.h"
-#include "strata/engine/mtp.h"
 #include "strata/spec/draft_model.h"
 #include "strata/spec/mtp_drafter.h"
 #include "strata/spec/ngram_drafter.h"
@@ -88,10 +87,10 @@ spec_test::MakeSequence cpu_sequences(const Model& m) {
 }
 
 // A draft model drafting as make_drafter sets it up for a target sampling with `target`.
-spec_test::MakeDrafter draft_model(const Model& draft, int ctx, const SamplerParams& target) {
-  return [&draft, ctx, target]() -> std::unique_ptr<Drafter> {
+spec_test::MakeDrafter draft_model(const Model& draft, int ctx, const SamplerParams& target, float p_min = 0.0f) {
+  return [&draft, ctx, target, p_min]() -> std::unique_ptr<Drafter> {
     return std::make_unique<DraftModelDrafter>(std::make_unique<Session>(draft, ctx), draft_sampling(target),
-                                               static_cast<int32_t>(draft.config().n_vocab));
+                                               static_cast<int32_t>(draft.config().n_vocab), nullptr, p_min);
   };
 }
 
@@ -312,8 +311,24 @@ TEST(SpecOptions, CheckedInOnePlace) {
   EXPECT_THROW(check_spec_options(o), Error);  // two draft models
   o.draft_model.clear();
   EXPECT_EQ(check_spec_options(o).draft_path, "e.gguf");
-  o.spec = "draft";
-  EXPECT_THROW(check_spec_options(o), Error);  // no draft model
+  o.spec = "draft";  // no file: the model's own (draft_path_for), found when the drafter is made
+  EXPECT_EQ(check_spec_options(o).kind, SpecKind::DraftModel);
+  EXPECT_EQ(check_spec_options(o).draft_path, "");
+  EXPECT_EQ(check_spec_options(o).draft_p_min, kDraftPMinDefault);
+  o.draft_p_min = 0.5f;
+  EXPECT_EQ(check_spec_options(o).draft_p_min, 0.5f);
+  for (const float bad : {1.5f, -0.3f, std::nanf("")}) {
+    o.draft_p_min = bad;
+    EXPECT_THROW(check_spec_options(o), Error) << bad;
+  }
+  o.draft_p_min = 0.5f;
+  o.spec = "mtp";  // --draft-p-min stops a draft model only
+  EXPECT_THROW(check_spec_options(o), Error);
+  o.draft_p_min = SpecOptions::kDraftPMinUnset;
+  o.spec = "draft:";
+  EXPECT_THROW(check_spec_options(o), Error);  // no file name
+  EXPECT_EQ(draft_path_for("m/x.gguf"), "m/x.draft.gguf");
+  EXPECT_EQ(dflash_path_for("m/x.gguf"), "m/x.dflash.gguf");
   o.spec = "ngram";
   EXPECT_EQ(check_spec_options(o).params.draft_max, 16);  // not given: the drafter's default
   o.spec = "mtp";
@@ -344,6 +359,49 @@ TEST(SpecOptions, CheckedInOnePlace) {
     ADD_FAILURE() << "an unknown drafter was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ngram"), std::string::npos) << e.what();
+  }
+}
+
+// `--spec draft` without a file drafts with the model's own draft model next to it (MODEL.draft.gguf);
+// a model without one is refused naming the file looked for.
+TEST(DraftModel, TheModelsOwnIsFoundNextToIt) {
+  SpecOptions o;
+  o.spec = "draft";
+  const SpecChoice c = check_spec_options(o);
+  const std::string target_path = tmp_file("spec_own_target.gguf").string();
+  fs::copy_file(convert_fixture("qwen3_5_moe"), target_path, fs::copy_options::overwrite_existing);
+  spec_test::perturbed_copy(target_path, draft_path_for(target_path), 0.05);
+  const Loaded target = load(target_path);
+  const DrafterFactory f(c, o, *target.model);
+  ASSERT_NE(f.draft_model(), nullptr);
+  EXPECT_EQ(f.draft_model()->file().path(), draft_path_for(target_path));
+  EXPECT_EQ(draft_file(c, *target.model), draft_path_for(target_path));
+  // --draft-min positions are drafted whatever --draft-p-min says (a proposal's length must not depend
+  // on sampled draws, and a shorter one would be dropped): at a minimum of 1, only those.
+  SpecOptions sure = o;
+  sure.draft_p_min = 1.0f;
+  sure.draft_max = 3;
+  const std::vector<int32_t> history = pattern_prompt();
+  for (const int min_tokens : {0, 2}) {
+    sure.draft_min = min_tokens;
+    for (const float temp : {0.0f, 1.0f}) {
+      SamplerParams sp;
+      sp.temperature = temp;
+      sp.seed = 5;
+      const std::unique_ptr<Drafter> d = DrafterFactory(check_spec_options(sure), sure, *target.model)
+                                             .make(64, sp, static_cast<int32_t>(target.model->config().n_vocab));
+      Draft out;
+      d->propose(history, 3, out);
+      EXPECT_EQ(out.tokens.size(), static_cast<size_t>(min_tokens)) << "temperature " << temp;
+      EXPECT_EQ(out.q.size(), temp > 0 ? static_cast<size_t>(min_tokens) : 0u);
+    }
+  }
+  const Loaded qwen = load(convert_fixture("qwen3_5_moe"));
+  try {
+    const DrafterFactory g(c, o, *qwen.model);
+    ADD_FAILURE() << "a model without a draft model next to it drafted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(draft_path_for(qwen.path)), std::string::npos) << e.what();
   }
 }
 
@@ -388,9 +446,17 @@ TEST(SpecLossless, BundledModel) {
   const GenerationStats self = spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*tiny.model, ctx, c.sampling), true, "tiny, self draft");
   EXPECT_EQ(self.accepted_tokens, self.drafted_tokens) << "the model as its own draft agrees with itself";
   EXPECT_GT(self.tokens_per_spec_step(), 4.0);
-  expect_accepts_and_rejects(
-      spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, perturbed draft"),
-      "tiny, perturbed draft");
+  const GenerationStats all = spec_test::expect_lossless(
+      make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling), true, "tiny, perturbed draft");
+  expect_accepts_and_rejects(all, "tiny, perturbed draft");
+  // --draft-p-min: lossless, and drafting only where the draft is sure (fewer drafts, more of them
+  // accepted).
+  const GenerationStats sure =
+      spec_test::expect_lossless(make, *tiny.tokenizer, c, draft_model(*other.model, ctx, c.sampling, 0.75f), true,
+                                 "tiny, perturbed draft, p-min");
+  EXPECT_LT(sure.drafted_tokens, all.drafted_tokens);
+  EXPECT_GT(sure.accepted_tokens * all.drafted_tokens, all.accepted_tokens * sure.drafted_tokens)
+      << "a larger share of the surer drafts is accepted";
   // Penalties depend on the history: each verified position must see the accepted drafts before it.
   c.sampling.frequency_penalty = 0.4f;
   c.sampling.repetition_penalty = 1.1f;
@@ -866,6 +932,12 @@ TEST(SpecSampled, FirstTokensKeepTheirDistribution) {
   DraftModelDrafter sampled_draft(std::make_unique<Session>(*other.model, ctx), draft_sampling(sp), V);
   chi2(histogram(&sampled_draft, &other_stats), "a perturbed model's sampled drafts");
   expect_accepts_and_rejects(other_stats, "sampled drafts");
+  // --draft-p-min ends proposals by the draft's confidence, decided before each draw: still exact.
+  GenerationStats sure_stats;
+  DraftModelDrafter sure_draft(std::make_unique<Session>(*other.model, ctx), draft_sampling(sp), V, nullptr, 0.7f);
+  chi2(histogram(&sure_draft, &sure_stats), "sampled drafts with a minimum probability");
+  expect_accepts_and_rejects(sure_stats, "sampled drafts with a minimum probability");
+  EXPECT_LT(sure_stats.drafted_tokens, other_stats.drafted_tokens) << "the minimum shortens some proposals";
   // Deterministic drafts: the most likely sequence, accepted with probability p at each position.
   std::vector<int32_t> likely;
   double best = 0;
@@ -915,6 +987,41 @@ TEST(SpecSampled, FirstTokensKeepTheirDistribution) {
   BothChildren both(prompt.size(), exact);
   chi2(histogram(&both, &tree_stats), "token-tree drafts");
   expect_accepts_and_rejects(tree_stats, "token-tree drafts");
+}
+
+// With sampling, --draft-p-min looks at the distribution a draft is drawn from, never at the token
+// drawn: whether a position is drafted cannot depend on the draw (else the drafted tokens would not be
+// distributed as q, and verification against q would not be exact). Between a top-2 distribution's two
+// probabilities, every seed drafts, and both tokens turn up.
+TEST(DraftModel, MinimumProbabilityIsDecidedBeforeTheDraw) {
+  const Loaded target = load(convert_fixture("qwen3_5_moe"));
+  const int32_t V = static_cast<int32_t>(target.model->config().n_vocab);
+  SamplerParams sp = greedy_no_end(*target.tokenizer, V);
+  sp.temperature = 1.0f;
+  sp.top_k = 2;
+  const std::vector<int32_t> prompt = pattern_prompt();
+  const int ctx = static_cast<int>(prompt.size()) + 4;
+  Session s(*target.model, ctx);
+  std::vector<float> logits(static_cast<size_t>(V));
+  s.forward(prompt.data(), static_cast<int>(prompt.size()), logits.data(), false);
+  Sampler sampler(draft_sampling(sp));
+  TokenDistribution q;
+  sampler.distribution(logits.data(), V, {}, q);
+  ASSERT_EQ(q.ids.size(), 2u);
+  const double lo = std::min(q.weights[0], q.weights[1]) / q.total, hi = std::max(q.weights[0], q.weights[1]) / q.total;
+  ASSERT_GT(lo, 0.02) << "the test needs both tokens drawn now and then";
+  const float p_min = static_cast<float>((lo + hi) / 2);
+  std::set<int32_t> drawn;
+  for (int seed = 0; seed < 200; ++seed) {
+    SamplerParams d = sp;
+    d.seed = static_cast<uint64_t>(seed);
+    DraftModelDrafter drafter(std::make_unique<Session>(*target.model, ctx), draft_sampling(d), V, nullptr, p_min);
+    Draft out;
+    drafter.propose(prompt, 1, out);
+    ASSERT_EQ(out.tokens.size(), 1u) << "seed " << seed;
+    drawn.insert(out.tokens[0]);
+  }
+  EXPECT_EQ(drawn.size(), 2u);
 }
 
 // ---- a verified step stops where plain decoding stops ------------------------------------------
@@ -1106,9 +1213,14 @@ TEST(SpecCli, RunAndBenchSpeculateWithoutChangingTheOutput) {
   const auto spec =
       testing_cli::expect_spec_run_lossless(prompt + " --temp 0 -n 24 -t 1", "--spec ngram --draft-max 4");
   EXPECT_NE(spec.err.find("spec ngram:"), std::string::npos) << spec.err;
-  const auto bad = testing_cli::run_cli("run x --spec draft");
+  const auto bad = testing_cli::run_cli("run x --spec draft:");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("--spec draft needs the draft model"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--spec draft:FILE needs a file name"), std::string::npos) << bad.err;
+  // Without -md, the model's own draft model next to it: the bundled model has none.
+  const auto own = testing_cli::run_cli("run x --spec draft");
+  EXPECT_NE(own.exit_code, 0);
+  EXPECT_NE(own.err.find("no draft model next to the model"), std::string::npos) << own.err;
+  EXPECT_NE(own.err.find("strata-tiny.draft.gguf"), std::string::npos) << own.err;
   const auto bench = testing_cli::run_cli("bench --spec ngram -n 8 -r 1 -t 1 --draft-max 3");
   ASSERT_EQ(bench.exit_code, 0) << bench.err;
   EXPECT_NE(bench.out.find("token-identical"), std::string::npos) << bench.out;

@@ -1,6 +1,7 @@
 #include "strata/spec/draft_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "strata/base/error.h"
 #include "strata/gguf/gguf.h"
@@ -11,6 +12,18 @@ namespace strata {
 namespace {
 
 bool has_tokenizer(const Model& m) { return m.file().has("tokenizer.ggml.tokens"); }
+
+// softmax(logits)[id] over the finite logits (those not banned).
+double softmax_prob(const float* logits, int32_t n, int32_t id) {
+  float top = -INFINITY;
+  for (int32_t i = 0; i < n; ++i)
+    if (std::isfinite(logits[i])) top = std::max(top, logits[i]);
+  if (!std::isfinite(logits[id])) return 0.0;
+  double sum = 0.0;
+  for (int32_t i = 0; i < n; ++i)
+    if (std::isfinite(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - top);
+  return std::exp(static_cast<double>(logits[id]) - top) / sum;
+}
 
 }  // namespace
 
@@ -41,12 +54,15 @@ void check_draft_vocabulary(const Model& target, const Model& draft) {
 }
 
 DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Sequence> sequence, const SamplerParams& sampling,
-                                     int32_t n_allowed, std::shared_ptr<const Model> owned)
+                                     int32_t n_allowed, std::shared_ptr<const Model> owned, float p_min, int min_tokens)
     : owned_(std::move(owned)),
       sequence_(std::move(sequence)),
       sampler_(sampling),
-      greedy_(sampling.temperature <= 0) {
+      greedy_(sampling.temperature <= 0),
+      p_min_(p_min),
+      min_tokens_(min_tokens) {
   if (!sequence_) fail("draft model: no sequence");
+  if (!(p_min >= 0.0f && p_min <= 1.0f)) fail("draft model: --draft-p-min must be within 0..1, got ", p_min);
   n_vocab_ = static_cast<int32_t>(sequence_->model().config().n_vocab);
   n_allowed_ = std::min(n_allowed, n_vocab_);
   if (n_allowed_ < 1) fail("draft model: no token id may be drafted (n_allowed ", n_allowed, ")");
@@ -64,15 +80,28 @@ void DraftModelDrafter::start_over() {
   logits_valid_ = false;
 }
 
-int32_t DraftModelDrafter::pick(float* logits, Draft& out) {
+bool DraftModelDrafter::pick(float* logits, Draft& out) {
   ban_ids_from(logits, n_allowed_, n_vocab_);
+  const bool may_stop = p_min_ > 0.0f && static_cast<int>(out.tokens.size()) >= min_tokens_;
   if (greedy_) {
     sampler_.distribution(logits, n_vocab_, no_history_, greedy_pick_);
-    return greedy_pick_.ids[0];
+    const int32_t id = greedy_pick_.ids[0];
+    if (may_stop && softmax_prob(logits, n_vocab_, id) < p_min_) return false;
+    out.tokens.push_back(id);
+    return true;
   }
-  out.q.emplace_back();
-  sampler_.distribution(logits, n_vocab_, no_history_, out.q.back());
-  return sampler_.draw(out.q.back());
+  TokenDistribution q;
+  sampler_.distribution(logits, n_vocab_, no_history_, q);
+  // Decided before the draw, from q alone: a drawn token is still distributed as q, so verification
+  // against q stays exact.
+  if (may_stop) {
+    double top = 0.0;
+    for (const double w : q.weights) top = std::max(top, w);
+    if (q.total <= 0.0 || top / q.total < p_min_) return false;
+  }
+  out.tokens.push_back(sampler_.draw(q));
+  out.q.push_back(std::move(q));
+  return true;
 }
 
 void DraftModelDrafter::propose(const std::vector<int32_t>& history, int max_tokens, Draft& out) {
@@ -106,14 +135,14 @@ void DraftModelDrafter::propose(const std::vector<int32_t>& history, int max_tok
   const int room = sequence_->max_ctx() - static_cast<int>(history.size());
   const int k = std::min(max_tokens, room + 1);
   std::vector<float> row(logits_);
-  out.tokens.push_back(pick(row.data(), out));
+  if (!pick(row.data(), out)) return;
   for (int t = 1; t < k; ++t) {
     if (sequence_->has_pending()) sequence_->keep(nullptr, 0);
     rows_.resize(static_cast<size_t>(t) * static_cast<size_t>(n_vocab_));
     sequence_->forward_pending(out.tokens.data(), t, nullptr, rows_.data());
     pending_.assign(out.tokens.begin(), out.tokens.end());
     float* last = rows_.data() + static_cast<size_t>(t - 1) * static_cast<size_t>(n_vocab_);
-    out.tokens.push_back(pick(last, out));
+    if (!pick(last, out)) return;
   }
 }
 

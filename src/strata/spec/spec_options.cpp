@@ -20,9 +20,9 @@ SpecChoice check_spec_options(const SpecOptions& o) {
     c.kind = SpecKind::Ngram;
   } else if (s == "draft" || s.rfind("draft:", 0) == 0) {
     c.kind = SpecKind::DraftModel;
-    c.draft_path = s == "draft" ? o.draft_model : s.substr(6);
+    c.draft_path = s == "draft" ? o.draft_model : s.substr(6);  // "": the model's own, next to it
     if (s != "draft" && !o.draft_model.empty()) fail("give the draft model once: --spec draft:FILE or -md/--model-draft FILE");
-    if (c.draft_path.empty()) fail("--spec draft needs the draft model: --spec draft:FILE or -md/--model-draft FILE");
+    if (s != "draft" && c.draft_path.empty()) fail("--spec draft:FILE needs a file name");
   } else if (s == "mtp") {
     if (!o.draft_model.empty()) fail("--spec mtp drafts with the model's own MTP layer: drop -md/--model-draft");
     c.kind = SpecKind::Mtp;
@@ -40,21 +40,48 @@ SpecChoice check_spec_options(const SpecOptions& o) {
   if (o.n_gpu_layers_draft < -1)
     fail("-ngld/--n-gpu-layers-draft must be >= 0 (or -1: where the target runs), got ", o.n_gpu_layers_draft);
   if (o.n_gpu_layers_draft != -1 && c.kind != SpecKind::DraftModel)
-    fail("-ngld/--n-gpu-layers-draft places a draft model: give one with -md FILE or --spec draft:FILE");
+    fail("-ngld/--n-gpu-layers-draft places a draft model: give one with --spec draft, -md FILE or --spec draft:FILE");
+  const bool p_min_given = o.draft_p_min != SpecOptions::kDraftPMinUnset;
+  if (p_min_given && !(o.draft_p_min >= 0.0f && o.draft_p_min <= 1.0f))  // NaN too
+    fail("--draft-p-min must be within 0..1, got ", o.draft_p_min);
+  if (p_min_given && c.kind != SpecKind::DraftModel)
+    fail("--draft-p-min stops a draft model's proposal: give one with --spec draft, -md FILE or --spec draft:FILE");
+  c.draft_p_min = p_min_given ? o.draft_p_min : kDraftPMinDefault;
   validate_speculative_params(c.params);
   if (c.kind == SpecKind::Ngram) validate_ngram_params(o.ngram);
   return c;
 }
 
-std::string dflash_path_for(const std::string& model_path) {
+namespace {
+
+// FILE.gguf -> FILE<suffix> (a file without the extension gets the suffix appended).
+std::string companion_path(const std::string& model_path, const char* suffix) {
   const std::string ext = ".gguf";
   const bool has_ext =
       model_path.size() > ext.size() && model_path.compare(model_path.size() - ext.size(), ext.size(), ext) == 0;
-  return (has_ext ? model_path.substr(0, model_path.size() - ext.size()) : model_path) + ".dflash.gguf";
+  return (has_ext ? model_path.substr(0, model_path.size() - ext.size()) : model_path) + suffix;
 }
+
+// The file a choice drafts with: its own, or the one next to the target (failing clearly where none is).
+std::string drafter_file(const SpecChoice& choice, const Model& target, const char* suffix, const char* flag,
+                         const char* what, const char* instead) {
+  if (!choice.draft_path.empty()) return choice.draft_path;
+  const std::string path = companion_path(target.file().path(), suffix);
+  if (!std::filesystem::exists(path)) fail(flag, ": no ", what, " next to the model (", path, "); pass ", instead);
+  return path;
+}
+
+}  // namespace
+
+std::string dflash_path_for(const std::string& model_path) { return companion_path(model_path, ".dflash.gguf"); }
+std::string draft_path_for(const std::string& model_path) { return companion_path(model_path, ".draft.gguf"); }
 
 std::string dflash_file(const SpecChoice& choice, const Model& target) {
   return choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
+}
+
+std::string draft_file(const SpecChoice& choice, const Model& target) {
+  return choice.draft_path.empty() ? draft_path_for(target.file().path()) : choice.draft_path;
 }
 
 int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp || kind == SpecKind::DFlash ? 3 : 16; }
@@ -81,15 +108,15 @@ DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, c
   if (kind_ == SpecKind::Mtp && target.config().n_mtp == 0)
     fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
          ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
-  if (kind_ == SpecKind::DFlash) {
-    const std::string path = dflash_file(choice, target);
-    if (choice.draft_path.empty() && !std::filesystem::exists(path))
-      fail("--spec dflash: no drafter next to the model (", path, "); pass --spec dflash:FILE");
-    dflash_ = DFlashModel::load(path, target);
-  }
+  if (kind_ == SpecKind::DFlash)
+    dflash_ = DFlashModel::load(
+        drafter_file(choice, target, ".dflash.gguf", "--spec dflash", "drafter", "--spec dflash:FILE"), target);
   if (kind_ != SpecKind::DraftModel) return;
-  draft_ = Model::load(choice.draft_path);
+  draft_ = Model::load(
+      drafter_file(choice, target, ".draft.gguf", "--spec draft", "draft model", "--spec draft:FILE or -md FILE"));
   check_draft_vocabulary(target, *draft_);
+  draft_p_min_ = choice.draft_p_min;
+  draft_min_ = choice.params.draft_min;
 }
 
 std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& sampling, int32_t n_allowed) const {
@@ -102,7 +129,8 @@ std::unique_ptr<Drafter> DrafterFactory::make(int max_ctx, const SamplerParams& 
     case SpecKind::DraftModel: break;
   }
   std::unique_ptr<Sequence> seq = make_sequence_ ? make_sequence_(*draft_, max_ctx) : std::make_unique<Session>(*draft_, max_ctx);
-  return std::make_unique<DraftModelDrafter>(std::move(seq), draft_sampling(sampling), n_allowed, draft_);
+  return std::make_unique<DraftModelDrafter>(std::move(seq), draft_sampling(sampling), n_allowed, draft_, draft_p_min_,
+                                             draft_min_);
 }
 
 std::unique_ptr<Drafter> make_drafter(const SpecChoice& choice, const SpecOptions& o, const Model& target, int max_ctx,

@@ -24,6 +24,10 @@ struct SpecOptions {
   std::string draft_model;  // -md/--model-draft FILE: implies --spec draft
   int draft_max = kDraftMaxUnset;  // unset: default_draft_max of the drafter chosen
   int draft_min = 0;
+  // --draft-p-min P: a draft model drafts on only while its most likely token has at least this
+  // probability (DraftModelDrafter's p_min); kDraftPMinUnset: not given (kDraftPMinDefault).
+  static constexpr float kDraftPMinUnset = std::numeric_limits<float>::lowest();
+  float draft_p_min = kDraftPMinUnset;
   // -ngld/--n-gpu-layers-draft N, llama.cpp's spelling: where a draft model runs. -1 (the default, as
   // not given): where the target runs; 0: the CPU; N > 0: the GPU (strata places the whole model, not N
   // layers).
@@ -34,6 +38,9 @@ struct SpecOptions {
 
 enum class SpecKind { None, Ngram, DraftModel, Mtp, DFlash };
 
+// --draft-p-min when it is not given (llama.cpp's flag; strata's default, docs/PERF.md).
+constexpr float kDraftPMinDefault = 0.75f;
+
 // --draft-max when it is not given: 3 for the MTP head, whose chained rows cost a layer each and whose
 // acceptance falls with depth, and for a DFlash drafter, whose later block positions rarely hold (each the
 // bundled model's best, docs/PERF.md); 16 otherwise (llama.cpp's).
@@ -41,7 +48,10 @@ int default_draft_max(SpecKind kind);
 
 struct SpecChoice {
   SpecKind kind = SpecKind::None;
-  std::string draft_path;  // DraftModel: the draft GGUF; DFlash: the drafter GGUF
+  // DraftModel: the draft GGUF; DFlash: the drafter GGUF; "" for either: the model's own, next to it
+  // (draft_path_for, dflash_path_for)
+  std::string draft_path;
+  float draft_p_min = 0.0f;  // DraftModel: DraftModelDrafter's p_min (its min_tokens: params.draft_min)
   SpeculativeParams params;  // drafter unset: the caller makes it (make_drafter)
 };
 
@@ -51,8 +61,12 @@ SpecChoice check_spec_options(const SpecOptions& o);
 
 // The DFlash drafter `--spec dflash` (no file) takes for a model: FILE.gguf -> FILE.dflash.gguf.
 std::string dflash_path_for(const std::string& model_path);
+// The draft model `--spec draft` (no file, no -md) takes for a model: FILE.gguf -> FILE.draft.gguf.
+std::string draft_path_for(const std::string& model_path);
 // The drafter file a DFlash choice drafts with: its FILE, or the target's own (dflash_path_for).
 std::string dflash_file(const SpecChoice& choice, const Model& target);
+// The same for a draft model (draft_path_for).
+std::string draft_file(const SpecChoice& choice, const Model& target);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
@@ -80,6 +94,8 @@ class DrafterFactory {
   NgramParams ngram_;
   int dflash_top_k_;
   std::shared_ptr<const Model> draft_;
+  float draft_p_min_ = 0.0f;
+  int draft_min_ = 0;
   std::shared_ptr<const DFlashModel> dflash_;
   DraftSequenceMaker make_sequence_;
 };
