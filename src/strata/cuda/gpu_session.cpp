@@ -1268,7 +1268,10 @@ struct GpuSession::Impl {
         if (g) cudaGraphExecDestroy(g);
         g = nullptr;
       }
-      for (auto& [shape, g] : drafts) cudaGraphExecDestroy(g);
+      // Direct launches (STRATA_GPU_PROFILE=1) leave null entries; destroying one would leave an error
+      // behind that the next launch check reports as its own.
+      for (auto& [shape, g] : drafts)
+        if (g) cudaGraphExecDestroy(g);
       drafts.clear();
     }
   };
