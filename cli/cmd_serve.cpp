@@ -155,8 +155,8 @@ void setup_serve(CLI::App& sub) {
               spec_choice.kind == strata::SpecKind::Ngram ? "n-gram lookup"
               : spec_choice.kind == strata::SpecKind::Mtp ? "the model's MTP layer (head where slots run)"
               : spec_choice.kind == strata::SpecKind::DFlash
-                  ? ("DFlash drafter " + strata::dflash_file(spec_choice, target) + " (cpu)").c_str()
-                  : ("draft model " + strata::draft_file(spec_choice, target) + (draft_gpu ? " (cuda)" : " (cpu)"))
+                  ? ("DFlash drafter " + strata::drafter_file(spec_choice, target) + " (cpu)").c_str()
+                  : ("draft model " + strata::drafter_file(spec_choice, target) + (draft_gpu ? " (cuda)" : " (cpu)"))
                         .c_str(),
               spec_choice.params.draft_max);
         }

@@ -45,7 +45,7 @@ std::unique_ptr<Drafter> make_cli_drafter(const SpecChoice& choice, const SpecOp
   std::unique_ptr<Drafter> d = make_drafter(choice, o, target, max_ctx, sampling, n_allowed,
                                             gpu ? draft_sequence_maker(target_backend, 1) : DraftSequenceMaker{});
   if (choice.kind == SpecKind::DraftModel)
-    std::fprintf(stderr, "draft model: %s (%s)\n", draft_file(choice, target).c_str(), gpu ? "cuda" : "cpu");
+    std::fprintf(stderr, "draft model: %s (%s)\n", drafter_file(choice, target).c_str(), gpu ? "cuda" : "cpu");
   return d;
 }
 

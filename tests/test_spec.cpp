@@ -375,7 +375,7 @@ TEST(DraftModel, TheModelsOwnIsFoundNextToIt) {
   const DrafterFactory f(c, o, *target.model);
   ASSERT_NE(f.draft_model(), nullptr);
   EXPECT_EQ(f.draft_model()->file().path(), draft_path_for(target_path));
-  EXPECT_EQ(draft_file(c, *target.model), draft_path_for(target_path));
+  EXPECT_EQ(drafter_file(c, *target.model), draft_path_for(target_path));
   // --draft-min positions are drafted whatever --draft-p-min says (a proposal's length must not depend
   // on sampled draws, and a shorter one would be dropped): at a minimum of 1, only those.
   SpecOptions sure = o;

@@ -338,15 +338,12 @@ void GpuDFlashHead::candidates(int32_t anchor, int depth, int k, int32_t n_allow
   });
   pending_ = 0;
   const Candidates host = candidates_at(out_host_);
-  const int* ids_h = host.ids;
-  const float* probs_h = host.probs;
-  const int* count_h = host.count;
   for (int j = 0; j < depth; ++j) {
-    const int c = count_h[j];
+    const int c = host.count[j];
     if (c <= 0) fail_no_finite_logit();
     PositionCandidates p;
-    p.tokens.assign(ids_h + static_cast<size_t>(j) * k, ids_h + static_cast<size_t>(j) * k + c);
-    p.probs.assign(probs_h + static_cast<size_t>(j) * k, probs_h + static_cast<size_t>(j) * k + c);
+    p.tokens.assign(host.ids + static_cast<size_t>(j) * k, host.ids + static_cast<size_t>(j) * k + c);
+    p.probs.assign(host.probs + static_cast<size_t>(j) * k, host.probs + static_cast<size_t>(j) * k + c);
     out.push_back(std::move(p));
   }
 }

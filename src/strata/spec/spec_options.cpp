@@ -62,27 +62,31 @@ std::string companion_path(const std::string& model_path, const char* suffix) {
   return (has_ext ? model_path.substr(0, model_path.size() - ext.size()) : model_path) + suffix;
 }
 
-// The file a choice drafts with: its own, or the one next to the target (failing clearly where none is).
-std::string drafter_file(const SpecChoice& choice, const Model& target, const char* suffix, const char* flag,
-                         const char* what, const char* instead) {
-  if (!choice.draft_path.empty()) return choice.draft_path;
-  const std::string path = companion_path(target.file().path(), suffix);
-  if (!std::filesystem::exists(path)) fail(flag, ": no ", what, " next to the model (", path, "); pass ", instead);
-  return path;
-}
-
 }  // namespace
 
 std::string dflash_path_for(const std::string& model_path) { return companion_path(model_path, ".dflash.gguf"); }
 std::string draft_path_for(const std::string& model_path) { return companion_path(model_path, ".draft.gguf"); }
 
-std::string dflash_file(const SpecChoice& choice, const Model& target) {
-  return choice.draft_path.empty() ? dflash_path_for(target.file().path()) : choice.draft_path;
+std::string drafter_file(const SpecChoice& choice, const Model& target) {
+  if (!choice.draft_path.empty()) return choice.draft_path;
+  const std::string& model = target.file().path();
+  return choice.kind == SpecKind::DFlash ? dflash_path_for(model) : draft_path_for(model);
 }
 
-std::string draft_file(const SpecChoice& choice, const Model& target) {
-  return choice.draft_path.empty() ? draft_path_for(target.file().path()) : choice.draft_path;
+namespace {
+
+// drafter_file, refused clearly where the model's own is wanted and there is none.
+std::string existing_drafter_file(const SpecChoice& choice, const Model& target) {
+  const std::string path = drafter_file(choice, target);
+  if (choice.draft_path.empty() && !std::filesystem::exists(path)) {
+    const bool dflash = choice.kind == SpecKind::DFlash;
+    fail(dflash ? "--spec dflash" : "--spec draft", ": no ", dflash ? "drafter" : "draft model", " next to the model (",
+         path, "); pass ", dflash ? "--spec dflash:FILE" : "--spec draft:FILE or -md FILE");
+  }
+  return path;
 }
+
+}  // namespace
 
 int default_draft_max(SpecKind kind) { return kind == SpecKind::Mtp || kind == SpecKind::DFlash ? 3 : 16; }
 
@@ -108,12 +112,9 @@ DrafterFactory::DrafterFactory(const SpecChoice& choice, const SpecOptions& o, c
   if (kind_ == SpecKind::Mtp && target.config().n_mtp == 0)
     fail("--spec mtp: ", target.file().path(), " has no multi-token-prediction layer (", target.config().arch_name,
          ".nextn_predict_layers is absent; convert a checkpoint with its mtp.* weights, or synth --mtp 1)");
-  if (kind_ == SpecKind::DFlash)
-    dflash_ = DFlashModel::load(
-        drafter_file(choice, target, ".dflash.gguf", "--spec dflash", "drafter", "--spec dflash:FILE"), target);
+  if (kind_ == SpecKind::DFlash) dflash_ = DFlashModel::load(existing_drafter_file(choice, target), target);
   if (kind_ != SpecKind::DraftModel) return;
-  draft_ = Model::load(
-      drafter_file(choice, target, ".draft.gguf", "--spec draft", "draft model", "--spec draft:FILE or -md FILE"));
+  draft_ = Model::load(existing_drafter_file(choice, target));
   check_draft_vocabulary(target, *draft_);
   draft_p_min_ = choice.draft_p_min;
   draft_min_ = choice.params.draft_min;

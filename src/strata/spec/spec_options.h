@@ -63,10 +63,9 @@ SpecChoice check_spec_options(const SpecOptions& o);
 std::string dflash_path_for(const std::string& model_path);
 // The draft model `--spec draft` (no file, no -md) takes for a model: FILE.gguf -> FILE.draft.gguf.
 std::string draft_path_for(const std::string& model_path);
-// The drafter file a DFlash choice drafts with: its FILE, or the target's own (dflash_path_for).
-std::string dflash_file(const SpecChoice& choice, const Model& target);
-// The same for a draft model (draft_path_for).
-std::string draft_file(const SpecChoice& choice, const Model& target);
+// The file a DFlash or draft-model choice drafts with: its FILE, or the target's own next to it
+// (dflash_path_for, draft_path_for).
+std::string drafter_file(const SpecChoice& choice, const Model& target);
 
 // How a draft model drafts for a target sampling with `target`: the same temperature, truncation and
 // logit bias (greedy when the target is greedy), no penalties, a seed stream of its own.
