@@ -16,15 +16,19 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cuda_test_models.h"
+#include "pending_property.h"
 #include "strata/base/error.h"
 #include "strata/convert/converter.h"
 #include "strata/cpu/cpu_kernels.h"
 #include "strata/cuda/device_model.h"
+#include "strata/cuda/gpu_model.h"
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_bench.h"
 #include "strata/cuda/hybrid_stream.h"
@@ -32,9 +36,6 @@ TEST(CudaHybrid, Skipped) { GTEST_SKIP() << "built without CUDA (STRATA_HAVE_CUD
 #include "strata/engine/session.h"
 #include "strata/moe/expert_cache.h"
 #include "strata/moe/routing_generator.h"
-#include "cuda_test_models.h"
-#include "pending_property.h"
-#include "strata/cuda/gpu_model.h"
 
 namespace {
 
@@ -208,7 +209,7 @@ void run_all_maps(const std::string& gguf, const std::string& label, int n_promp
 // Replayed routing (bench --routing): the same generated picks drive the CPU engine, the all-GPU session
 // and a hybrid one (half the experts cold), through the batched prefill and through the decode step:
 // the logits and the greedy continuation agree as under the router, and the picks counted are exactly
-// the generator's, token by token.
+// the generator's, token by token; pending tokens (the multi-token step) take theirs as decode steps do.
 void check_replay(const std::string& gguf, const std::string& label) {
   strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
   auto model = strata::Model::load(gguf);
@@ -277,6 +278,25 @@ void check_replay(const std::string& gguf, const std::string& label) {
     std::printf("[cuda-hybrid] %s, replayed routing: prompt logits vs CPU %.3g, greedy %s\n", what.c_str(), e,
                 ids == cpu_ids ? "equal" : "DIFFER");
     gpu.set_routing_replay(nullptr);  // g2 goes out of scope first
+    // Pending tokens (one multi-token step) take a row of replayed picks each, as the decode steps that
+    // run them one at a time do: the same logits bit for bit and the same counts.
+    sc::GpuSession a(*model, ctx, o), b(*model, ctx, o);
+    strata::RoutingGenerator ga = gen(), gb = gen();
+    a.set_routing_replay(&ga);
+    b.set_routing_replay(&gb);
+    std::vector<float> last(vocab);
+    a.forward(prompt.data(), n, last.data(), false);
+    b.forward(prompt.data(), n, last.data(), false);
+    const std::vector<int32_t> chain = {prompt[1], prompt[3], prompt[2], prompt[5]};
+    const int nc = static_cast<int>(chain.size());
+    std::vector<float> ra(chain.size() * vocab, NAN), rb(chain.size() * vocab, NAN);
+    a.forward_pending(chain.data(), nc, nullptr, ra.data());
+    for (int t = 0; t < nc; ++t) b.forward(&chain[static_cast<size_t>(t)], 1, rb.data() + t * vocab, false);
+    EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * sizeof(float))) << what << ": pending chain";
+    a.keep_first(nc);
+    EXPECT_EQ(a.routing_counts(), b.routing_counts()) << what << ": pending chain";
+    a.set_routing_replay(nullptr);
+    b.set_routing_replay(nullptr);
   }
 }
 

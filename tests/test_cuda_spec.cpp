@@ -400,7 +400,10 @@ TEST(CudaSpec, HiddenRecordMatchesTheCpuSession) {
 // built by the decode step; the sessions keep the batched prefill on, the path verification took
 // before the multi-token step (not bitwise the decode step's). prompt_len: longer than a sliding window
 // where the model has one, so the rings have wrapped before the pending tokens.
-void check_multi_token_step_bitwise(const Model& model, const std::string& label, int prompt_len) {
+// model_opt: how the model's weights are placed (hybrid: expert_slots); the multi-token step takes every
+// placement, so a hybrid tree's step sends each MoE layer's cold picks to the CPU in one job.
+void check_multi_token_step_bitwise(const Model& model, const std::string& label, int prompt_len,
+                                    const sc::GpuSessionOptions& model_opt = {}) {
   const int32_t V = static_cast<int32_t>(model.config().n_vocab);
   const size_t vocab = static_cast<size_t>(V);
   auto ids = [V](int n, int salt) {
@@ -413,7 +416,10 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   };
   const std::vector<int32_t> prompt = ids(prompt_len, 1), drafts = ids(16, 2);
   const int32_t next = ids(1, 4)[0];
-  const auto gm = sc::make_gpu_model(model, sc::GpuSessionOptions{});
+  const auto gm = sc::make_gpu_model(model, model_opt);
+  const bool hybrid = !model_opt.expert_slots.empty();
+  int moe_layers = 0;
+  for (int il = 0; il < model.config().n_layer; ++il) moe_layers += model.config().layer(il).ffn == FfnKind::Moe;
   const int ctx = prompt_len + 40;  // two chains of 16 and a token between them
   const int limit = forward_token_limit(model.config(), ctx);
   auto session = [&] {
@@ -535,8 +541,13 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   const std::vector<std::vector<int>> kept = {{0, 1, 2, 3}, {0, 1, 2, 5}, {0, 1, 2, 5, 6, 8}, {0, 1, 2, 3, 4}, {0}};
   for (size_t k = 0; k < kept.size(); ++k) {
     auto c = session();
+    ASSERT_EQ(c->hybrid(), hybrid);
+    const uint64_t jobs_before = hybrid ? c->hybrid_telemetry().cpu_jobs : 0;
     std::vector<float> rows2(static_cast<size_t>(n2) * vocab, NAN);
     c->forward_pending(tree2.data(), n2, parents2.data(), rows2.data());
+    if (hybrid) {  // one step: a job per MoE layer at most (a run path by path would send one per token)
+      EXPECT_LE(c->hybrid_telemetry().cpu_jobs - jobs_before, static_cast<uint64_t>(moe_layers));
+    }
     if (k == 0) {
       for (int t = 0; t < n2; ++t) {
         const std::vector<int> p = root_path(t);
@@ -961,8 +972,8 @@ TEST(CudaSpec, HybridPendingPicksEqualTheHostsArgmax) {
     a->forward(&next, 1, la.data(), false);
     b->forward(&next, 1, lb.data(), false);
     EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), vocab * sizeof(float))) << "after keeping 3, ids < " << allowed;
-    // A tree runs path by path there and picks on the host: the same picks as the twin's logits, and
-    // keeping the second branch goes on as the twin does.
+    // A tree (one multi-token step, its cold picks on the CPU in one job per layer): the same picks as the
+    // twin's logits, and keeping the second branch goes on as the twin does.
     const std::vector<int> parents = {-1, 0, 0, 2};
     const std::vector<int32_t> tree = {5, 71, 300, 9};
     std::vector<int32_t> tpicks(4, -2);
@@ -1002,6 +1013,33 @@ TEST(CudaSpec, MultiTokenStepBitwiseSlidingWindowFixture) {
   const int window = largest_window(*target.model);
   ASSERT_GT(window, 0) << "the fixture has sliding-window layers";
   check_multi_token_step_bitwise(*target.model, "laguna_swa", window + 7);
+}
+
+// Hybrid: a third of the experts resident, the rest computed on the CPU for all the step's tokens at once.
+sc::GpuSessionOptions hybrid_placement(const Model& m) {
+  sc::GpuSessionOptions o;
+  o.expert_slots = third_hot(m);
+  o.cpu_threads = 2;
+  return o;
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseHybridBundledModel) {
+  REQUIRE_GPU();
+  const Loaded tiny = load(kTiny);
+  check_multi_token_step_bitwise(*tiny.model, "strata-tiny hybrid", 12, hybrid_placement(*tiny.model));
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseHybridDeltaNetFixture) {
+  REQUIRE_GPU();
+  const Loaded target = load(cuda_test::convert_fixture("qwen3_5_moe", "f32", "cuda_spec_"));
+  check_multi_token_step_bitwise(*target.model, "qwen3_5_moe hybrid", 12, hybrid_placement(*target.model));
+}
+
+TEST(CudaSpec, MultiTokenStepBitwiseHybridSlidingWindowFixture) {
+  REQUIRE_GPU();
+  const Loaded target = load(cuda_test::convert_fixture("laguna_swa", "f32", "cuda_spec_"));
+  check_multi_token_step_bitwise(*target.model, "laguna_swa hybrid", largest_window(*target.model) + 7,
+                                 hybrid_placement(*target.model));
 }
 
 TEST(CudaSpec, KeepEveryPrefixOfAChainBundledModel) {

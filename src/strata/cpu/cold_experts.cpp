@@ -650,8 +650,8 @@ void ColdExpertPool::run(const ExpertFfn& w, const float* xn, const ColdPick* pi
   start_and_join(J.n_total);
 }
 
-void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks,
-                               int n_picks) {
+void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks,
+                               bool bitwise) {
   if (n_picks <= 0) return;
   check_stacks(w);
   const int n_exp = w.gate.n_expert;
@@ -671,7 +671,7 @@ void ColdExpertPool::run_batch(const ExpertFfn& w, const float* X, int n_tok, co
   B.d = d;
   B.ff = ff;
   B.tile_tokens = 1;
-  B.tile = batch_float_tiles_ ? float_tile_for(k.level, B.tile_tokens) : nullptr;
+  B.tile = batch_float_tiles_ && !bitwise ? float_tile_for(k.level, B.tile_tokens) : nullptr;
   B.gate_i8 = uses_i8(k, w.gate.first, B.fmt_gate);
   B.up_i8 = uses_i8(k, w.up.first, B.fmt_up);
   B.down_i8 = uses_i8(k, w.down.first, B.fmt_down);

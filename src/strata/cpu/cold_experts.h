@@ -63,8 +63,11 @@ class ColdExpertPool {
   // work (row blocks of each expert group, sized by the group's token count) is split over the pool's
   // threads. With set_batch_float_tiles(false) (or at the scalar level) every output row equals,
   // bitwise, what run() gives for that token and expert (same row kernels, same 4-row tiles, same
-  // activation quantisation). Blocking; fails (strata::Error) like run() and on a token outside [0, n_tok).
-  void run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks);
+  // activation quantisation); so does every call with bitwise set (the hybrid verification's, whose
+  // tokens must get what their own decode steps get). Blocking; fails (strata::Error) like run() and on a
+  // token outside [0, n_tok).
+  void run_batch(const ExpertFfn& w, const float* X, int n_tok, const ColdTokenPick* picks, int n_picks,
+                 bool bitwise = false);
   // At the SIMD kernel levels, experts whose three matrices are Q4_K/Q5_K/Q6_K take the batched int8
   // kernel (cpu_kernels.h, dot_tile_fused) for groups of 3 tokens or more: bitwise run()'s results.
   // For other types run_batch multiplies float tiles by default: each 4-row weight tile is

@@ -21,6 +21,7 @@
 #include "strata/cuda/device_state.h"
 #include "strata/cuda/gpu_dflash.h"
 #include "strata/cuda/gpu_model.h"
+#include "strata/cuda/hybrid_kernels.h"
 #include "strata/cuda/hybrid_moe.h"
 #include "strata/cuda/kernels.h"
 #include "strata/cuda/matvec_kernels.h"
@@ -131,12 +132,15 @@ struct GpuSession::Impl {
                                     // number is link.launched: nothing is launched after it while ahead)
   int64_t argmax_n = 0;             // ids the step's arg-max covers (the graphs are captured for it)
   // Replayed routing (Sequence::set_routing_replay): each decode step's picks are copied from a pinned
-  // ring (a slot per step in flight) to d_replay_step, which the step's routing reads; a prefill's
-  // picks go to replay_rows_buf. replay_row[il]: layer il's row in a token's picks (-1: a dense layer).
+  // ring (a slot per step in flight) to d_replay_step, which the step's routing reads; a multi-token
+  // step's tokens' go to d_replay_multi (through h_replay_multi), a prefill's to replay_rows_buf.
+  // replay_row[il]: layer il's row in a token's picks (-1: a dense layer).
   RoutingSource* replay_src = nullptr;
   static constexpr int kReplaySlots = 4;
   int* d_replay_step = nullptr;
   int* h_replay_ring = nullptr;  // pinned, kReplaySlots tokens
+  int* d_replay_multi = nullptr;  // [kMaxStepTokens x replay_stride] (multi_fits only)
+  int* h_replay_multi = nullptr;  // pinned, the same
   unsigned replay_launches = 0;
   GrowingRows<int> replay_rows_buf;  // a token per row
   std::vector<int> replay_row;
@@ -350,6 +354,8 @@ struct GpuSession::Impl {
     link.release();
     if (h_replay_ring) cudaFreeHost(h_replay_ring);
     h_replay_ring = nullptr;
+    if (h_replay_multi) cudaFreeHost(h_replay_multi);
+    h_replay_multi = nullptr;
     replay_rows_buf.release();
     hidden_buf.release();
     trace_buf.release();
@@ -508,11 +514,13 @@ struct GpuSession::Impl {
     return head;
   }
 
-  // Layer il's replayed picks in the decode step (device), or null when the router picks (always in
-  // the MTP layers: the replay holds the trunk's).
-  const int* replay_for(int il) const {
+  // Layer il's replayed picks in the decode step, or its first token's in a multi-token step of T > 1
+  // tokens (device; token t's at + t * replay_stride), or null when the router picks (always in the MTP
+  // layers: the replay holds the trunk's).
+  const int* replay_for(int il, int T) const {
     if (!replay_src || il >= c.n_layer) return nullptr;
-    return d_replay_step + static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
+    return (T > 1 ? d_replay_multi : d_replay_step) +
+           static_cast<size_t>(replay_row[static_cast<size_t>(il)]) * c.n_expert_used;
   }
 
   // Layer il's k expert ids (its own, so a dropped lookahead step's picks can be uncounted); a token
@@ -525,7 +533,7 @@ struct GpuSession::Impl {
     std::vector<GemvJob> first, up;  // up ends with the shared expert's pair
     GemvRoute rt;  // softmax + top-k of the router logits
   };
-  MoeJobs moe_jobs(int il, const DevLayer& D, const StepRows& r) const {
+  MoeJobs moe_jobs(int il, const DevLayer& D, const StepRows& r, int T) const {
     const DevMoe& w = D.moe;
     MoeJobs m;
     const int k = c.n_expert_used;
@@ -536,7 +544,8 @@ struct GpuSession::Impl {
     // The routing counts are the trunk's; the MTP head's picks are not counted.
     rt.counts = il < c.n_layer ? route_counts + static_cast<size_t>(il) * c.n_expert : nullptr;
     rt.rule = route_rule(c, w.selection_bias);
-    rt.rule.replay = replay_for(il);
+    rt.rule.replay = replay_for(il, T);
+    rt.rule.replay_stride = static_cast<int>(replay_stride);
     rt.logits_token_stride = rw.router;
     m.first.push_back(job_to(w.router, r.router, rw.router));
     if (w.has_shared && w.shared_gated) m.first.push_back(job_to(w.shared_gate_inp, r.sg, 1));
@@ -567,13 +576,13 @@ struct GpuSession::Impl {
     return f;
   }
 
-  // Whether the multi-token step takes this session's model: every expert resident (the hybrid MoE
-  // computes cold picks on the CPU token by token), the DeltaNet conv in the form the multi-token conv
-  // launch shares with the decode step (fuse_conv), and every MoE layer in one routed expert launch
-  // and one down launch (gemv_down_sum, or the down jobs; the several-launch forms route and combine
-  // in one-per-launch epilogues).
+  // Whether the multi-token step takes this session's model: the DeltaNet conv in the form the
+  // multi-token conv launch shares with the decode step (fuse_conv), and every MoE layer in one routed
+  // expert launch and one down launch (gemv_down_sum, or the down jobs; the several-launch forms route
+  // and combine in one-per-launch epilogues). A hybrid model's MoE layers route all the step's tokens in
+  // one job for the CPU (hybrid_moe.h).
   bool multi_step_fits() const {
-    if (hybrid) return false;
+    static_assert(kMaxStepTokens <= kHybridMaxTokens, "a hybrid job holds a multi-token step's tokens");
     if (c.n_deltanet_layers() > 0 && !fuse_conv) return false;
     for (int il = 0; il < c.n_layer; ++il) {
       const DevLayer& D = dm.layers[static_cast<size_t>(il)];
@@ -636,19 +645,22 @@ struct GpuSession::Impl {
   // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
   // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
   // added into x at the end.
-  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form, no hybrid).
+  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form, or hybrid).
   void moe(int il, const DevLayer& D, const StepRows& r, int T) {
-    MoeJobs m = moe_jobs(il, D, r);
+    MoeJobs m = moe_jobs(il, D, r, T);
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
     unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
+    HybridTokens tokens;
+    tokens.n = T, tokens.logits = rw.router, tokens.x = rw.x, tokens.replay = static_cast<int64_t>(replay_stride);
     if (hybrid) {
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream);
+      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
       prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, replay_for(il));
+      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, replay_for(il, T),
+                           tokens);
       prof.mark("hybrid top-k+ring", stream);
       for (GemvJob& j : m.up)
         if (j.ids) j.slot_of_expert = slot_of;
-      gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up");
+      gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up", T);
     } else if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
       prof.mark("moe router+shared gate", stream);
@@ -667,7 +679,7 @@ struct GpuSession::Impl {
       moe_down_jobs(il, D, slot_of, r, T);
     }
     if (hybrid) {
-      hybrid->cold_add(il, r.x, layer_ids(il, r), r.wts, stream);
+      hybrid->cold_add(il, r.x, layer_ids(il, r), r.wts, stream, tokens);
       prof.mark("hybrid cold wait+add", stream);
     }
   }
@@ -686,10 +698,11 @@ struct GpuSession::Impl {
     prof.mark("dense ffn down", stream);
   }
 
-  // Runs jobs in launches of at most kMaxGemvJobs.
-  void gemv_chunks(const std::vector<GemvJob>& jobs, const char* what) {
+  // Runs jobs in launches of at most kMaxGemvJobs, for T tokens.
+  void gemv_chunks(const std::vector<GemvJob>& jobs, const char* what, int T = 1) {
     for (size_t i = 0; i < jobs.size(); i += kMaxGemvJobs)
-      gemv_batch(jobs.data() + i, static_cast<int>(std::min<size_t>(kMaxGemvJobs, jobs.size() - i)), stream);
+      gemv_batch(jobs.data() + i, static_cast<int>(std::min<size_t>(kMaxGemvJobs, jobs.size() - i)), stream, nullptr,
+                 nullptr, nullptr, nullptr, T);
     prof.mark(what, stream);
   }
 
@@ -969,9 +982,9 @@ struct GpuSession::Impl {
     if (hid) copy_hidden(n);
   }
 
-  // Whether the multi-token step runs these n pending tokens: the model fits it (multi_step_fits: not
-  // hybrid, ...), n is within a token grid, and the router picks (replayed picks come one token per step).
-  bool multi_applies(int n) const { return multi_fits && n >= 2 && n <= kMaxStepTokens && !replay_src; }
+  // Whether the multi-token step runs these n pending tokens: the model fits it (multi_step_fits) and n
+  // is within a token grid.
+  bool multi_applies(int n) const { return multi_fits && n >= 2 && n <= kMaxStepTokens; }
 
   // Runs n pending tokens (multi_applies) as one multi-token step at positions n_past.. and advances
   // n_past: token t's logits (logits_out: [n x n_vocab], or the last token's unless all_positions; may
@@ -995,6 +1008,14 @@ struct GpuSession::Impl {
     }
     check_cuda(cudaMemcpyAsync(d_mio, h_mio, kMioInputs * sizeof(int), cudaMemcpyHostToDevice, stream),
                "copy tokens");
+    if (replay_src) {  // the previous step's copy from h_replay_multi completed before it returned
+      replay_src->next(n, h_replay_multi);
+      check_cuda(cudaMemcpyAsync(d_replay_multi, h_replay_multi, static_cast<size_t>(n) * replay_stride * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream),
+                 "copy replayed picks");
+    }
+    const auto lock = hold_hybrid();
+    if (hybrid) hybrid->order_after_last(stream);
     if (mgraph_steps != st.step_cap() || (picks && n_pick != mgraph_pick_range)) {
       // The graphs write into the step records and pick over ids < n_pick: captured again.
       check_cuda(cudaStreamSynchronize(stream), "multi-token step");
@@ -1011,6 +1032,7 @@ struct GpuSession::Impl {
         argmax_wide(multi.logits, mgraph_pick_range, mpick_part, mpick_counter, d_mpicks, stream, false, nullptr,
                     nullptr, n, static_cast<int64_t>(c.n_vocab));
     });
+    if (hybrid) hybrid->record_last(stream);
     n_past += n;
     // The layer taps are read back from where the step left them; final states are normed first.
     const float* hid_rows = hid && !tap_of.empty() ? d_taps.data : hid;
@@ -1070,6 +1092,11 @@ struct GpuSession::Impl {
     replay_stride = c.routed_layers().size() * static_cast<size_t>(c.n_expert_used);
     d_replay_step = dalloc<int>(replay_stride);
     check_cuda(cudaMallocHost(&h_replay_ring, kReplaySlots * replay_stride * sizeof(int)), "cudaMallocHost(replay)");
+    if (multi_fits) {
+      d_replay_multi = dalloc<int>(kMaxStepTokens * replay_stride);
+      check_cuda(cudaMallocHost(&h_replay_multi, kMaxStepTokens * replay_stride * sizeof(int)),
+                 "cudaMallocHost(replay)");
+    }
   }
 
   // Pending tokens (Sequence::forward_pending): a chain runs once, recording the DeltaNet state and

@@ -89,10 +89,10 @@ class GpuSession : public Sequence {
   // Sequence::forward_pending / keep: a chain runs as one forward that records the DeltaNet state after
   // each token, so keep() of any prefix copies one recorded state back (no second forward); a tree runs
   // each root-to-leaf path from a snapshot of the state (its tokens' logits from the first path that holds
-  // them), and keep() runs the kept path again unless it is a prefix of the last path run. In an
-  // all-GPU session each such run of up to kMaxGemvTokens tokens is one multi-token decode step (the decode step's
-  // kernels over a token grid, a graph per token count): token t's logits are bitwise those of t + 1
-  // decode steps. Hybrid sessions, replayed routing and longer runs go through the batched prefill (or
+  // them), and keep() runs the kept path again unless it is a prefix of the last path run. Each such run
+  // of up to kMaxGemvTokens tokens is one multi-token decode step (the decode step's kernels over a token
+  // grid, a graph per token count; a hybrid session's cold picks go to the CPU in one job per layer): token
+  // t's logits are bitwise those of t + 1 decode steps. Longer runs go through the batched prefill (or
   // token by token) as before.
   void forward_pending(const int32_t* tokens, int n, const int* parents, float* logits_out) override;
   // Sequence::forward_pending_picks: the multi-token step's rows (a chain or a tree) or a chain's batched

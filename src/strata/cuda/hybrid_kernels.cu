@@ -19,53 +19,72 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // ---- route + ring ----------------------------------------------------------------------------------
+// One block routes the tokens one after another (each token's warp_route and counts as a launch of its
+// own would do them), then writes every input row with a cold pick and the job.
 __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, RouteRule rule,
                                   int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of,
-                                  const float* x, const float* norm_w, float eps, int d, HybridRing r) {
+                                  const float* x, const float* norm_w, float eps, int d, HybridRing r, int n_tokens,
+                                  int64_t logits_stride, int64_t x_stride) {
   __shared__ int chosen[kHybridMaxK];
   __shared__ float chosen_p[kHybridMaxK];
   __shared__ float p[1024];
+  __shared__ int picked[kHybridMaxTokens * kHybridMaxK];
+  __shared__ int cold_of[kHybridMaxTokens];  // cold picks per token
   __shared__ int n_cold;
   __shared__ unsigned long long seq;
-  if (threadIdx.x < 32) {
-    warp_route(logits, n_expert, k, chosen, chosen_p, p, &rule);
-    warp_route_store(chosen, chosen_p, k, norm_topk, ids, weights, seq_picks, rule.scale);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int n = 0, hits = 0;
-    unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
-    for (int q = 0; q < k; ++q) {
-      const int slot = slot_of[chosen[q]];
-      n += slot < 0 ? 1 : 0;
-      hits += slot >= r.pinned[il] ? 1 : 0;
-      atomicAdd(per_expert + chosen[q], 1ull);
+  for (int t = 0; t < n_tokens; ++t) {
+    if (threadIdx.x < 32) {
+      warp_route(logits + t * logits_stride, n_expert, k, chosen, chosen_p, p, &rule, t);
+      warp_route_store(chosen, chosen_p, k, norm_topk, ids + t * k, weights + t * k, seq_picks, rule.scale);
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int n = 0, hits = 0;
+      unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
+      for (int q = 0; q < k; ++q) {
+        const int slot = slot_of[chosen[q]];
+        n += slot < 0 ? 1 : 0;
+        hits += slot >= r.pinned[il] ? 1 : 0;
+        atomicAdd(per_expert + chosen[q], 1ull);
+        picked[t * k + q] = chosen[q];
+      }
+      cold_of[t] = n;
+      atomicAdd(r.calls + il, 1ull);
+      atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
+      if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
+    }
+    __syncthreads();  // chosen[] is the next token's
+  }
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int t = 0; t < n_tokens; ++t) n += cold_of[t];
     n_cold = n;
-    atomicAdd(r.calls + il, 1ull);
-    atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
-    if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
     seq = n > 0 ? atomicAdd(&r.ctr->seq, 1ull) + 1 : 0;
     if (n > 0) atomicAdd(&r.ctr->jobs, 1ull);
     r.wait_seq[il] = seq;
   }
   __syncthreads();
   if (n_cold == 0) return;  // fast path: nothing leaves the GPU
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = block_sum_d(ss);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
-  volatile float* xh = r.xn_host;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) xh[i] = x[i] * inv * norm_w[i];
+  for (int t = 0; t < n_tokens; ++t) {
+    if (cold_of[t] == 0) continue;  // block-uniform
+    const float* xt = x + t * x_stride;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xt[i]) * xt[i];
+    ss = block_sum_d(ss);
+    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+    volatile float* xh = r.xn_host + static_cast<int64_t>(t) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) xh[i] = xt[i] * inv * norm_w[i];
+  }
+  volatile HostJob* j = r.job;
+  for (int q = threadIdx.x; q < n_tokens * k; q += blockDim.x) {
+    j->ids[q] = picked[q];
+    j->cold[q] = slot_of[picked[q]] < 0 ? 1 : 0;
+  }
   if (threadIdx.x == 0) {
-    volatile HostJob* j = r.job;
     j->layer = il;
     j->k = k;
+    j->n_tokens = n_tokens;
     j->n_cold = n_cold;
-    for (int q = 0; q < k; ++q) {
-      j->ids[q] = chosen[q];
-      j->cold[q] = slot_of[chosen[q]] < 0 ? 1 : 0;
-    }
   }
   // Every thread's writes reach host memory before the doorbell.
   __threadfence_system();
@@ -74,7 +93,6 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   // hold the kernel's end (and the hot experts' launch after it) until the store is performed.
   if (threadIdx.x == 0) {
     r.ctr->rung_at = global_ns();
-    volatile HostJob* j = r.job;
     j->doorbell = seq;
   }
 }
@@ -86,10 +104,15 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long
   return v;
 }
 
-__global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
-                                HybridRing r, unsigned long long timeout_ns) {
+// Token blockIdx.y's row; every block waits for the job itself.
+__global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k,
+                                int d, HybridRing r, unsigned long long timeout_ns, int64_t x_stride) {
   const unsigned long long want = r.wait_seq[il];
   if (want == 0) return;  // no cold pick in this layer
+  const int tok = static_cast<int>(blockIdx.y);
+  ids += tok * k;
+  weights += tok * k;
+  x += tok * x_stride;
   __shared__ int order[kHybridMaxK];
   __shared__ int n_cold;
   if (threadIdx.x == 0) {
@@ -99,7 +122,7 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
     // block barrier alone would not order this thread's load before the other threads' row reads).
     while (ld_acquire_sys(done) < want) {
       if (global_ns() - t0 > timeout_ns) {
-        if (blockIdx.x == 0) {
+        if (blockIdx.x == 0 && tok == 0) {
           printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
                  static_cast<double>(timeout_ns) * 1e-9);
           atomicAdd(&r.ctr->timeouts, 1ull);
@@ -108,7 +131,7 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
       }
       __nanosleep(200);
     }
-    if (blockIdx.x == 0) {
+    if (blockIdx.x == 0 && tok == 0) {
       const unsigned long long t1 = global_ns();
       atomicAdd(&r.ctr->wait_ns, t1 - t0);
       atomicAdd(&r.ctr->answer_ns, t1 - r.ctr->rung_at);
@@ -122,7 +145,7 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
   }
   __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= d) return;
+  if (j >= d || n_cold == 0) return;  // a token without cold picks keeps its row as its own step would
   // Up to eight cold rows' values requested before any is used (each is a PCIe round trip; loading one
   // per use would serialise them), then added in the engine's order.
   constexpr int kBatch = 8;
@@ -131,7 +154,7 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
     float v[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
-      v[i] = q0 + i < n_cold ? __ldcv(r.ye_cold + static_cast<int64_t>(order[q0 + i]) * d + j) : 0.0f;
+      v[i] = q0 + i < n_cold ? __ldcv(r.ye_cold + (static_cast<int64_t>(tok) * k + order[q0 + i]) * d + j) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
       if (q0 + i < n_cold) acc += weights[order[q0 + i]] * v[i];
@@ -169,22 +192,26 @@ __global__ void write_slots_kernel(int* slot_maps, SlotWrites w) {
 
 }  // namespace
 
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
-                       float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s) {
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule,
+                       int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
+                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens,
+                       int64_t logits_stride, int64_t x_stride) {
   check_arg(k >= 1 && k <= kHybridMaxK && k <= n_expert && n_expert <= 1024,
             "hybrid_route_ring: 1 <= k <= 64 and n_expert <= 1024");
+  check_arg(n_tokens >= 1 && n_tokens <= kHybridMaxTokens && (n_tokens == 1 || !rule.replay || rule.replay_stride > 0),
+            "hybrid_route_ring: 1..kHybridMaxTokens tokens, replayed picks of several tokens need their stride");
   route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, rule, ids, weights, seq_picks, slot_of, x,
-                                      norm_w, eps, d, ring);
+                                      norm_w, eps, d, ring, n_tokens, logits_stride, x_stride);
   check_launch("hybrid_route_ring");
 }
 
 void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
-                     const HybridRing& ring, double timeout_s, cudaStream_t s) {
+                     const HybridRing& ring, double timeout_s, cudaStream_t s, int n_tokens, int64_t x_stride) {
   check_arg(k >= 1 && k <= kHybridMaxK, "hybrid_cold_add: 1 <= k <= 64");
+  check_arg(n_tokens >= 1 && n_tokens <= kHybridMaxTokens, "hybrid_cold_add: 1..kHybridMaxTokens tokens");
   const int threads = 256;
-  cold_add_kernel<<<(d + threads - 1) / threads, threads, 0, s>>>(il, x, ids, weights, slot_of, k, d, ring,
-                                                                 static_cast<unsigned long long>(timeout_s * 1e9));
+  cold_add_kernel<<<dim3((d + threads - 1) / threads, n_tokens), threads, 0, s>>>(
+      il, x, ids, weights, slot_of, k, d, ring, static_cast<unsigned long long>(timeout_s * 1e9), x_stride);
   check_launch("hybrid_cold_add");
 }
 

@@ -3,6 +3,9 @@
 // cudaHostAllocMapped): the route-ring kernel writes a layer's job into it, the CPU writes cold rows and
 // a done sequence number, the cold-add kernel reads them over PCIe. At most one job is in flight: a
 // layer's cold add waits for its job before any later layer can ring.
+// A job covers the tokens of one step: one for a decode step, up to kHybridMaxTokens for the multi-token
+// step that verifies drafts (pick p of token t at index t * k + p of ids / cold, its input row t of xn,
+// its output row t * k + p of ye_cold).
 // Plain C++ header (no CUDA language features).
 #pragma once
 
@@ -15,6 +18,7 @@
 namespace strata::cuda {
 
 constexpr int kHybridMaxK = 64;  // the most routed experts per token the hybrid step handles
+constexpr int kHybridMaxTokens = 32;  // the most tokens of one job (the multi-token step's)
 
 // Lives in mapped pinned memory. The GPU writes layer/ids/cold then the doorbell (the job's sequence
 // number, > 0); the CPU writes done. The two flags sit on their own cache lines.
@@ -23,9 +27,10 @@ struct HostJob {
   alignas(64) unsigned long long done;      // seq of the last job the CPU finished
   alignas(64) int layer;
   int k;
+  int n_tokens;
   int n_cold;
-  int ids[kHybridMaxK];   // expert id of each pick
-  int cold[kHybridMaxK];  // 1: the pick is cold (its row comes from the CPU)
+  int ids[kHybridMaxTokens * kHybridMaxK];   // expert id of each pick
+  int cold[kHybridMaxTokens * kHybridMaxK];  // 1: the pick is cold (its row comes from the CPU)
 };
 
 // Device-side counters of the hybrid step.
@@ -42,8 +47,8 @@ struct HybridDevCounters {
 // pinned memory).
 struct HybridRing {
   HostJob* job = nullptr;
-  float* xn_host = nullptr;                  // n_embd floats: the cold experts' input
-  const float* ye_cold = nullptr;            // [k x n_embd]: row p of a cold pick p, written by the CPU
+  float* xn_host = nullptr;        // [kHybridMaxTokens x n_embd]: the cold experts' inputs
+  const float* ye_cold = nullptr;  // [kHybridMaxTokens x k x n_embd]: the cold picks' rows (CPU)
   HybridDevCounters* ctr = nullptr;
   unsigned long long* wait_seq = nullptr;    // [n_layer]: the job each layer's cold add waits for (0: none)
   unsigned long long* calls = nullptr;       // [n_layer] token passes
@@ -69,17 +74,21 @@ struct SlotWrites {
 // slot or -1). When some pick is cold it takes the next job number, writes xn = rmsnorm(x) * norm_w
 // (rmsnorm_rows' arithmetic) and the job to host memory, fences and rings the doorbell; wait_seq[il] =
 // that number, or 0 with no cold pick; the ring's time in ctr->rung_at. One small launch.
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule, int* ids,
-                       float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s);
+// n_tokens > 1 (the multi-token step): token t's logits at logits + t * logits_stride, its input at x +
+// t * x_stride, its ids / weights at + t * k, its replayed picks (rule.replay) at + t * rule.replay_stride;
+// each token's routing and input are what a launch for that token alone gives, and all go in one job.
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule,
+                       int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
+                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens = 1,
+                       int64_t logits_stride = 0, int64_t x_stride = 0);
 
 // After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
 // (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold
 // picks' weights[p] * ye_cold[p][j], summed in ascending expert id (the order of the CPU engine's
 // combine); the time since the ring goes to ctr->answer_ns. Returns at once on the device when the layer
-// had no cold pick.
+// had no cold pick. n_tokens > 1: token t's row x + t * x_stride, its picks at ids / weights + t * k.
 void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
-                     const HybridRing& ring, double timeout_s, cudaStream_t s);
+                     const HybridRing& ring, double timeout_s, cudaStream_t s, int n_tokens = 1, int64_t x_stride = 0);
 
 // Takes a dropped decode step's picks (ids: [n_layer x k], every layer's) back out of the model's
 // counters: calls, cold picks, cache hits and per-expert picks.

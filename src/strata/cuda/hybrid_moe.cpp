@@ -1,5 +1,6 @@
-// The hybrid hot/cold MoE (issue 8). Per MoE layer and decoded token, on the sequence's stream (the
-// session's step, gpu_session.cpp, runs the GPU launches; this file owns the mailbox and the CPU side):
+// The hybrid hot/cold MoE (issue 8). Per MoE layer and decode step (one token, or the multi-token step's
+// tokens in one job), on the sequence's stream (the session's step, gpu_session.cpp, runs the GPU launches;
+// this file owns the mailbox and the CPU side):
 //   router matvec                                     (GPU, the all-GPU launch)
 //   route + ring: top-k, the picks classified through  (GPU, one small launch; writes the job and the
 //         the layer's slot map                          normed input to mapped host memory and rings
@@ -93,15 +94,20 @@ class HybridMoeImpl final : public HybridMoe {
   }
 
   void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                    const float* x, const float* norm_w, cudaStream_t s, const int* replay) override {
+                    const float* x, const float* norm_w, cudaStream_t s, const int* replay,
+                    const HybridTokens& tokens) override {
     RouteRule rule = route_rule(c_, dm_.layers[static_cast<size_t>(il)].moe.selection_bias);
     rule.replay = replay;
+    rule.replay_stride = static_cast<int>(tokens.replay);
     hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, rule, ids, weights, seq_picks,
-                      device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s);
+                      device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s, tokens.n, tokens.logits,
+                      tokens.x);
   }
 
-  void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s) override {
-    hybrid_cold_add(il, x, ids, weights, device_slot_map(il), c_.n_expert_used, c_.n_embd, ring_, kCpuTimeoutS, s);
+  void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s,
+                const HybridTokens& tokens) override {
+    hybrid_cold_add(il, x, ids, weights, device_slot_map(il), c_.n_expert_used, c_.n_embd, ring_, kCpuTimeoutS, s,
+                    tokens.n, tokens.x);
   }
 
   void uncount_decode(const int* ids, cudaStream_t s) override {
@@ -354,8 +360,9 @@ class HybridMoeImpl final : public HybridMoe {
     float* xn_d = nullptr;
     float* yec_d = nullptr;
     job_h_ = halloc_mapped<HostJob>(1, &ring_.job);
-    xn_h_ = halloc_mapped<float>(d, &xn_d);
-    yec_h_ = halloc_mapped<float>(k * d, &yec_d);
+    const size_t T = static_cast<size_t>(kHybridMaxTokens);
+    xn_h_ = halloc_mapped<float>(T * d, &xn_d);
+    yec_h_ = halloc_mapped<float>(T * k * d, &yec_d);
     ring_.xn_host = xn_d;
     ring_.ye_cold = yec_d;
     check_cuda(cudaEventCreateWithFlags(&ev_last_, cudaEventDisableTiming), "hybrid: event");
@@ -563,18 +570,29 @@ class HybridMoeImpl final : public HybridMoe {
     prefault_sink_ = sum;
   }
 
-  // Computes the job in job_h_ (its cold picks) and raises the done flag.
+  // Computes the job in job_h_ (its cold picks) and raises the done flag. A job of several tokens runs as
+  // one batch (each cold expert's weights read once for the tokens that picked it) with run()'s
+  // arithmetic, so that each token's rows are what its own decode step gets.
   void process(unsigned long long seq) {
     const HostJob& J = *job_h_;
     const int il = J.layer;
-    picks_.clear();
     const size_t d = static_cast<size_t>(c_.n_embd);
-    for (int p = 0; p < J.k; ++p)
-      if (J.cold[p]) picks_.push_back({J.ids[p], yec_h_ + static_cast<size_t>(p) * d});
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      pool_.run(model_.weights().layers[static_cast<size_t>(il)].moe, xn_h_, picks_.data(),
-                static_cast<int>(picks_.size()));
+      if (J.n_tokens < 1 || J.n_tokens > kHybridMaxTokens || J.k < 1 || J.k > kHybridMaxK)
+        fail("a job of ", J.n_tokens, " tokens of ", J.k, " picks");
+      const ExpertFfn& w = model_.weights().layers[static_cast<size_t>(il)].moe;
+      if (J.n_tokens == 1) {
+        picks_.clear();
+        for (int p = 0; p < J.k; ++p)
+          if (J.cold[p]) picks_.push_back({J.ids[p], yec_h_ + static_cast<size_t>(p) * d});
+        pool_.run(w, xn_h_, picks_.data(), static_cast<int>(picks_.size()));
+      } else {
+        token_picks_.clear();
+        for (int p = 0; p < J.n_tokens * J.k; ++p)
+          if (J.cold[p]) token_picks_.push_back({p / J.k, J.ids[p], yec_h_ + static_cast<size_t>(p) * d});
+        pool_.run_batch(w, xn_h_, J.n_tokens, token_picks_.data(), static_cast<int>(token_picks_.size()), true);
+      }
     } catch (const std::exception& e) {
       // The GPU is waiting on this job inside a CUDA graph: nothing can report the error upwards.
       std::fprintf(stderr, "strata hybrid MoE: cold experts of layer %d failed: %s\n", il, e.what());
@@ -645,6 +663,7 @@ class HybridMoeImpl final : public HybridMoe {
   bool snap_pending_ = false;
   std::vector<uint64_t> snap_prev_, snap_delta_;
   std::vector<ColdPick> picks_;
+  std::vector<ColdTokenPick> token_picks_;
   unsigned long long last_seq_ = 0;  // touched only by the one thread that processes jobs
   unsigned long long wait_ns_base_ = 0, answer_ns_base_ = 0, jobs_base_ = 0;
   mutable volatile unsigned prefault_sink_ = 0;  // keeps the page-touching loop from being optimised away

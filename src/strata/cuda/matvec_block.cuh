@@ -72,13 +72,14 @@ __device__ __forceinline__ int block_token() {
 // issue-bound: every block of the expert launch routes for itself.) Inlined: as a called function, its
 // call inside the tile loop made ptxas keep kernel registers on the stack (local memory, spill loads in
 // the row loops) and the decode slower (docs/PERF.md); warp_route itself stays a call.
-// Tokens: a token grid's block routes its own token's logits into that token's ids / weights.
+// Tokens: a token grid's block routes its own token's logits (and replayed picks) into that token's ids /
+// weights.
 template <bool Tokens = false>
 static __device__ __forceinline__ void route_warp0(const GemvRoute& r, int* chosen, bool write_out) {
   __shared__ float p[1024];
   __shared__ float chosen_p[64];
   const int tok = block_token<Tokens>();
-  warp_route(r.logits + tok * r.logits_token_stride, r.n_expert, r.k, chosen, chosen_p, p, &r.rule);
+  warp_route(r.logits + tok * r.logits_token_stride, r.n_expert, r.k, chosen, chosen_p, p, &r.rule, tok);
   if (write_out)
     warp_route_store(chosen, chosen_p, r.k, r.norm_topk, r.ids + tok * r.k, r.weights + tok * r.k, r.counts,
                      r.rule.scale);

@@ -334,9 +334,10 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
   check_arg(n_tokens >= 1 && n_tokens <= kMaxGemvTokens, "gemv_batch: 1..kMaxGemvTokens tokens");
   const bool tokens = n_tokens > 1;
-  // The epilogues' last-block counters and the conv state are one per launch; replayed picks one row.
-  check_arg(!tokens || (!norm && !route && !combine && (!route_in || !route_in->rule.replay)),
-            "gemv_batch: a token grid takes no epilogue and no replayed route_in");
+  // The epilogues' last-block counters and the conv state are one per launch; replayed picks go by their stride.
+  check_arg(!tokens || (!norm && !route && !combine &&
+                        (!route_in || !route_in->rule.replay || route_in->rule.replay_stride > 0)),
+            "gemv_batch: a token grid takes no epilogue, and replayed picks of route_in with their token stride");
   if (tokens)
     for (int i = 0; i < n_jobs; ++i)
       check_arg(!jobs[i].conv_w, "gemv_batch: a token grid takes no conv job (the conv is sequential in the tokens)");

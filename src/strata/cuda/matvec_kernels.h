@@ -134,7 +134,8 @@ constexpr int kGemvSharedTokens = 10;
 // n_tokens > 1 (<= kMaxGemvTokens): a token grid, the launch repeated for every token t with the jobs'
 // token strides (GemvJob, GemvRoute::logits_token_stride); each token's blocks tile and compute exactly
 // as the single-token launch of the same jobs does, so token t's outputs are bitwise those of a
-// single-token launch on token t's rows. No epilogue, conv job or replayed route_in then. A token grid
+// single-token launch on token t's rows. No epilogue or conv job then; replayed picks of route_in are token
+// t's at rule.replay + t * rule.replay_stride (a stride of 0 is refused). A token grid
 // whose jobs are all unrouted K-quant rows under GemvMath::Int8, reading enough bytes
 // (set_gemv_tokens_min_bytes), runs token-shared: each block stages up to kGemvSharedTokens tokens' inputs
 // and reads each weight once for all of them (same results, bit for bit).
@@ -182,9 +183,9 @@ struct GemvDownSum {
   const float* gs = nullptr;          // its input
   const float* shared_gate = nullptr;  // its gate logit (device, one float); null: ungated (weight 1)
   float* x = nullptr;                  // d floats, accumulated into
-  // A token grid (n_tokens > 1, <= kMaxGemvTokens, no slot map): token t reads ids / weights at + t * k,
-  // g at + t * g_token_stride, gs / shared_gate at + t * gs_token_stride / + t, and accumulates into
-  // x + t * x_token_stride; each token's rows are the single-token launch's arithmetic.
+  // A token grid (n_tokens > 1, <= kMaxGemvTokens; a slot map applies to each token's picks): token t reads ids /
+  // weights at + t * k, g at + t * g_token_stride, gs / shared_gate at + t * gs_token_stride / + t, and accumulates
+  // into x + t * x_token_stride; each token's rows are the single-token launch's arithmetic.
   int n_tokens = 1;
   int64_t g_token_stride = 0;
   int64_t gs_token_stride = 0;

@@ -93,11 +93,10 @@ __device__ __forceinline__ float slots_dot(GgmlType t, bool i8, const uint8_t* c
 }
 
 // kSlotMap: the picks go through a.slot_of (the hybrid MoE's hot stack); a separate instantiation, so
-// the all-GPU kernel stays as it is without one. kTokens: a token grid (no slot map), the block on
-// token blockIdx.y's picks, inputs and residual row; a constant 0 token otherwise.
+// the all-GPU kernel stays as it is without one. kTokens: a token grid, the block on token blockIdx.y's
+// picks, inputs and residual row; a constant 0 token otherwise.
 template <bool kSlotMap, bool kTokens>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(const __grid_constant__ DownSumArgs a) {
-  static_assert(!(kSlotMap && kTokens), "the token grid is all-GPU only");
   pdl_launch_dependents();
   pdl_wait();
   const int tok = block_token<kTokens>();
@@ -123,12 +122,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
       int nh = 0;
       for (int p0 = 0; p0 < a.k; p0 += 32) {
         const int p = p0 + t;
-        const int slot = p < a.k ? __ldcg(a.slot_of + __ldcg(a.ids + p)) : -1;
+        const int slot = p < a.k ? __ldcg(a.slot_of + __ldcg(a.ids + tok * a.k + p)) : -1;
         const unsigned hot = __ballot_sync(0xffffffffu, slot >= 0);
         if (slot >= 0) {
           const int j = nh + __popc(hot & ((1u << t) - 1u));
           base[j] = a.stack + static_cast<size_t>(slot) * a.stride;
-          scale[j] = __ldcg(a.weights + p);
+          scale[j] = __ldcg(a.weights + tok * a.k + p);
           src[j] = p;
         }
         nh += __popc(hot);
@@ -137,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
         n_hot_s = nh;
         if (a.shared) {
           base[nh] = a.shared;
-          scale[nh] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate)) : 1.0f;
+          scale[nh] = a.shared_gate ? sigmoid_dev(__ldcg(a.shared_gate + tok)) : 1.0f;
         }
       }
     }
@@ -156,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) down_sum_kernel(con
     stage_x<2>(a.g + tok * a.g_ts, n_r, smem, smem + L.s16, nullptr, 0.0f, sums, g);
   } else {
     for (int j = 0; j < n_hot; ++j)  // each input at column j * ff (ff % 64 == 0: the layouts line up)
-      stage_x<2>(a.g + static_cast<size_t>(src[j]) * a.ff, a.ff, smem + rows::xpad(j * a.ff), smem + L.s16 + j * a.ff / 16,
-                 nullptr, 0.0f, sums, g);
+      stage_x<2>(a.g + tok * a.g_ts + static_cast<size_t>(src[j]) * a.ff, a.ff, smem + rows::xpad(j * a.ff),
+                 smem + L.s16 + j * a.ff / 16, nullptr, 0.0f, sums, g);
   }
   if (a.shared) stage_x<2>(a.gs + tok * a.gs_ts, a.shared_ff, smem + rows::xpad(n_r), smem + L.s16 + n_r / 16, nullptr, 0.0f, sums, g);
   if (i8r || i8s) {
@@ -186,6 +185,7 @@ void allow_down_sum_smem() {
     allow_dynamic_smem(down_sum_kernel<false, false>, smem, "cudaFuncSetAttribute(down_sum)");
     allow_dynamic_smem(down_sum_kernel<true, false>, smem, "cudaFuncSetAttribute(down_sum)");
     allow_dynamic_smem(down_sum_kernel<false, true>, smem, "cudaFuncSetAttribute(down_sum)");
+    allow_dynamic_smem(down_sum_kernel<true, true>, smem, "cudaFuncSetAttribute(down_sum)");
     return true;
   }();
   (void)done;
@@ -213,17 +213,17 @@ bool gemv_down_sum_fits(const GemvDownSum& a) {
   return a.k + (a.shared ? 1 : 0) <= mv::kMaxDownSlots && n <= mv::kMaxCols && (!k_quant || n % 256 == 0);
 }
 
-// Resident token-grid down-sum blocks per SM for this shared-memory size.
-static int down_sum_tokens_resident(size_t smem) {
-  const void* kernel = reinterpret_cast<const void*>(mv::down_sum_kernel<false, true>);
+// Resident token-grid down-sum blocks per SM for this shared-memory size (with a slot map or without).
+static int down_sum_tokens_resident(size_t smem, bool slot_map) {
+  const void* kernel = slot_map ? reinterpret_cast<const void*>(mv::down_sum_kernel<true, true>)
+                                : reinterpret_cast<const void*>(mv::down_sum_kernel<false, true>);
   return std::max(1, resident_blocks(kernel, mv::kThreads, smem));
 }
 
 void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   using namespace mv;
   check_arg(gemv_down_sum_fits(a), "gemv_down_sum: unsupported shape (see gemv_down_sum_fits)");
-  check_arg(a.n_tokens >= 1 && a.n_tokens <= kMaxGemvTokens && (a.n_tokens == 1 || !a.slot_of_expert),
-            "gemv_down_sum: 1..kMaxGemvTokens tokens, a token grid without a slot map");
+  check_arg(a.n_tokens >= 1 && a.n_tokens <= kMaxGemvTokens, "gemv_down_sum: 1..kMaxGemvTokens tokens");
   const DevMatrix& w = *a.down;
   DownSumArgs d{};
   d.stack = w.data, d.row_bytes = w.row_bytes, d.stride = w.expert_stride, d.type = w.type;
@@ -242,14 +242,18 @@ void gemv_down_sum(const GemvDownSum& a, cudaStream_t s) {
   const int n = d.k * d.ff + (a.shared ? d.shared_ff : 0);
   const size_t smem = static_cast<size_t>(stage_layout(n).total) * sizeof(float);
   const int grid = (d.d + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (d.slot_of)
+  if (a.n_tokens > 1) {
+    const dim3 g(token_grid_blocks(grid, sm_count() * down_sum_tokens_resident(smem, d.slot_of), a.n_tokens),
+                 a.n_tokens);
+    if (d.slot_of)
+      launch_pdl("gemv_down_sum", down_sum_kernel<true, true>, g, dim3(kThreads), smem, s, d);
+    else
+      launch_pdl("gemv_down_sum", down_sum_kernel<false, true>, g, dim3(kThreads), smem, s, d);
+  } else if (d.slot_of) {
     launch_pdl("gemv_down_sum", down_sum_kernel<true, false>, dim3(grid), dim3(kThreads), smem, s, d);
-  else if (a.n_tokens > 1)
-    launch_pdl("gemv_down_sum", down_sum_kernel<false, true>,
-               dim3(token_grid_blocks(grid, sm_count() * down_sum_tokens_resident(smem), a.n_tokens), a.n_tokens),
-               dim3(kThreads), smem, s, d);
-  else
+  } else {
     launch_pdl("gemv_down_sum", down_sum_kernel<false, false>, dim3(grid), dim3(kThreads), smem, s, d);
+  }
 }
 
 }  // namespace strata::cuda

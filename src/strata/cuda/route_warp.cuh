@@ -120,7 +120,7 @@ static __device__ __noinline__ void warp_route_sigmoid(const float* logits, int 
 // those ids: the softmax probability over all n_expert logits (relative to the largest, the sum in
 // double, as warp_route), or the sigmoid score (no selection bias).
 static __device__ __noinline__ void warp_route_replayed(const float* logits, int n_expert, int k, int* chosen,
-                                                         float* chosen_p, const RouteRule& rule) {
+                                                        float* chosen_p, const RouteRule& rule, int replay_row) {
   const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
   double sum = 0.0;
@@ -132,7 +132,7 @@ static __device__ __noinline__ void warp_route_replayed(const float* logits, int
   }
   const float inv = rule.sigmoid ? 1.0f : static_cast<float>(1.0 / sum);
   for (int j = lane; j < k; j += 32) {
-    const int e = __ldcg(rule.replay + j);
+    const int e = __ldcg(rule.replay + static_cast<int64_t>(replay_row) * rule.replay_stride + j);
     const float l = __ldcg(logits + e);
     chosen[j] = e;
     chosen_p[j] = rule.sigmoid ? sigmoid_score(l, rule) : expf(l - mx) * inv;
@@ -147,11 +147,12 @@ static __device__ __noinline__ void warp_route_replayed(const float* logits, int
 // holding it);
 // beyond that the probabilities live in p and a round is a shuffle arg-max. Both forms sum the softmax
 // in the same order (per lane by ascending id, then the warp's xor tree). Logits are read through L2
-// (an earlier kernel or another block wrote them).
+// (an earlier kernel or another block wrote them). Replayed picks (rule->replay) are those of row
+// replay_row (rule->replay + replay_row * rule->replay_stride).
 static __device__ __noinline__ void warp_route(const float* logits, int n_expert, int k, int* chosen, float* chosen_p,
-                                        float* p, const RouteRule* rule = nullptr) {
+                                               float* p, const RouteRule* rule = nullptr, int replay_row = 0) {
   if (rule && rule->replay) {
-    warp_route_replayed(logits, n_expert, k, chosen, chosen_p, *rule);
+    warp_route_replayed(logits, n_expert, k, chosen, chosen_p, *rule, replay_row);
     return;
   }
   if (rule && rule->sigmoid) {

@@ -199,9 +199,8 @@ uint64_t estimate_gpu_workspace_bytes(const ModelConfig& c, int ctx, int prefill
   const uint64_t per_token = 8ull * c.n_embd + 2 * q_width + 2 * kv_width + ssm + static_cast<uint64_t>(c.n_expert) +
                              3ull * c.n_expert_used * c.n_ff_exp + 2ull * c.n_ff_shexp +
                              static_cast<uint64_t>(c.n_vocab);
-  // The decode step's vectors, and the multi-token decode step's (pending tokens of all-GPU sessions)
-  // for up to kStepTokens tokens (cuda/matvec_kernels.h kMaxGemvTokens; counted for every plan, a hybrid
-  // one keeps the slack).
+  // The decode step's vectors, and the multi-token decode step's (pending tokens) for up to kStepTokens
+  // tokens (cuda/matvec_kernels.h kMaxGemvTokens).
   constexpr uint64_t kStepTokens = 32;
   const uint64_t decode = (1 + kStepTokens) * per_token * f + 2ull * c.n_head * static_cast<uint64_t>(std::max(ctx, 1)) * f;
   const uint64_t chunk = static_cast<uint64_t>(std::max(prefill_chunk, 1));
