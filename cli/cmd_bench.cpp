@@ -51,11 +51,21 @@ constexpr const char* kCopyHeavyPrompt =
     "    return total / len(values)\n\n\n# The same two functions, with `values` renamed to `xs`:\n\n"
     "def mean(xs):\n    total = 0\n";
 
+// --profile in bench: the routing profile the expert placement is made from, read only (null without one).
+std::unique_ptr<strata::ProfileStore> read_bench_profile(const strata::Model& model,
+                                                         const strata::cli::BackendOptions& bo) {
+  auto profile = strata::cli::open_profile(model, bo);
+  if (profile && !profile->loaded_existing())
+    strata::fail(bo.profile, ": no such routing profile (bench only reads one)");
+  return profile;
+}
+
 // bench --verify-cost: verifications of drafts of the given shapes against one decode step.
 void run_verify_cost_command(const BenchArgs& a, const std::vector<strata::VerifyShape>& shapes) {
   const auto model = strata::cli::load_model_for_cli(a.model);
   const int max_ctx = strata::verify_cost_context(a.params.n_prompt, shapes, a.params.reps);
-  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, nullptr);
+  const auto profile = read_bench_profile(*model, a.backend);
+  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, profile.get());
   const auto replay = strata::cli::open_routing_replay(*model, a.backend);
   if (!a.json)
     std::fprintf(stderr, "verify cost: %zu draft shapes after %d prompt tokens, %d repetitions (+1 warm-up)...\n",
@@ -95,7 +105,8 @@ void run_spec_bench_command(const BenchArgs& a, const strata::SpecChoice& choice
   prompt.insert(prompt.end(), body.begin(), body.end());
   if (prompt.empty()) strata::fail("--spec-prompt: the prompt is empty");
   const int max_ctx = static_cast<int>(prompt.size()) + a.params.n_gen + choice.params.draft_max + 16;
-  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, nullptr);
+  const auto profile = read_bench_profile(*model, a.backend);
+  strata::cli::SequenceFactory factory(*model, max_ctx, 1, a.backend, profile.get());
   const int32_t n_text = static_cast<int32_t>(std::min<int64_t>(model->config().n_vocab, tokenizer->n_vocab()));
   strata::SamplerParams greedy;
   greedy.temperature = 0;
@@ -198,8 +209,7 @@ void setup_bench(CLI::App& sub) {
       if (!a->json) std::fprintf(stderr, "measuring host DRAM bandwidth (triad)...\n");
       r.bandwidth = strata::measure_triad_bandwidth(a->triad_mib << 20, 5);
     }
-    const auto profile = strata::cli::open_profile(*model, bo);
-    if (profile && !profile->loaded_existing()) strata::fail(bo.profile, ": no such routing profile (bench only reads one)");
+    const auto profile = read_bench_profile(*model, bo);
     strata::cli::SequenceFactory factory(*model, max_ctx, 1, bo, profile.get());
     const bool hybrid = factory.plan().gpu && factory.plan().gpu_plan.hybrid;
     strata::BandwidthResult host_bw;

@@ -545,6 +545,19 @@ TEST(SequenceRoutingCounts, ABackendWithoutCountingRefuses) {
 }
 
 #ifdef STRATA_HAVE_CUDA
+
+// On the GPU machine: bench reads --profile for the expert placement in every mode, --verify-cost and
+// --spec too (a missing file is refused as such, not as a flag the mode ignores).
+TEST(BackendCli, BenchReadsAProfileInEveryMode) {
+  if (!strata::cuda::device_available()) GTEST_SKIP() << "no CUDA device: " << strata::cuda::device_description();
+  const std::string missing = ::testing::TempDir() + "/no_such_profile.json";
+  for (const std::string mode : {"--verify-cost chain:2 -p 4", "--spec ngram -n 4"}) {
+    const auto r = run_cli("bench -m " + kModel + " -r 1 --gpu --profile " + missing + " " + mode);
+    EXPECT_EQ(r.exit_code, 1) << mode;
+    EXPECT_NE(r.err.find("no such routing profile"), std::string::npos) << mode << ": " << r.err;
+  }
+}
+
 // Counts of a run, one token per forward (every backend counts decode steps).
 strata::RoutingCounts count_tokens(strata::Sequence& seq, const std::vector<int32_t>& ids, bool one_by_one) {
   strata::RoutingCounts counts;

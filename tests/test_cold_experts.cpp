@@ -234,11 +234,13 @@ TEST_P(ColdExpertsBatch, EqualsPerTokenRun) {
        {strata::CpuKernelLevel::Scalar, strata::CpuKernelLevel::Avx2, strata::CpuKernelLevel::Avx512}) {
     if (!strata::cpu_supports(level)) continue;
     strata::set_cpu_kernel_level(level);
-    for (bool tiles : {false, true}) {
-      // Float tiles (SIMD levels): float math, so within float rounding of the float64 reference and
-      // within run()'s int8 rounding of run(); off (and at the scalar level): bitwise equal to run().
+    for (int mode = 0; mode < 3; ++mode) {
+      // Float tiles (SIMD levels, mode 1): float math, so within float rounding of the float64 reference
+      // and within run()'s int8 rounding of run(); off (mode 0, and at the scalar level) or declined by
+      // the call (mode 2: run_batch's bitwise argument, with the tiles on): bitwise equal to run().
       // K-quant experts take the batched int8 kernel instead of float tiles: bitwise equal to run() too.
-      const bool bitwise = !tiles || level == strata::CpuKernelLevel::Scalar ||
+      const bool tiles = mode >= 1, ask_bitwise = mode == 2;
+      const bool bitwise = !tiles || ask_bitwise || level == strata::CpuKernelLevel::Scalar ||
                            (strata::tile_fused_type(c.gu) && strata::tile_fused_type(c.dn));
       for (int threads : {1, 4, 7}) {
         ColdExpertPool pool(threads);
@@ -247,13 +249,16 @@ TEST_P(ColdExpertsBatch, EqualsPerTokenRun) {
         std::vector<ColdTokenPick> picks;
         for (size_t i = 0; i < tp.size(); ++i)
           picks.push_back({tp[i].first, tp[i].second, out.data() + i * static_cast<size_t>(c.d)});
-        pool.run_batch(ex.w, X.data(), n_tok, picks.data(), static_cast<int>(picks.size()));
+        pool.run_batch(ex.w, X.data(), n_tok, picks.data(), static_cast<int>(picks.size()), ask_bitwise);
         // Twice in a row (the pool reuses its buffers; a second batch must not see the first's state).
         std::vector<float> again(out.size(), NAN);
         for (size_t i = 0; i < tp.size(); ++i) picks[i].out = again.data() + i * static_cast<size_t>(c.d);
-        pool.run_batch(ex.w, X.data(), n_tok, picks.data(), static_cast<int>(picks.size()));
+        pool.run_batch(ex.w, X.data(), n_tok, picks.data(), static_cast<int>(picks.size()), ask_bitwise);
         std::vector<float> one(static_cast<size_t>(c.d));
-        const std::string what = std::string(strata::cpu_kernel_level_name(level)) + (tiles ? " tiles" : " rows") +
+        const std::string what = std::string(strata::cpu_kernel_level_name(level)) +
+                                 (ask_bitwise ? " tiles declined"
+                                  : tiles     ? " tiles"
+                                              : " rows") +
                                  " threads " + std::to_string(threads);
         for (size_t i = 0; i < tp.size(); ++i) {
           const float* x = X.data() + static_cast<size_t>(tp[i].first) * static_cast<size_t>(c.d);

@@ -414,13 +414,13 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
   auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
-  const std::vector<int32_t> prompt = ids(prompt_len, 1), drafts = ids(16, 2);
+  const std::vector<int32_t> prompt = ids(prompt_len, 1), drafts = ids(32, 2);
   const int32_t next = ids(1, 4)[0];
   const auto gm = sc::make_gpu_model(model, model_opt);
   const bool hybrid = !model_opt.expert_slots.empty();
   int moe_layers = 0;
   for (int il = 0; il < model.config().n_layer; ++il) moe_layers += model.config().layer(il).ffn == FfnKind::Moe;
-  const int ctx = prompt_len + 40;  // two chains of 16 and a token between them
+  const int ctx = prompt_len + 72;  // two chains of 32 (a hybrid job's most tokens) and a token between them
   const int limit = forward_token_limit(model.config(), ctx);
   auto session = [&] {
     auto s = sc::make_gpu_session(gm, ctx);
@@ -436,7 +436,7 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     return rows;
   };
   int checked = 0;
-  for (const int T : {2, 5, 16}) {
+  for (const int T : {2, 5, 16, 32}) {
     if (T > limit) continue;
     ++checked;
     SCOPED_TRACE(label + ", chain of " + std::to_string(T));
@@ -546,7 +546,9 @@ void check_multi_token_step_bitwise(const Model& model, const std::string& label
     std::vector<float> rows2(static_cast<size_t>(n2) * vocab, NAN);
     c->forward_pending(tree2.data(), n2, parents2.data(), rows2.data());
     if (hybrid) {  // one step: a job per MoE layer at most (a run path by path would send one per token)
-      EXPECT_LE(c->hybrid_telemetry().cpu_jobs - jobs_before, static_cast<uint64_t>(moe_layers));
+      const uint64_t jobs = c->hybrid_telemetry().cpu_jobs - jobs_before;
+      EXPECT_LE(jobs, static_cast<uint64_t>(moe_layers));
+      EXPECT_GE(jobs, 1u) << "no cold pick reached the CPU";
     }
     if (k == 0) {
       for (int t = 0; t < n2; ++t) {
@@ -1015,31 +1017,44 @@ TEST(CudaSpec, MultiTokenStepBitwiseSlidingWindowFixture) {
   check_multi_token_step_bitwise(*target.model, "laguna_swa", window + 7);
 }
 
-// Hybrid: a third of the experts resident, the rest computed on the CPU for all the step's tokens at once.
-sc::GpuSessionOptions hybrid_placement(const Model& m) {
+// Hybrid: the experts of slots resident, the rest computed on the CPU for all the step's tokens at once.
+sc::GpuSessionOptions hybrid_placement(SlotMap slots) {
   sc::GpuSessionOptions o;
-  o.expert_slots = third_hot(m);
+  o.expert_slots = std::move(slots);
   o.cpu_threads = 2;
   return o;
+}
+
+// One expert in eight of each MoE layer cold: many tokens of a step have no cold pick while others do, so
+// a job mixes both.
+SlotMap mostly_hot(const Model& m) {
+  SlotMap s = third_hot(m);
+  for (size_t l = 0; l < s.size(); ++l) {
+    int next = 0;
+    for (size_t e = 0; e < s[l].size(); ++e) s[l][e] = (e + l) % 8 == 0 ? -1 : next++;
+  }
+  return s;
 }
 
 TEST(CudaSpec, MultiTokenStepBitwiseHybridBundledModel) {
   REQUIRE_GPU();
   const Loaded tiny = load(kTiny);
-  check_multi_token_step_bitwise(*tiny.model, "strata-tiny hybrid", 12, hybrid_placement(*tiny.model));
+  check_multi_token_step_bitwise(*tiny.model, "strata-tiny hybrid", 12, hybrid_placement(third_hot(*tiny.model)));
+  check_multi_token_step_bitwise(*tiny.model, "strata-tiny hybrid, mostly hot", 12,
+                                 hybrid_placement(mostly_hot(*tiny.model)));
 }
 
 TEST(CudaSpec, MultiTokenStepBitwiseHybridDeltaNetFixture) {
   REQUIRE_GPU();
   const Loaded target = load(cuda_test::convert_fixture("qwen3_5_moe", "f32", "cuda_spec_"));
-  check_multi_token_step_bitwise(*target.model, "qwen3_5_moe hybrid", 12, hybrid_placement(*target.model));
+  check_multi_token_step_bitwise(*target.model, "qwen3_5_moe hybrid", 12, hybrid_placement(third_hot(*target.model)));
 }
 
 TEST(CudaSpec, MultiTokenStepBitwiseHybridSlidingWindowFixture) {
   REQUIRE_GPU();
   const Loaded target = load(cuda_test::convert_fixture("laguna_swa", "f32", "cuda_spec_"));
   check_multi_token_step_bitwise(*target.model, "laguna_swa hybrid", largest_window(*target.model) + 7,
-                                 hybrid_placement(*target.model));
+                                 hybrid_placement(third_hot(*target.model)));
 }
 
 TEST(CudaSpec, KeepEveryPrefixOfAChainBundledModel) {

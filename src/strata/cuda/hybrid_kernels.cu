@@ -104,7 +104,7 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long
   return v;
 }
 
-// Token blockIdx.y's row; every block waits for the job itself.
+// Token blockIdx.y's row; every block with cold rows to add waits for the job itself.
 __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k,
                                 int d, HybridRing r, unsigned long long timeout_ns, int64_t x_stride) {
   const unsigned long long want = r.wait_seq[il];
@@ -115,27 +115,9 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
   x += tok * x_stride;
   __shared__ int order[kHybridMaxK];
   __shared__ int n_cold;
+  // The block that times the wait (telemetry) waits even when its token has no cold pick.
+  const bool timer = blockIdx.x == 0 && tok == 0;
   if (threadIdx.x == 0) {
-    const unsigned long long* done = &r.job->done;
-    const unsigned long long t0 = global_ns();
-    // An acquire load: the rows the CPU wrote before `done` are read after it (a relaxed poll and the
-    // block barrier alone would not order this thread's load before the other threads' row reads).
-    while (ld_acquire_sys(done) < want) {
-      if (global_ns() - t0 > timeout_ns) {
-        if (blockIdx.x == 0 && tok == 0) {
-          printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
-                 static_cast<double>(timeout_ns) * 1e-9);
-          atomicAdd(&r.ctr->timeouts, 1ull);
-        }
-        __trap();
-      }
-      __nanosleep(200);
-    }
-    if (blockIdx.x == 0 && tok == 0) {
-      const unsigned long long t1 = global_ns();
-      atomicAdd(&r.ctr->wait_ns, t1 - t0);
-      atomicAdd(&r.ctr->answer_ns, t1 - r.ctr->rung_at);
-    }
     int all[kHybridMaxK];
     slots_in_ascending_id(ids, k, all);  // the CPU engine sums experts in that order
     int n = 0;
@@ -144,8 +126,32 @@ __global__ void cold_add_kernel(int il, float* x, const int* ids, const float* w
     n_cold = n;
   }
   __syncthreads();
+  if (n_cold == 0 && !timer) return;  // a token without cold picks keeps its row as its own step would
+  if (threadIdx.x == 0) {
+    const unsigned long long* done = &r.job->done;
+    const unsigned long long t0 = global_ns();
+    // An acquire load: the rows the CPU wrote before `done` are read after it (a relaxed poll and the
+    // block barrier alone would not order this thread's load before the other threads' row reads).
+    while (ld_acquire_sys(done) < want) {
+      if (global_ns() - t0 > timeout_ns) {
+        if (timer) {
+          printf("strata hybrid MoE: no answer from the CPU cold-expert workers for job %llu after %.1f s\n", want,
+                 static_cast<double>(timeout_ns) * 1e-9);
+          atomicAdd(&r.ctr->timeouts, 1ull);
+        }
+        __trap();
+      }
+      __nanosleep(200);
+    }
+    if (timer) {
+      const unsigned long long t1 = global_ns();
+      atomicAdd(&r.ctr->wait_ns, t1 - t0);
+      atomicAdd(&r.ctr->answer_ns, t1 - r.ctr->rung_at);
+    }
+  }
+  __syncthreads();
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= d || n_cold == 0) return;  // a token without cold picks keeps its row as its own step would
+  if (j >= d || n_cold == 0) return;
   // Up to eight cold rows' values requested before any is used (each is a PCIe round trip; loading one
   // per use would serialise them), then added in the engine's order.
   constexpr int kBatch = 8;

@@ -18,7 +18,8 @@ struct HybridTelemetry {
   // [layer * n_expert + expert]: times the router picked the expert (hot or cold), for routing
   // statistics / profiles in hybrid sessions (the all-GPU step counts its own).
   std::vector<uint64_t> expert_picks;
-  uint64_t cpu_jobs = 0;                // layer passes that had cold picks (the others never reach the CPU)
+  uint64_t cpu_jobs = 0;                // layer passes that had cold picks (the others never reach the CPU;
+                                        // a multi-token step's tokens are one pass)
   double cpu_cold_ms = 0.0;             // CPU wall time computing cold experts, summed over jobs (a
                                         // dropped decode lookahead step's work included)
   double gpu_wait_ms = 0.0;             // time the GPU's combine kernels spent waiting for the CPU
