@@ -31,6 +31,13 @@ struct StatsArgs {
   strata::CacheSimConfig sim;
 };
 
+// A policy knob's default as the help shows it ("16", "1").
+std::string fmt_knob(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 void setup_routing_stats(CLI::App& sub) {
   auto a = std::make_shared<StatsArgs>();
   sub.add_option("trace", a->file, "routing trace FILE (strata run/serve/calibrate --collect-routing)");
@@ -56,8 +63,15 @@ void setup_routing_stats(CLI::App& sub) {
                                  "GPU session with its lookahead)");
   auto* map = sub.add_option("--cache-copy-delay", a->sim.copy_delay,
                              "with --cache-sim: steps from a copy's start to its mapping (default 1)");
-  sub.callback([a, seed, tokens, output, layers, experts, copy, observe, map] {
-    for (const auto* opt : {copy, observe, map})
+  auto* margin = sub.add_option("--cache-admit-margin", a->sim.admit_margin,
+                                "with --cache-sim: aged picks by which an LFU newcomer must beat its victim "
+                                "(default: the session's, " +
+                                    fmt_knob(a->sim.admit_margin) + ")");
+  auto* half_life = sub.add_option("--cache-half-life", a->sim.lfu_half_life,
+                                   "with --cache-sim: steps over which an LFU count halves (default: the session's, " +
+                                       fmt_knob(a->sim.lfu_half_life) + ")");
+  sub.callback([a, seed, tokens, output, layers, experts, copy, observe, map, margin, half_life] {
+    for (const auto* opt : {copy, observe, map, margin, half_life})
       if (opt->count() > 0 && !a->cache_sim) strata::fail(opt->get_name(), " needs --cache-sim");
     if (a->cache_sim && a->json) strata::fail("--cache-sim prints text; leave out --json");
     if (a->generate.empty()) {
@@ -75,7 +89,8 @@ void setup_routing_stats(CLI::App& sub) {
       const strata::RoutingSetting& s = strata::routing_setting(a->generate);
       if (a->layers < 0 || a->experts < 0) strata::fail("--layers and --experts must be >= 1");
       const int n_layer = a->layers > 0 ? a->layers : s.n_layer, n_expert = a->experts > 0 ? a->experts : s.n_expert;
-      if (n_expert < s.k) strata::fail("--experts ", n_expert, " is fewer than the setting's ", s.k, " picks per token");
+      if (n_expert < s.k)
+        strata::fail("--experts ", n_expert, " is fewer than the setting's ", s.k, " picks per token");
       trace = strata::generate_routing_trace(s, n_layer, n_expert, s.k, a->seed, a->tokens);
       if (!a->output.empty()) strata::write_routing_trace(a->output, trace);
     }

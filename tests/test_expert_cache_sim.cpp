@@ -111,3 +111,28 @@ TEST(ExpertCacheSim, BadInputFailsClearly) {
   c.residency = 1.5;
   EXPECT_THROW(strata::simulate_expert_cache(tr, c), strata::Error);
 }
+
+// The LFU knobs reach the policy: a margin no newcomer can pass admits only into free slots (nothing is
+// ever evicted), no margin lets spread-out picks churn; a longer half-life remembers more and so changes
+// what is admitted.
+TEST(ExpertCacheSim, LfuKnobsReachThePolicy) {
+  const auto& s = strata::routing_setting("laguna-xs2-like");
+  const strata::RoutingTrace tr = strata::generate_routing_trace(s, 4, s.n_expert, s.k, 2, 1200);
+  strata::CacheSimConfig c;
+  c.residency = 0.5;
+  c.slots_per_layer = 8;
+  c.admit_margin = 1e9;
+  const strata::CacheSimResult never = strata::simulate_expert_cache(tr, c);
+  EXPECT_EQ(never.evictions, 0u);
+  EXPECT_LE(never.copies, 4u * 8u);  // each layer's free slots once
+  c.admit_margin = 0.0;
+  const strata::CacheSimResult churn = strata::simulate_expert_cache(tr, c);
+  EXPECT_GT(churn.evictions, 100u);
+  c.admit_margin = 1.0;
+  const strata::CacheSimResult base = strata::simulate_expert_cache(tr, c);
+  c.lfu_half_life = 256.0;
+  const strata::CacheSimResult longer = strata::simulate_expert_cache(tr, c);
+  EXPECT_NE(base.copies, longer.copies);
+  c.lfu_half_life = 0.0;
+  EXPECT_THROW(strata::simulate_expert_cache(tr, c), strata::Error);
+}

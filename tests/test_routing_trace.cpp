@@ -321,6 +321,18 @@ TEST(RoutingTrace, CommandLine) {
   r = run_cli("routing-stats --generate uniform --cache-copy-experts 4");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--cache-copy-experts needs --cache-sim"), std::string::npos) << r.err;
+  // The LFU knobs: taken with --cache-sim, refused without it, a half-life of 0 refused by the policy.
+  r = run_cli(
+      "routing-stats --generate laguna-xs2-like --layers 3 --experts 64 --tokens 600 --cache-sim "
+      "--cache-admit-margin 1e9 --cache-half-life 32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("lfu 32:"), std::string::npos) << r.out;
+  r = run_cli("routing-stats --generate uniform --cache-admit-margin 3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--cache-admit-margin needs --cache-sim"), std::string::npos) << r.err;
+  r = run_cli("routing-stats --generate uniform --tokens 200 --cache-sim --cache-half-life 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("half-life must be > 0"), std::string::npos) << r.err;
   r = run_cli("routing-stats " + trace + " --experts 16");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--experts needs --generate"), std::string::npos) << r.err;

@@ -58,6 +58,8 @@ CacheSimResult simulate_expert_cache(const RoutingTrace& trace, const CacheSimCo
   cc.pinned = pinned_from(tokens, n_cal, L, E, k, keep);
   cc.slots_per_layer = cfg.slots_per_layer;
   cc.policy = cfg.policy;
+  cc.lfu_half_life = cfg.lfu_half_life;
+  cc.admit_margin = cfg.admit_margin;
   cc.expert_bytes.assign(static_cast<size_t>(L), 1);  // the budget counts experts
   ExpertCache cache(std::move(cc));
   const bool cached = cache.total_cache_slots() > 0;

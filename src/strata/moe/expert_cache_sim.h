@@ -25,6 +25,8 @@ struct CacheSimConfig {
   int copy_experts = 8;    // experts whose copies may start at one boundary
   int observe_delay = 2;   // boundaries between a step and the policy seeing its picks (>= 1: the next)
   int copy_delay = 1;      // boundaries between a copy's start and its mapping (>= 1)
+  double lfu_half_life = ExpertCacheConfig{}.lfu_half_life;  // the policy's knobs (expert_cache.h)
+  double admit_margin = ExpertCacheConfig{}.admit_margin;
 };
 
 struct CacheSimResult {
