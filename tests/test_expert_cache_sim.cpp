@@ -82,6 +82,12 @@ TEST(ExpertCacheSim, RepeatedPicksAreCaughtAfterTheDelays) {
   EXPECT_EQ(r.copies, 8u);
   c.observe_delay = 1;  // seen one boundary sooner: one token fewer missed
   EXPECT_EQ(strata::simulate_expert_cache(tr, c).misses, 2u * 2 * 4);
+  // The grid's cells say what each copy bought: at 25% (8 of 32 pinned, 8..11 still cold) with 8 slots,
+  // 776 hits for 8 copies.
+  c.observe_delay = 2;
+  const std::string grid = strata::format_cache_sim_grid(tr, c);
+  EXPECT_NE(grid.find("lfu 8: 3.0% cold (97% of misses caught, 0.1 copies/token, 97.0 hits/copy)"), std::string::npos)
+      << grid;
 }
 
 TEST(ExpertCacheSim, NothingRepeatsNothingIsCaught) {
