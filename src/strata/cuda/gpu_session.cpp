@@ -651,12 +651,11 @@ struct GpuSession::Impl {
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
     unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
     HybridTokens tokens;
-    tokens.n = T, tokens.logits = rw.router, tokens.x = rw.x, tokens.replay = static_cast<int64_t>(replay_stride);
+    tokens.n = T, tokens.logits = rw.router, tokens.x = rw.x;
     if (hybrid) {
       gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
       prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, replay_for(il, T),
-                           tokens);
+      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, m.rt.rule, tokens);
       prof.mark("hybrid top-k+ring", stream);
       for (GemvJob& j : m.up)
         if (j.ids) j.slot_of_expert = slot_of;

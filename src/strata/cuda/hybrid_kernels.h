@@ -79,8 +79,8 @@ struct SlotWrites {
 // each token's routing and input are what a launch for that token alone gives, and all go in one job.
 void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule,
                        int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens = 1,
-                       int64_t logits_stride = 0, int64_t x_stride = 0);
+                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens,
+                       int64_t logits_stride, int64_t x_stride);
 
 // After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
 // (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold
@@ -88,7 +88,7 @@ void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool no
 // combine); the time since the ring goes to ctr->answer_ns. Returns at once on the device when the layer
 // had no cold pick. n_tokens > 1: token t's row x + t * x_stride, its picks at ids / weights + t * k.
 void hybrid_cold_add(int il, float* x, const int* ids, const float* weights, const int* slot_of, int k, int d,
-                     const HybridRing& ring, double timeout_s, cudaStream_t s, int n_tokens = 1, int64_t x_stride = 0);
+                     const HybridRing& ring, double timeout_s, cudaStream_t s, int n_tokens, int64_t x_stride);
 
 // Takes a dropped decode step's picks (ids: [n_layer x k], every layer's) back out of the model's
 // counters: calls, cold picks, cache hits and per-expert picks.

@@ -94,11 +94,8 @@ class HybridMoeImpl final : public HybridMoe {
   }
 
   void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                    const float* x, const float* norm_w, cudaStream_t s, const int* replay,
+                    const float* x, const float* norm_w, cudaStream_t s, const RouteRule& rule,
                     const HybridTokens& tokens) override {
-    RouteRule rule = route_rule(c_, dm_.layers[static_cast<size_t>(il)].moe.selection_bias);
-    rule.replay = replay;
-    rule.replay_stride = static_cast<int>(tokens.replay);
     hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, rule, ids, weights, seq_picks,
                       device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s, tokens.n, tokens.logits,
                       tokens.x);

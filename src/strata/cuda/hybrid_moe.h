@@ -13,14 +13,15 @@
 #include "strata/cuda/gpu_session.h"
 #include "strata/cuda/hybrid_stream.h"
 #include "strata/cuda/hybrid_types.h"
+#include "strata/cuda/kernels.h"
 
 namespace strata::cuda {
 
 // The tokens of one hybrid step: n (1..kHybridMaxTokens) and the strides from token t to t + 1 of the
-// router logits, the residual rows and the replayed picks (ids and weights: k).
+// router logits and the residual rows (ids and weights: k; replayed picks: RouteRule::replay_stride).
 struct HybridTokens {
   int n = 1;
-  int64_t logits = 0, x = 0, replay = 0;
+  int64_t logits = 0, x = 0;
 };
 
 class HybridMoe {
@@ -29,16 +30,16 @@ class HybridMoe {
   // Decode (GpuSession's step): the session runs the router launch and the hot and shared experts
   // through the all-GPU launches, their routed jobs reading device_slot_map(il) (a cold pick gives zeros
   // there), and calls, all graph-capturable:
-  //   route_decode after the router launch: softmax + top-k of logits into the sequence's ids / weights
-  //     (k each) and seq_picks (its [n_expert] counts of layer il, optional), the model's counters, and
-  //     the cold picks posted to the CPU with rmsnorm(x) * norm_w as their input; replay (device, k ids,
-  //     or null): replayed picks instead of the top-k (RouteRule::replay);
+  //   route_decode after the router launch: the top-k of logits under rule (the layer's routing, the
+  //     session's for every GPU path, replayed picks included) into the sequence's ids / weights (k each)
+  //     and seq_picks (its [n_expert] counts of layer il, optional), the model's counters, and the cold
+  //     picks posted to the CPU with rmsnorm(x) * norm_w as their input;
   //   cold_add once the hot experts are in x: waits for the CPU's cold rows and adds them into x.
   // The multi-token step (verification) passes its tokens (HybridTokens): one job for all of them, the
   // CPU computing each cold expert once for the tokens that picked it, and each token's results what its
   // own decode step gives.
   virtual void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                            const float* x, const float* norm_w, cudaStream_t s, const int* replay,
+                            const float* x, const float* norm_w, cudaStream_t s, const RouteRule& rule,
                             const HybridTokens& tokens) = 0;
   virtual void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s,
                         const HybridTokens& tokens) = 0;
