@@ -55,6 +55,11 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_option("--expert-cache-policy", o.expert_cache_policy,
                  "with --expert-cache: lfu (default: pick counts halving every 16 steps; it catches more than lru "
                  "at every residency and size routing-stats --cache-sim tries) or lru");
+  sub.add_option(
+      "--expert-cache-admit", o.expert_cache_admit,
+      "with --expert-cache, lfu: a cold expert displaces a cached one only when its aged pick count beats the "
+      "victim's by this margin (default 1); larger copies less where hits are rare (try values with "
+      "routing-stats --cache-sim --cache-admit-margin)");
   sub.add_flag("--no-op-offload", o.no_op_offload,
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
                "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
@@ -156,6 +161,7 @@ cuda::GpuSessionOptions gpu_session_options(const BackendPlan& p) {
   so.expert_slots = p.gpu_plan.expert_slots;
   so.expert_cache_slots = p.gpu_plan.cache_slots.empty() ? 0 : p.gpu_plan.expert_cache_request;
   so.expert_cache_policy = p.expert_cache_policy;
+  so.expert_cache_admit_margin = p.expert_cache_admit_margin;
   so.kv_types = p.kv_types;
   return so;
 }

@@ -285,6 +285,7 @@ void setup_bench(CLI::App& sub) {
       if (t.cache_slots > 0) {
         const double per_token = t.tokens ? 1.0 / static_cast<double>(t.tokens) : 0.0;
         hybrid_json["expert_cache"] = {{"policy", t.cache_policy},
+                                       {"admit_margin", t.cache_admit_margin},
                                        {"slots", t.cache_slots},
                                        {"hits", t.cache_hits},
                                        {"misses", t.cold_picks},

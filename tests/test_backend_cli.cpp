@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include <filesystem>
@@ -237,6 +238,24 @@ TEST(BackendCli, ExpertCacheFlagsAreChecked) {
   o.expert_cache_policy.clear();
   o.expert_cache = -1;
   EXPECT_THROW(strata::check_backend_options(o), strata::Error);
+
+  o.expert_cache = 4;
+  o.expert_cache_admit = 2.5;
+  EXPECT_NO_THROW(strata::check_backend_options(o));
+  o.expert_cache_policy = "lfu";
+  EXPECT_NO_THROW(strata::check_backend_options(o));
+  o.expert_cache_admit = 0.0;
+  EXPECT_NO_THROW(strata::check_backend_options(o));
+  o.expert_cache_policy = "lru";  // lru has no margin
+  EXPECT_THROW(strata::check_backend_options(o), strata::Error);
+  o.expert_cache_policy.clear();
+  for (double bad : {-0.5, -2.0, std::nan(""), HUGE_VAL}) {
+    o.expert_cache_admit = bad;
+    EXPECT_THROW(strata::check_backend_options(o), strata::Error) << bad;
+  }
+  o.expert_cache_admit = 2.0;
+  o.expert_cache = 0;  // a margin without a cache
+  EXPECT_THROW(strata::check_backend_options(o), strata::Error);
 }
 
 TEST(GpuExpertPlan, CoreThatDoesNotFitFails) {
@@ -390,6 +409,7 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--cpu-threads 4", "--cpu-threads needs --gpu"},
       {"--expert-cache 2", "--expert-cache needs --gpu"},
       {"--expert-cache-policy lfu", "--expert-cache-policy needs --gpu"},
+      {"--expert-cache-admit 2", "--expert-cache-admit needs --gpu"},
   };
   for (const auto& [flags, message] : cases) {
     const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids " + flags);

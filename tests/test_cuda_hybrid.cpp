@@ -860,6 +860,41 @@ TEST(CudaHybrid, ExpertCacheQwen3MoeFixtureEqualsAllGpu) {
     check_cache_sizes(convert_fixture("qwen3_moe", type), std::string("qwen3_moe ") + type, 10, 30);
 }
 
+// The session hands its LFU admission margin to the policy: a margin no count can beat only fills free
+// slots (no eviction, at most one copy per slot), a zero margin on one slot per layer evicts; the tokens
+// stay the all-GPU session's either way.
+TEST(CudaHybrid, ExpertCacheAdmitMarginReachesThePolicy) {
+  REQUIRE_GPU();
+  strata::set_cpu_kernel_level(strata::CpuKernelLevel::Scalar);
+  auto model = strata::Model::load(kTiny);
+  const auto& c = model->config();
+  const std::vector<int32_t> prompt = some_prompt(c.n_vocab, 12);
+  sc::GpuSession all_gpu(*model, 64, base_options());
+  const std::vector<int32_t> want = sc::generate_greedy(all_gpu, prompt, 40);
+  const SlotMap pinned = make_slots(*model, every_other);
+  for (double margin : {0.0, 1e9}) {
+    sc::GpuSessionOptions o = base_options();
+    o.expert_slots = pinned;
+    o.expert_cache_slots = 1;
+    o.expert_cache_policy = strata::ExpertCachePolicy::Lfu;
+    o.expert_cache_admit_margin = margin;
+    o.cpu_threads = 3;
+    sc::GpuSession h(*model, 64, o);
+    h.reset_hybrid_telemetry();
+    EXPECT_EQ(sc::generate_greedy(h, prompt, 40), want) << margin;
+    const sc::HybridTelemetry t = h.hybrid_telemetry();
+    std::printf("[cuda-hybrid] lfu admit margin %g: %llu copies, %llu evictions\n", margin,
+                static_cast<unsigned long long>(t.cache_copies), static_cast<unsigned long long>(t.cache_evictions));
+    EXPECT_EQ(t.cache_admit_margin, margin);
+    if (margin > 0.0) {
+      EXPECT_EQ(t.cache_evictions, 0u);
+      EXPECT_LE(t.cache_copies, static_cast<uint64_t>(total_slots(pinned, 1)));
+    } else {
+      EXPECT_GT(t.cache_evictions, 0u);
+    }
+  }
+}
+
 // The same prompt twice on one session: the second run finds the experts the first one copied, so it has
 // more cache hits and fewer misses (a cache of every cold expert evicts nothing), with the same tokens.
 TEST(CudaHybrid, ExpertCacheHitsRiseOnARepeatedPrompt) {

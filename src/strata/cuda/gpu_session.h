@@ -49,6 +49,7 @@ struct GpuSessionOptions {
   // step (0: n_expert_used experts of the largest layer).
   int expert_cache_slots = 0;
   ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;
+  double expert_cache_admit_margin = ExpertCacheConfig{}.admit_margin;  // ExpertCacheConfig::admit_margin
   uint64_t expert_cache_copy_bytes = 0;
   // Hybrid mode: prompt chunks with enough tokens per expert copy their cold experts to the GPU and
   // compute them there (hybrid_stream.h), in ExpertStreamer::buffer_bytes of extra device memory.

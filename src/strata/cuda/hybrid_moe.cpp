@@ -71,6 +71,7 @@ class HybridMoeImpl final : public HybridMoe {
         pool_(opt.cpu_threads > 0 ? opt.cpu_threads : ColdExpertPool::default_threads()),
         cache_slots_(opt.expert_cache_slots),
         cache_policy_(opt.expert_cache_policy),
+        cache_admit_margin_(opt.expert_cache_admit_margin),
         copy_budget_(opt.expert_cache_copy_bytes) {
     if (!dm.hybrid()) fail("hybrid MoE: the device model was built without an expert slot map");
     if (c_.n_expert_used < 1 || c_.n_expert_used > kHybridMaxK)
@@ -247,6 +248,7 @@ class HybridMoeImpl final : public HybridMoe {
       for (uint64_t h : t.cache_hits_per_layer) t.cache_hits += h;
       t.cache_slots = cache_->total_cache_slots();
       t.cache_policy = expert_cache_policy_name(cache_->policy());
+      t.cache_admit_margin = cache_admit_margin_;
       const ExpertCache::Stats& st = cache_->stats();
       t.cache_copies = st.copies - cache_base_.copies;
       t.cache_copy_bytes = st.bytes - cache_base_.bytes;
@@ -384,6 +386,7 @@ class HybridMoeImpl final : public HybridMoe {
     cfg.pinned = dm_.expert_slots();
     cfg.slots_per_layer = cache_slots_;
     cfg.policy = cache_policy_;
+    cfg.admit_margin = cache_admit_margin_;
     uint64_t largest = 0;
     for (size_t l = 0; l < cfg.pinned.size(); ++l) {
       cfg.expert_bytes.push_back(expert_copy_bytes(l));
@@ -646,6 +649,7 @@ class HybridMoeImpl final : public HybridMoe {
   // wait for, the pick-counter snapshot the policy learns from.
   int cache_slots_ = 0;
   ExpertCachePolicy cache_policy_ = ExpertCachePolicy::Lfu;
+  double cache_admit_margin_ = 1.0;
   uint64_t copy_budget_ = 0;  // bytes of copies started per step boundary
   std::unique_ptr<ExpertCache> cache_;
   ExpertCache::Stats cache_base_;  // stats at the last telemetry reset

@@ -30,6 +30,7 @@ struct HybridTelemetry {
   // cache miss then.
   int cache_slots = 0;                  // cache slots over all layers
   const char* cache_policy = "";        // "lru" / "lfu"
+  double cache_admit_margin = 0.0;      // lfu: ExpertCacheConfig::admit_margin
   uint64_t cache_hits = 0;              // picks served from cache slots
   std::vector<uint64_t> cache_hits_per_layer;
   uint64_t cache_copies = 0;            // experts copied into cache slots (started)

@@ -57,9 +57,11 @@ struct BackendOptions {
   std::string routing;
   // --expert-cache N (with --gpu): VRAM cache slots per MoE layer beyond the pinned hot experts, carved
   // out of the expert budget and filled while serving (moe/expert_cache.h); 0: none.
-  // --expert-cache-policy lru|lfu ("": lfu).
+  // --expert-cache-policy lru|lfu ("": lfu). --expert-cache-admit M: the LFU admission margin
+  // (ExpertCacheConfig::admit_margin; negative: not given).
   int expert_cache = 0;
   std::string expert_cache_policy;
+  double expert_cache_admit = -1.0;
 };
 
 // The parsed cache types (fails like check_backend_options on a bad name).
@@ -88,6 +90,7 @@ struct BackendPlan {
   int prefill_chunk = kDefaultUbatch;  // tokens per batched-prefill pass (-ub; sizes its workspaces)
   KvCacheTypes kv_types;        // --cache-type-k / --cache-type-v
   ExpertCachePolicy expert_cache_policy = ExpertCachePolicy::Lfu;  // gpu_plan.cache_slots says whether a cache is used
+  double expert_cache_admit_margin = ExpertCacheConfig{}.admit_margin;
 };
 
 // The GPU's memory as the plan sees it (device 0, read once the CUDA context exists).
