@@ -58,7 +58,7 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_option(
       "--expert-cache-admit", o.expert_cache_admit,
       "with --expert-cache, lfu: a cold expert displaces a cached one only when its aged pick count beats the "
-      "victim's by this margin (default 1); larger copies less where hits are rare (try values with "
+      "victim's by this margin (default 2); larger copies less where hits are rare (try values with "
       "routing-stats --cache-sim --cache-admit-margin)");
   sub.add_flag("--no-op-offload", o.no_op_offload,
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "

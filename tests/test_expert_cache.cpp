@@ -113,8 +113,9 @@ TEST(ExpertCache, LfuEvictsTheRarestAndAdmitsOnlyWhatBeatsIt) {
   admit_and_load(c);
   c.observe(picks(6, {2}, 2), 6);
   admit_and_load(c);
-  // 1 is frequent but older, 2 recent but rare: a miss of 3 (3 picks) evicts 2, unlike LRU.
-  c.observe(picks(6, {3}, 3), 6);
+  // 1 is frequent but older, 2 recent but rare: a miss of 3 (5 picks, ahead of 2's by more than the
+  // default margin) evicts 2, unlike LRU.
+  c.observe(picks(6, {3}, 5), 6);
   auto p = c.between_steps(1000);
   ASSERT_EQ(p.writes.size(), 1u);
   EXPECT_EQ(p.writes[0].expert, 2);
@@ -122,7 +123,7 @@ TEST(ExpertCache, LfuEvictsTheRarestAndAdmitsOnlyWhatBeatsIt) {
   EXPECT_EQ(p.copies[0].expert, 3);
   for (const auto& cp : p.copies) c.copy_done(cp.layer, cp.slot);
   c.between_steps(0);
-  // A single pick of 4 beats neither 1 (~5) nor 3 (~3): not admitted.
+  // A single pick of 4 beats neither 1 (~5) nor 3 (~5): not admitted.
   c.observe(picks(6, {4}, 1), 6);
   p = c.between_steps(1000);
   EXPECT_TRUE(p.copies.empty());
@@ -157,9 +158,9 @@ TEST(ExpertCache, LfuCountsAge) {
 }
 
 TEST(ExpertCache, LfuAdmitsOnlyAMissClearlyAheadOfItsVictim) {
-  // The miss of one pick is ahead of the 0.6 but by less than the default margin of one pick, so
+  // At a margin of one pick: the miss of one pick is ahead of the 0.6 but by less than the margin, so
   // nothing moves; a miss of two picks displaces it.
-  ExpertCache c = aged_cache_after_a_miss(ExpertCacheConfig{}.admit_margin);
+  ExpertCache c = aged_cache_after_a_miss(1.0);
   EXPECT_TRUE(c.between_steps(1000).copies.empty());
   c.observe(picks(6, {4}, 2), 6);
   const auto p = c.between_steps(1000);
@@ -168,6 +169,20 @@ TEST(ExpertCache, LfuAdmitsOnlyAMissClearlyAheadOfItsVictim) {
   ASSERT_EQ(p.writes.size(), 1u);
   EXPECT_EQ(p.writes[0].expert, 1);
   EXPECT_EQ(p.writes[0].slot, -1);
+}
+
+TEST(ExpertCache, LfuDefaultMarginIsTwoPicks) {
+  // The default margin (two picks): a miss of two picks does not displace the 0.6, one of three does.
+  EXPECT_EQ(ExpertCacheConfig{}.admit_margin, 2.0);
+  ExpertCache c = aged_cache_after_a_miss(ExpertCacheConfig{}.admit_margin);
+  c.observe(picks(6, {4}, 2), 6);
+  EXPECT_TRUE(c.between_steps(1000).copies.empty());
+  c.observe(picks(6, {5}, 3), 6);
+  const auto p = c.between_steps(1000);
+  ASSERT_EQ(p.copies.size(), 1u);
+  EXPECT_EQ(p.copies[0].expert, 5);
+  ASSERT_EQ(p.writes.size(), 1u);
+  EXPECT_EQ(p.writes[0].expert, 1);
 }
 
 TEST(ExpertCache, CopiesPerStepStayWithinTheBudget) {

@@ -649,7 +649,7 @@ class HybridMoeImpl final : public HybridMoe {
   // wait for, the pick-counter snapshot the policy learns from.
   int cache_slots_ = 0;
   ExpertCachePolicy cache_policy_ = ExpertCachePolicy::Lfu;
-  double cache_admit_margin_ = 1.0;
+  double cache_admit_margin_ = ExpertCacheConfig{}.admit_margin;
   uint64_t copy_budget_ = 0;  // bytes of copies started per step boundary
   std::unique_ptr<ExpertCache> cache_;
   ExpertCache::Stats cache_base_;  // stats at the last telemetry reset

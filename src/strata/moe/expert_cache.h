@@ -44,8 +44,9 @@ struct ExpertCacheConfig {
   int candidate_window = 8;
   // A miss displaces a resident expert only when its score beats the victim's by this much (LFU: aged
   // picks), so near-ties do not trade places every step: each copy moves an expert's bytes through
-  // host memory and PCIe, and one extra expected pick barely repays that.
-  double admit_margin = 1.0;
+  // host memory and PCIe, and one extra expected pick barely repays that. Two picks: measured against
+  // one and three under both bench routings (docs/PERF.md).
+  double admit_margin = 2.0;
 };
 
 class ExpertCache {
