@@ -26,6 +26,14 @@
 
 namespace strata::cli {
 
+namespace {
+std::string short_number(double v) {  // "2", "0.5"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace
+
 void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_flag("--gpu", o.gpu, "run the model on the GPU (CUDA build); experts that do not fit run on the CPU");
   sub.add_option_function<int>(
@@ -55,11 +63,13 @@ void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_option("--expert-cache-policy", o.expert_cache_policy,
                  "with --expert-cache: lfu (default: pick counts halving every 16 steps; it catches more than lru "
                  "at every residency and size routing-stats --cache-sim tries) or lru");
-  sub.add_option(
-      "--expert-cache-admit", o.expert_cache_admit,
+  sub.add_option_function<double>(
+      "--expert-cache-admit", [&o](double v) { o.expert_cache_admit = v; },
       "with --expert-cache, lfu: a cold expert displaces a cached one only when its aged pick count beats the "
-      "victim's by this margin (default 2); larger copies less where hits are rare (try values with "
-      "routing-stats --cache-sim --cache-admit-margin)");
+      "victim's by this margin (default " +
+          short_number(ExpertCacheConfig{}.admit_margin) +
+          "); larger copies less where hits are rare (try values with routing-stats --cache-sim "
+          "--cache-admit-margin)");
   sub.add_flag("--no-op-offload", o.no_op_offload,
                "-nopo: with --gpu, hybrid: prompt chunks compute their cold experts on the CPU instead of copying them to the "
                "GPU (streaming prefill, on by default; it takes two buffers of the largest layer's cold experts)");
@@ -325,13 +335,17 @@ std::string telemetry_text(const Sequence& sequence) {
     s += buf;
   }
   if (t.cache_slots > 0) {
+    const std::string policy = std::string(t.cache_policy) == "lfu"
+                                   ? cat("lfu, admission margin ", short_number(t.cache_admit_margin))
+                                   : std::string(t.cache_policy);
     std::snprintf(buf, sizeof buf,
                   "telemetry: expert cache (%s, %d slots): %llu hits, %llu misses, hit rate %.3f of the picks the "
                   "pinned experts miss; %llu copies (%.2f MiB, %.1f KiB/token), %llu evictions\n",
-                  t.cache_policy, t.cache_slots, static_cast<unsigned long long>(t.cache_hits),
+                  policy.c_str(), t.cache_slots, static_cast<unsigned long long>(t.cache_hits),
                   static_cast<unsigned long long>(t.cold_picks), t.cache_hit_rate(),
                   static_cast<unsigned long long>(t.cache_copies), static_cast<double>(t.cache_copy_bytes) / 1048576.0,
-                  static_cast<double>(t.cache_copy_bytes) / 1024.0 / n, static_cast<unsigned long long>(t.cache_evictions));
+                  static_cast<double>(t.cache_copy_bytes) / 1024.0 / n,
+                  static_cast<unsigned long long>(t.cache_evictions));
     s += buf;
     s += "telemetry: cache hits per layer per token:";
     for (uint64_t v : t.cache_hits_per_layer) {

@@ -249,7 +249,7 @@ TEST(BackendCli, ExpertCacheFlagsAreChecked) {
   o.expert_cache_policy = "lru";  // lru has no margin
   EXPECT_THROW(strata::check_backend_options(o), strata::Error);
   o.expert_cache_policy.clear();
-  for (double bad : {-0.5, -2.0, std::nan(""), HUGE_VAL}) {
+  for (double bad : {-0.5, -1.0, -2.0, std::nan(""), HUGE_VAL}) {
     o.expert_cache_admit = bad;
     EXPECT_THROW(strata::check_backend_options(o), strata::Error) << bad;
   }
@@ -410,6 +410,7 @@ TEST(BackendCli, GpuOnlyFlagsWithoutGpuFail) {
       {"--expert-cache 2", "--expert-cache needs --gpu"},
       {"--expert-cache-policy lfu", "--expert-cache-policy needs --gpu"},
       {"--expert-cache-admit 2", "--expert-cache-admit needs --gpu"},
+      {"--expert-cache-admit -1", "--expert-cache-admit needs --gpu"},
   };
   for (const auto& [flags, message] : cases) {
     const auto r = run_cli("run -m " + kModel + " --prompt-tokens 1,2 -n 1 --print-token-ids " + flags);

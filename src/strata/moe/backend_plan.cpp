@@ -36,7 +36,7 @@ void check_backend_options(const BackendOptions& o) {
     if (o.ubatch != 0) fail("--ubatch-size needs --gpu (the CPU engine runs prompts in its own pieces)");
     if (o.expert_cache != 0) fail("--expert-cache needs --gpu");
     if (!o.expert_cache_policy.empty()) fail("--expert-cache-policy needs --gpu");
-    if (o.expert_cache_admit >= 0.0) fail("--expert-cache-admit needs --gpu");
+    if (o.expert_cache_admit) fail("--expert-cache-admit needs --gpu");
     return;
   }
   if (o.expert_cache < 0) fail("--expert-cache must be >= 0, got ", o.expert_cache);
@@ -45,10 +45,9 @@ void check_backend_options(const BackendOptions& o) {
     parse_expert_cache_policy(o.expert_cache_policy);
     if (o.expert_cache == 0) fail("--expert-cache-policy needs --expert-cache N (cache slots per layer)");
   }
-  // -1 is the "not given" default; any other negative value, NaN included, is refused.
-  if (o.expert_cache_admit != -1.0) {
-    if (!(o.expert_cache_admit >= 0.0) || !std::isfinite(o.expert_cache_admit))
-      fail("--expert-cache-admit must be a finite number >= 0, got ", o.expert_cache_admit);
+  if (o.expert_cache_admit) {
+    if (!(*o.expert_cache_admit >= 0.0) || !std::isfinite(*o.expert_cache_admit))
+      fail("--expert-cache-admit must be a finite number >= 0, got ", *o.expert_cache_admit);
     if (o.expert_cache == 0) fail("--expert-cache-admit needs --expert-cache N (cache slots per layer)");
     if (!o.expert_cache_policy.empty() && parse_expert_cache_policy(o.expert_cache_policy) != ExpertCachePolicy::Lfu)
       fail("--expert-cache-admit is the lfu policy's margin; --expert-cache-policy ", o.expert_cache_policy,
@@ -80,7 +79,7 @@ BackendPlan plan_backend(const Model& model, int max_ctx, int slots, const Backe
   check_kv_types(model.config(), p.kv_types);
   if (!o.gpu) return p;
   if (!o.expert_cache_policy.empty()) p.expert_cache_policy = parse_expert_cache_policy(o.expert_cache_policy);
-  if (o.expert_cache_admit >= 0.0) p.expert_cache_admit_margin = o.expert_cache_admit;
+  if (o.expert_cache_admit) p.expert_cache_admit_margin = *o.expert_cache_admit;
   require_gpu_support(model.config());
   GpuPlanRequest req;
   req.gpu_total = gpu.total;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "strata/model/kv_type.h"
@@ -58,10 +59,10 @@ struct BackendOptions {
   // --expert-cache N (with --gpu): VRAM cache slots per MoE layer beyond the pinned hot experts, carved
   // out of the expert budget and filled while serving (moe/expert_cache.h); 0: none.
   // --expert-cache-policy lru|lfu ("": lfu). --expert-cache-admit M: the LFU admission margin
-  // (ExpertCacheConfig::admit_margin; negative: not given).
+  // (ExpertCacheConfig::admit_margin; empty: not given).
   int expert_cache = 0;
   std::string expert_cache_policy;
-  double expert_cache_admit = -1.0;
+  std::optional<double> expert_cache_admit;
 };
 
 // The parsed cache types (fails like check_backend_options on a bad name).
