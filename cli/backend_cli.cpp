@@ -26,13 +26,11 @@
 
 namespace strata::cli {
 
-namespace {
-std::string short_number(double v) {  // "2", "0.5"
+std::string short_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
-}  // namespace
 
 void add_backend_options(CLI::App& sub, BackendOptions& o) {
   sub.add_flag("--gpu", o.gpu, "run the model on the GPU (CUDA build); experts that do not fit run on the CPU");

@@ -38,7 +38,11 @@ using strata::kv_cache_types;
 // --no-conversation (also "-ctk=f16") before parsing.
 std::string expand_short_alias(const std::string& arg);
 
-// --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --profile, --telemetry,
+// A number as option help shows a default: shortest form, "2", "0.5", "16".
+std::string short_number(double v);
+
+// --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --expert-cache-admit, --profile,
+// --telemetry,
 // --cpu-threads, --numerics, --no-lookahead, --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/backend_cli.h"
 #include "cli/command.h"
 #include "strata/base/error.h"
 #include "strata/engine/routing_trace.h"
@@ -30,13 +31,6 @@ struct StatsArgs {
   bool cache_sim = false;
   strata::CacheSimConfig sim;
 };
-
-// A policy knob's default as the help shows it ("16", "1").
-std::string fmt_knob(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
 
 void setup_routing_stats(CLI::App& sub) {
   auto a = std::make_shared<StatsArgs>();
@@ -66,10 +60,10 @@ void setup_routing_stats(CLI::App& sub) {
   auto* margin = sub.add_option("--cache-admit-margin", a->sim.admit_margin,
                                 "with --cache-sim: aged picks by which an LFU newcomer must beat its victim "
                                 "(default: the session's, " +
-                                    fmt_knob(a->sim.admit_margin) + ")");
+                                    strata::cli::short_number(a->sim.admit_margin) + ")");
   auto* half_life = sub.add_option("--cache-half-life", a->sim.lfu_half_life,
                                    "with --cache-sim: steps over which an LFU count halves (default: the session's, " +
-                                       fmt_knob(a->sim.lfu_half_life) + ")");
+                                       strata::cli::short_number(a->sim.lfu_half_life) + ")");
   sub.callback([a, seed, tokens, output, layers, experts, copy, observe, map, margin, half_life] {
     for (const auto* opt : {copy, observe, map, margin, half_life})
       if (opt->count() > 0 && !a->cache_sim) strata::fail(opt->get_name(), " needs --cache-sim");
