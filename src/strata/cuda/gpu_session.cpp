@@ -643,33 +643,31 @@ struct GpuSession::Impl {
   // The MoE FFN in separate launches: router (+ shared gate), routed gate+up+SwiGLU with the top-k
   // computed in every block (+ the shared expert's gate/up), routed + shared down + combine. The next
   // layer's input norm is computed by its own launches. Hybrid: the same launches over the layer's hot
-  // experts (hybrid_moe.h), the top-k by the launch that posts the cold picks to the CPU, their rows
-  // added into x at the end.
-  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form, or hybrid).
+  // experts (their routed jobs read the slot map; a cold pick gives zeros), the cold picks posted to the
+  // CPU beside the expert launch (hybrid_moe.h), their rows added into x at the end.
+  // T > 1: the multi-token step over rows r (multi_step_fits: the one-expert-launch form).
   void moe(int il, const DevLayer& D, const StepRows& r, int T) {
     MoeJobs m = moe_jobs(il, D, r, T);
     const int* slot_of = hybrid ? hybrid->device_slot_map(il) : nullptr;
-    unsigned long long* counts = route_counts + static_cast<size_t>(il) * c.n_expert;
     HybridTokens tokens;
     tokens.n = T, tokens.logits = rw.router, tokens.x = rw.x;
-    if (hybrid) {
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
-      prof.mark("moe router+shared gate", stream);
-      hybrid->route_decode(il, r.router, layer_ids(il, r), r.wts, counts, r.x, D.ffn_norm, stream, m.rt.rule, tokens);
-      prof.mark("hybrid top-k+ring", stream);
-      for (GemvJob& j : m.up)
-        if (j.ids) j.slot_of_expert = slot_of;
-      gemv_chunks(m.up, "moe hot experts gate+up+shared gate/up", T);
-    } else if (m.up.size() <= static_cast<size_t>(kMaxGemvJobs)) {  // one expert launch: it routes itself
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, nullptr, nullptr, nullptr, T);
-      prof.mark("moe router+shared gate", stream);
-      gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt, T);
+    for (GemvJob& j : m.up)
+      if (j.ids) j.slot_of_expert = slot_of;
+    const bool one_launch = m.up.size() <= static_cast<size_t>(kMaxGemvJobs);  // it routes itself
+    // Several launches: the router launch's last block routes once for all of them.
+    gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, one_launch ? nullptr : &m.rt, nullptr,
+               nullptr, T);
+    prof.mark(one_launch ? "moe router+shared gate" : "moe router+top-k+shared gate", stream);
+    if (hybrid) hybrid->route_decode(il, r.router, r.x, D.ffn_norm, stream, m.rt.rule, tokens);
+    if (one_launch) {
+      // A hybrid layer leaves one block slot free: the posting launch beside it (one block) starts at once.
+      gemv_batch(m.up.data(), static_cast<int>(m.up.size()), stream, nullptr, nullptr, nullptr, &m.rt, T,
+                 hybrid ? 1 : 0);
       prof.mark("moe top-k+experts gate+up+shared gate/up", stream);
-    } else {  // several launches: the router launch's last block routes once for all of them
-      gemv_batch(m.first.data(), static_cast<int>(m.first.size()), stream, nullptr, &m.rt);
-      prof.mark("moe router+top-k+shared gate", stream);
-      gemv_chunks(m.up, "moe experts gate+up");
+    } else {
+      gemv_chunks(m.up, "moe experts gate+up", T);
     }
+    if (hybrid) hybrid->join_post(stream);  // the posting reads x, which the down projection writes
     const GemvDownSum fused = down_sum(il, D, r, T, slot_of);
     if (gemv_down_sum_fits(fused)) {  // one launch, no per-expert outputs
       gemv_down_sum(fused, stream);

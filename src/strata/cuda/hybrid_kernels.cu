@@ -20,9 +20,9 @@ __device__ __forceinline__ unsigned long long global_ns() {
 
 // ---- route + ring ----------------------------------------------------------------------------------
 // One block routes the tokens one after another (each token's warp_route and counts as a launch of its
-// own would do them), then writes every input row with a cold pick and the job.
-__global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, bool norm_topk, RouteRule rule,
-                                  int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of,
+// own would do them), then writes every input row with a cold pick and the job. Warp 0 routes and
+// classifies (a lane per pick, so the slot-map loads overlap); the block meets only after the tokens.
+__global__ void route_ring_kernel(int il, const float* logits, int n_expert, int k, RouteRule rule, const int* slot_of,
                                   const float* x, const float* norm_w, float eps, int d, HybridRing r, int n_tokens,
                                   int64_t logits_stride, int64_t x_stride) {
   __shared__ int chosen[kHybridMaxK];
@@ -32,29 +32,36 @@ __global__ void route_ring_kernel(int il, const float* logits, int n_expert, int
   __shared__ int cold_of[kHybridMaxTokens];  // cold picks per token
   __shared__ int n_cold;
   __shared__ unsigned long long seq;
-  for (int t = 0; t < n_tokens; ++t) {
-    if (threadIdx.x < 32) {
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
+    const int pinned = r.pinned[il];
+    for (int t = 0; t < n_tokens; ++t) {
       warp_route(logits + t * logits_stride, n_expert, k, chosen, chosen_p, p, &rule, t);
-      warp_route_store(chosen, chosen_p, k, norm_topk, ids + t * k, weights + t * k, seq_picks, rule.scale);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+      __syncwarp();
       int n = 0, hits = 0;
-      unsigned long long* per_expert = r.expert_picks + static_cast<size_t>(il) * static_cast<size_t>(n_expert);
-      for (int q = 0; q < k; ++q) {
-        const int slot = slot_of[chosen[q]];
+      for (int q = lane; q < k; q += 32) {
+        const int e = chosen[q];
+        const int slot = slot_of[e];
         n += slot < 0 ? 1 : 0;
-        hits += slot >= r.pinned[il] ? 1 : 0;
-        atomicAdd(per_expert + chosen[q], 1ull);
-        picked[t * k + q] = chosen[q];
+        hits += slot >= pinned ? 1 : 0;
+        atomicAdd(per_expert + e, 1ull);
+        picked[t * k + q] = e;
       }
-      cold_of[t] = n;
-      atomicAdd(r.calls + il, 1ull);
-      atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
-      if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
+      for (int o = 16; o > 0; o >>= 1) {
+        n += __shfl_xor_sync(0xffffffffu, n, o);
+        hits += __shfl_xor_sync(0xffffffffu, hits, o);
+      }
+      if (lane == 0) {
+        cold_of[t] = n;
+        atomicAdd(r.calls + il, 1ull);
+        atomicAdd(r.cold_picks + il, static_cast<unsigned long long>(n));
+        if (hits > 0) atomicAdd(r.cache_hits + il, static_cast<unsigned long long>(hits));
+      }
+      __syncwarp();  // chosen[] is the next token's
     }
-    __syncthreads();  // chosen[] is the next token's
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
     int n = 0;
     for (int t = 0; t < n_tokens; ++t) n += cold_of[t];
@@ -198,16 +205,15 @@ __global__ void write_slots_kernel(int* slot_maps, SlotWrites w) {
 
 }  // namespace
 
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule,
-                       int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens,
-                       int64_t logits_stride, int64_t x_stride) {
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, const RouteRule& rule, const int* slot_of,
+                       const float* x, const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s,
+                       int n_tokens, int64_t logits_stride, int64_t x_stride) {
   check_arg(k >= 1 && k <= kHybridMaxK && k <= n_expert && n_expert <= 1024,
             "hybrid_route_ring: 1 <= k <= 64 and n_expert <= 1024");
   check_arg(n_tokens >= 1 && n_tokens <= kHybridMaxTokens && (n_tokens == 1 || !rule.replay || rule.replay_stride > 0),
             "hybrid_route_ring: 1..kHybridMaxTokens tokens, replayed picks of several tokens need their stride");
-  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, norm_topk, rule, ids, weights, seq_picks, slot_of, x,
-                                      norm_w, eps, d, ring, n_tokens, logits_stride, x_stride);
+  route_ring_kernel<<<1, 256, 0, s>>>(il, logits, n_expert, k, rule, slot_of, x, norm_w, eps, d, ring, n_tokens,
+                                      logits_stride, x_stride);
   check_launch("hybrid_route_ring");
 }
 

@@ -69,18 +69,16 @@ struct SlotWrites {
 };
 
 // Decode, after the router's launch: layer il's top-k of logits under rule (warp_route, the routing of
-// every GPU path) into ids / weights (pick order) and seq_picks (the sequence's [n_expert] counts of
-// the layer, optional); the model's counters; the picks classified through slot_of (device, [n_expert]:
-// slot or -1). When some pick is cold it takes the next job number, writes xn = rmsnorm(x) * norm_w
-// (rmsnorm_rows' arithmetic) and the job to host memory, fences and rings the doorbell; wait_seq[il] =
-// that number, or 0 with no cold pick; the ring's time in ctr->rung_at. One small launch.
-// n_tokens > 1 (the multi-token step): token t's logits at logits + t * logits_stride, its input at x +
-// t * x_stride, its ids / weights at + t * k, its replayed picks (rule.replay) at + t * rule.replay_stride;
-// each token's routing and input are what a launch for that token alone gives, and all go in one job.
-void hybrid_route_ring(int il, const float* logits, int n_expert, int k, bool norm_topk, const RouteRule& rule,
-                       int* ids, float* weights, unsigned long long* seq_picks, const int* slot_of, const float* x,
-                       const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s, int n_tokens,
-                       int64_t logits_stride, int64_t x_stride);
+// every GPU path, so the picks are those the session's expert launch routes and stores); the model's
+// counters; the picks classified through slot_of (device, [n_expert]: slot or -1). When some pick is cold it takes the
+// next job number, writes xn = rmsnorm(x) * norm_w (rmsnorm_rows' arithmetic) and the job to host memory, fences and
+// rings the doorbell; wait_seq[il] = that number, or 0 with no cold pick; the ring's time in ctr->rung_at. One small
+// launch. n_tokens > 1 (the multi-token step): token t's logits at logits + t * logits_stride, its input at x + t *
+// x_stride, its replayed picks (rule.replay) at + t * rule.replay_stride; each token's routing and input are what a
+// launch for that token alone gives, and all go in one job.
+void hybrid_route_ring(int il, const float* logits, int n_expert, int k, const RouteRule& rule, const int* slot_of,
+                       const float* x, const float* norm_w, float eps, int d, const HybridRing& ring, cudaStream_t s,
+                       int n_tokens, int64_t logits_stride, int64_t x_stride);
 
 // After the hot experts were added into x: when wait_seq[il] > 0, waits until the CPU finished that job
 // (the wait counted in ctr->wait_ns; after timeout_s it reports and traps), then x[j] += the cold

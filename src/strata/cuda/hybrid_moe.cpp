@@ -94,16 +94,24 @@ class HybridMoeImpl final : public HybridMoe {
     release();
   }
 
-  void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                    const float* x, const float* norm_w, cudaStream_t s, const RouteRule& rule,
-                    const HybridTokens& tokens) override {
-    hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, c_.norm_topk, rule, ids, weights, seq_picks,
-                      device_slot_map(il), x, norm_w, c_.rms_eps, c_.n_embd, ring_, s, tokens.n, tokens.logits,
-                      tokens.x);
+  void route_decode(int il, const float* logits, const float* x, const float* norm_w, cudaStream_t s,
+                    const RouteRule& rule, const HybridTokens& tokens) override {
+    check_cuda(cudaEventRecord(ev_fork_, s), "hybrid: fork");
+    check_cuda(cudaStreamWaitEvent(side_stream_, ev_fork_, 0), "hybrid: fork");
+    hybrid_route_ring(il, logits, c_.n_expert, c_.n_expert_used, rule, device_slot_map(il), x, norm_w, c_.rms_eps,
+                      c_.n_embd, ring_, side_stream_, tokens.n, tokens.logits, tokens.x);
+    check_cuda(cudaEventRecord(ev_join_, side_stream_), "hybrid: join");
+    posting_ = true;
+  }
+
+  void join_post(cudaStream_t s) override {
+    if (posting_) check_cuda(cudaStreamWaitEvent(s, ev_join_, 0), "hybrid: join");
+    posting_ = false;
   }
 
   void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s,
                 const HybridTokens& tokens) override {
+    join_post(s);  // a no-op after the session's own join
     hybrid_cold_add(il, x, ids, weights, device_slot_map(il), c_.n_expert_used, c_.n_embd, ring_, kCpuTimeoutS, s,
                     tokens.n, tokens.x);
   }
@@ -366,6 +374,9 @@ class HybridMoeImpl final : public HybridMoe {
     ring_.ye_cold = yec_d;
     check_cuda(cudaEventCreateWithFlags(&ev_last_, cudaEventDisableTiming), "hybrid: event");
     check_cuda(cudaEventCreateWithFlags(&ev_copied_, cudaEventDisableTiming), "hybrid: event");
+    check_cuda(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), "hybrid: event");
+    check_cuda(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming), "hybrid: event");
+    check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "hybrid: side stream");
     batch_calls_.assign(nl, 0);
     batch_cold_.assign(nl, 0);
     batch_hits_.assign(nl, 0);
@@ -544,6 +555,12 @@ class HybridMoeImpl final : public HybridMoe {
     ev_copied_ = nullptr;
     if (ev_last_) cudaEventDestroy(ev_last_);
     ev_last_ = nullptr;
+    for (cudaEvent_t* e : {&ev_fork_, &ev_join_}) {
+      if (*e) cudaEventDestroy(*e);
+      *e = nullptr;
+    }
+    if (side_stream_) cudaStreamDestroy(side_stream_);
+    side_stream_ = nullptr;
     free_batch();
     release_cache();
   }
@@ -634,6 +651,10 @@ class HybridMoeImpl final : public HybridMoe {
   // The last hybrid step any sequence enqueued (order_after_last / record_last).
   cudaEvent_t ev_last_ = nullptr;
   cudaStream_t last_stream_ = nullptr;
+  // route_decode posts on side_stream_ (forked at ev_fork_); join_post waits for ev_join_ once.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
+  bool posting_ = false;
   // Grouped batched prefill: pinned ids / inputs / cold outputs / cold pair indices for batch_cap_
   // tokens, the layer begun and not yet finished, host-side pass counters.
   cudaEvent_t ev_copied_ = nullptr;

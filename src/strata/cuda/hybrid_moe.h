@@ -31,16 +31,19 @@ class HybridMoe {
   // through the all-GPU launches, their routed jobs reading device_slot_map(il) (a cold pick gives zeros
   // there), and calls, all graph-capturable:
   //   route_decode after the router launch: the top-k of logits under rule (the layer's routing, the
-  //     session's for every GPU path, replayed picks included) into the sequence's ids / weights (k each)
-  //     and seq_picks (its [n_expert] counts of layer il, optional), the model's counters, and the cold
-  //     picks posted to the CPU with rmsnorm(x) * norm_w as their input;
+  //     session's for every GPU path, replayed picks included; the session's own launches route the same
+  //     way and store the sequence's ids / weights), the model's counters, and the cold picks posted to
+  //     the CPU with rmsnorm(x) * norm_w as their input. It runs on a side stream forked from s, beside
+  //     the hot experts' launch, which does not wait for it (one block: the session leaves it a slot);
+  //   join_post before anything writes x again (the down projection): s waits for the posting, which
+  //     reads x;
   //   cold_add once the hot experts are in x: waits for the CPU's cold rows and adds them into x.
   // The multi-token step (verification) passes its tokens (HybridTokens): one job for all of them, the
   // CPU computing each cold expert once for the tokens that picked it, and each token's results what its
   // own decode step gives.
-  virtual void route_decode(int il, const float* logits, int* ids, float* weights, unsigned long long* seq_picks,
-                            const float* x, const float* norm_w, cudaStream_t s, const RouteRule& rule,
-                            const HybridTokens& tokens) = 0;
+  virtual void route_decode(int il, const float* logits, const float* x, const float* norm_w, cudaStream_t s,
+                            const RouteRule& rule, const HybridTokens& tokens) = 0;
+  virtual void join_post(cudaStream_t s) = 0;
   virtual void cold_add(int il, float* x, const int* ids, const float* weights, cudaStream_t s,
                         const HybridTokens& tokens) = 0;
   // A dropped decode lookahead step: its picks (ids: [n_layer x k]) leave the model's counters.

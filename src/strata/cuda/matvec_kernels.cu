@@ -329,7 +329,7 @@ void conv_silu_tokens(const float* x, int n_tokens, const float* conv_w, int K, 
 }
 
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm, const GemvRoute* route,
-                const GemvCombine* combine, const GemvRoute* route_in, int n_tokens) {
+                const GemvCombine* combine, const GemvRoute* route_in, int n_tokens, int spare_blocks) {
   using namespace mv;
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
   check_arg(n_tokens >= 1 && n_tokens <= kMaxGemvTokens, "gemv_batch: 1..kMaxGemvTokens tokens");
@@ -392,12 +392,14 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
       return;
     }
   }
-  const int grid = std::max(1, std::min(tiles, capacity));
+  check_arg(spare_blocks >= 0, "gemv_batch: spare_blocks >= 0");
+  const int room = std::max(1, capacity - spare_blocks);  // the tiling above stays the full wave's
+  const int grid = std::max(1, std::min(tiles, room));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
   // The tiling above does not depend on n_tokens: each token's blocks run the single-token launch's tiles.
   if (tokens)
-    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(token_grid_blocks(grid, capacity, n_tokens), n_tokens),
-               dim3(kThreads), smem, s, b);
+    launch_pdl("gemv_batch", gemv_kernel<true>, dim3(token_grid_blocks(grid, room, n_tokens), n_tokens), dim3(kThreads),
+               smem, s, b);
   else
     launch_pdl("gemv_batch", gemv_kernel<false>, dim3(grid), dim3(kThreads), smem, s, b);
 }

@@ -139,9 +139,11 @@ constexpr int kGemvSharedTokens = 10;
 // whose jobs are all unrouted K-quant rows under GemvMath::Int8, reading enough bytes
 // (set_gemv_tokens_min_bytes), runs token-shared: each block stages up to kGemvSharedTokens tokens' inputs
 // and reads each weight once for all of them (same results, bit for bit).
+// spare_blocks: block slots of one wave the launch leaves free (its grid at most the resident capacity
+// less that), so a small launch on another stream finds room beside it; the tiles and results are the same.
 void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const GemvRoute* route = nullptr, const GemvCombine* combine = nullptr,
-                const GemvRoute* route_in = nullptr, int n_tokens = 1);
+                const GemvRoute* route_in = nullptr, int n_tokens = 1, int spare_blocks = 0);
 int64_t max_gemv_cols();
 // The device's SM count (cached).
 int sm_count();
