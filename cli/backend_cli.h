@@ -42,8 +42,7 @@ std::string expand_short_alias(const std::string& arg);
 std::string short_number(double v);
 
 // --gpu, --gpu-mem, --expert-budget, --expert-cache, --expert-cache-policy, --expert-cache-admit, --profile,
-// --telemetry,
-// --cpu-threads, --numerics, --no-lookahead, --cache-type-k, --cache-type-v.
+// --telemetry, --cpu-threads, --numerics, --no-lookahead, --cache-type-k, --cache-type-v.
 void add_backend_options(CLI::App& sub, BackendOptions& o);
 
 // --collect-routing FILE (run, serve, calibrate) and --routing FILE|generate:NAME[:SEED] (bench);

@@ -333,6 +333,7 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
   using namespace mv;
   check_arg(n_jobs >= 1 && n_jobs <= kMaxGemvJobs, "gemv_batch: 1..kMaxGemvJobs jobs");
   check_arg(n_tokens >= 1 && n_tokens <= kMaxGemvTokens, "gemv_batch: 1..kMaxGemvTokens tokens");
+  check_arg(spare_blocks >= 0, "gemv_batch: spare_blocks >= 0");
   const bool tokens = n_tokens > 1;
   // The epilogues' last-block counters and the conv state are one per launch; replayed picks go by their stride.
   check_arg(!tokens || (!norm && !route && !combine &&
@@ -392,7 +393,6 @@ void gemv_batch(const GemvJob* jobs, int n_jobs, cudaStream_t s, const GemvNorm*
       return;
     }
   }
-  check_arg(spare_blocks >= 0, "gemv_batch: spare_blocks >= 0");
   const int room = std::max(1, capacity - spare_blocks);  // the tiling above stays the full wave's
   const int grid = std::max(1, std::min(tiles, room));
   const size_t smem = static_cast<size_t>(stage_layout(max_cols).total) * sizeof(float);
